@@ -1,0 +1,371 @@
+"""Interchange: HF transformers safetensors <-> bertjax params, and the original google-research/bert names.
+
+Only safetensors and JSON are read: no pickle (`pytorch_model.bin`, `.pt`, `.ckpt`) is ever loaded.
+
+    cfg, params = convert.from_hf("hf_dir")   # BertForPreTraining, or encoder-only BertModel ("bert." or not)
+    convert.to_hf(cfg, params, "out_dir")     # loads in transformers' BertForPreTraining.from_pretrained
+
+`NAME_TABLE(cfg)` lists, for every bertjax parameter, its HF state-dict name, its original TF checkpoint
+variable name and the layout change between them; `from_tf_variables` uses it for any TF-checkpoint reader.
+"""
+from __future__ import annotations
+
+import json
+import os
+import struct
+from typing import Callable, Mapping
+
+import jax
+import numpy as np
+
+from bertjax import model as model_lib
+
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle", ".h5")
+MAX_HEADER_BYTES = 100 * 1024 * 1024  # safetensors' own cap on the JSON header
+HEAD_PREFIXES = ("cls.", "classifier.", "qa_outputs.")
+IGNORED_BUFFERS = ("embeddings.position_ids",)  # a non-parameter buffer some HF checkpoints carry
+HF_ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh",
+                  "gelu_fast": "gelu_tanh", "relu": "relu"}
+
+
+class ConversionError(ValueError):
+  """A checkpoint that does not fit the model: names every missing, unexpected or mis-shaped tensor."""
+
+
+# ----------------------------------------------------------------------------- layouts
+# Each kind maps an HF (PyTorch layout) array to bertjax and back. `d`: shape helpers from the config.
+def _layouts(cfg: model_lib.BertConfig) -> dict[str, tuple[Callable, Callable]]:
+  h, k, d = cfg.num_heads, cfg.head_dim, cfg.hidden_size
+  ident = (lambda a: a, lambda a: a)
+  return {
+      "copy": ident,
+      "dense": (lambda a: a.T, lambda a: a.T),  # torch [out, in] <-> kernel [in, out]
+      "qkv": (lambda a: a.T.reshape(d, h, k), lambda a: a.reshape(d, h * k).T),
+      "qkv_bias": (lambda a: a.reshape(h, k), lambda a: a.reshape(h * k)),
+      "attn_out": (lambda a: a.T.reshape(h, k, d), lambda a: a.reshape(h * k, d).T),
+  }
+
+
+def _layer_entries(i: int):
+  """(bertjax path inside a layer, HF suffix, TF suffix, layout) for encoder layer i."""
+  hf, tf = f"encoder.layer.{i}.", f"encoder/layer_{i}/"
+  rows = []
+  for n in ("query", "key", "value"):
+    rows += [(("attention", n, "kernel"), f"{hf}attention.self.{n}.weight", f"{tf}attention/self/{n}/kernel", "qkv"),
+             (("attention", n, "bias"), f"{hf}attention.self.{n}.bias", f"{tf}attention/self/{n}/bias", "qkv_bias")]
+  rows += [
+      (("attention", "out", "kernel"), f"{hf}attention.output.dense.weight", f"{tf}attention/output/dense/kernel", "attn_out"),
+      (("attention", "out", "bias"), f"{hf}attention.output.dense.bias", f"{tf}attention/output/dense/bias", "copy"),
+      (("attention_ln", "scale"), f"{hf}attention.output.LayerNorm.weight", f"{tf}attention/output/LayerNorm/gamma", "copy"),
+      (("attention_ln", "bias"), f"{hf}attention.output.LayerNorm.bias", f"{tf}attention/output/LayerNorm/beta", "copy"),
+      (("mlp", "wi", "kernel"), f"{hf}intermediate.dense.weight", f"{tf}intermediate/dense/kernel", "dense"),
+      (("mlp", "wi", "bias"), f"{hf}intermediate.dense.bias", f"{tf}intermediate/dense/bias", "copy"),
+      (("mlp", "wo", "kernel"), f"{hf}output.dense.weight", f"{tf}output/dense/kernel", "dense"),
+      (("mlp", "wo", "bias"), f"{hf}output.dense.bias", f"{tf}output/dense/bias", "copy"),
+      (("mlp_ln", "scale"), f"{hf}output.LayerNorm.weight", f"{tf}output/LayerNorm/gamma", "copy"),
+      (("mlp_ln", "bias"), f"{hf}output.LayerNorm.bias", f"{tf}output/LayerNorm/beta", "copy"),
+  ]
+  return rows
+
+
+def NAME_TABLE(cfg: model_lib.BertConfig, pretraining: bool = True):  # noqa: N802 (a table)
+  """Rows (bertjax path, HF name, original TF name, layout) with per-layer paths (`encoder/layer_i/...`).
+
+  Encoder rows are relative to the encoder (HF names without "bert.", TF names without "bert/").
+  With `pretraining=True` the heads follow with their full names.
+  """
+  if cfg.position_embedding != "learned" or cfg.layer_norm != "post":
+    raise ConversionError("HF/TF BERT checkpoints have learned positions and post-LayerNorm; this config has "
+                          f"position_embedding={cfg.position_embedding!r}, layer_norm={cfg.layer_norm!r}")
+  rows = [
+      (("embeddings", "word_embeddings", "embedding"), "embeddings.word_embeddings.weight", "embeddings/word_embeddings", "copy"),
+      (("embeddings", "token_type_embeddings", "embedding"), "embeddings.token_type_embeddings.weight", "embeddings/token_type_embeddings", "copy"),
+      (("embeddings", "position_embeddings", "embedding"), "embeddings.position_embeddings.weight", "embeddings/position_embeddings", "copy"),
+      (("embeddings", "ln", "scale"), "embeddings.LayerNorm.weight", "embeddings/LayerNorm/gamma", "copy"),
+      (("embeddings", "ln", "bias"), "embeddings.LayerNorm.bias", "embeddings/LayerNorm/beta", "copy"),
+  ]
+  for i in range(cfg.num_layers):
+    rows += [(("encoder", f"layer_{i}") + p, hf, tf, kind) for p, hf, tf, kind in _layer_entries(i)]
+  rows += [(("pooler", "kernel"), "pooler.dense.weight", "pooler/dense/kernel", "dense"),
+           (("pooler", "bias"), "pooler.dense.bias", "pooler/dense/bias", "copy")]
+  if not pretraining:
+    return rows
+  rows = [(("bert",) + p, "bert." + hf, "bert/" + tf, kind) for p, hf, tf, kind in rows]
+  rows += [
+      (("mlm_transform", "kernel"), "cls.predictions.transform.dense.weight", "cls/predictions/transform/dense/kernel", "dense"),
+      (("mlm_transform", "bias"), "cls.predictions.transform.dense.bias", "cls/predictions/transform/dense/bias", "copy"),
+      (("mlm_ln", "scale"), "cls.predictions.transform.LayerNorm.weight", "cls/predictions/transform/LayerNorm/gamma", "copy"),
+      (("mlm_ln", "bias"), "cls.predictions.transform.LayerNorm.bias", "cls/predictions/transform/LayerNorm/beta", "copy"),
+      (("mlm_bias",), "cls.predictions.bias", "cls/predictions/output_bias", "copy"),
+      (("nsp", "kernel"), "cls.seq_relationship.weight", "cls/seq_relationship/output_weights", "dense"),
+      (("nsp", "bias"), "cls.seq_relationship.bias", "cls/seq_relationship/output_bias", "copy"),
+  ]
+  return rows
+
+
+# ----------------------------------------------------------------------------- safetensors I/O
+def read_safetensors(path: str) -> dict[str, np.ndarray]:
+  """Load a .safetensors file after checking it is one: refuses pickles, oversized headers, truncation."""
+  path = os.fspath(path)
+  if path.endswith(PICKLE_SUFFIXES):
+    raise ConversionError(f"{path}: refusing to load a pickle-based checkpoint (loading a pickle can run "
+                          "arbitrary code). Convert it to safetensors first, e.g. with transformers' "
+                          "`save_pretrained(..., safe_serialization=True)` in a trusted environment.")
+  if not os.path.isfile(path):
+    raise FileNotFoundError(f"{path}: no such safetensors file")
+  size = os.path.getsize(path)
+  with open(path, "rb") as f:
+    head = f.read(8)
+    if len(head) < 8:
+      raise ConversionError(f"{path}: truncated safetensors file ({size} bytes; no header)")
+    (n,) = struct.unpack("<Q", head)
+    if n > MAX_HEADER_BYTES:
+      raise ConversionError(f"{path}: safetensors header claims {n} bytes, over the {MAX_HEADER_BYTES}-byte cap")
+    if 8 + n > size:
+      raise ConversionError(f"{path}: truncated safetensors file (header needs {n} bytes, file has {size})")
+    try:
+      header = json.loads(f.read(n))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+      raise ConversionError(f"{path}: corrupt safetensors header ({e})") from None
+  data_len = size - 8 - n
+  for name, info in header.items():
+    if name == "__metadata__":
+      continue
+    try:
+      end = int(info["data_offsets"][1])
+    except (KeyError, TypeError, IndexError, ValueError):
+      raise ConversionError(f"{path}: corrupt safetensors header entry {name!r}") from None
+    if end > data_len:
+      raise ConversionError(f"{path}: truncated safetensors file: tensor {name!r} ends at byte {end} of the "
+                            f"data section, which has {data_len}")
+  from safetensors.numpy import load_file  # pylint: disable=import-outside-toplevel
+  try:
+    return load_file(path)
+  except Exception as e:  # safetensors raises its own error types
+    raise ConversionError(f"{path}: cannot read safetensors file: {e}") from None
+
+
+def read_hf_dir(path: str) -> tuple[dict, dict[str, np.ndarray]]:
+  """(config.json as a dict, state dict) from an HF model folder: model.safetensors or a sharded index."""
+  path = os.fspath(path)
+  cfg_path = os.path.join(path, "config.json")
+  if not os.path.isfile(cfg_path):
+    raise FileNotFoundError(f"{path}: no config.json (expected an HF BERT model folder)")
+  with open(cfg_path, encoding="utf-8") as f:
+    try:
+      hf_cfg = json.load(f)
+    except json.JSONDecodeError as e:
+      raise ConversionError(f"{cfg_path}: not valid JSON ({e})") from None
+  single = os.path.join(path, "model.safetensors")
+  index = os.path.join(path, "model.safetensors.index.json")
+  if os.path.isfile(single):
+    return hf_cfg, read_safetensors(single)
+  if os.path.isfile(index):
+    with open(index, encoding="utf-8") as f:
+      shards = sorted(set(json.load(f)["weight_map"].values()))
+    state = {}
+    for shard in shards:
+      state.update(read_safetensors(os.path.join(path, os.path.basename(shard))))
+    return hf_cfg, state
+  pickles = [n for n in os.listdir(path) if n.endswith(PICKLE_SUFFIXES)]
+  if pickles:
+    read_safetensors(os.path.join(path, pickles[0]))  # raises the refusal with its reason
+  raise FileNotFoundError(f"{path}: no model.safetensors or model.safetensors.index.json")
+
+
+def hf_config_to_bert(hf: Mapping, **overrides) -> model_lib.BertConfig:
+  if hf.get("model_type", "bert") != "bert":
+    raise ConversionError(f"config.json model_type is {hf.get('model_type')!r}, not 'bert'")
+  if hf.get("position_embedding_type", "absolute") != "absolute":
+    raise ConversionError(f"position_embedding_type {hf['position_embedding_type']!r} is not supported")
+  act = hf.get("hidden_act", "gelu")
+  if act not in HF_ACTIVATIONS:
+    raise ConversionError(f"hidden_act {act!r} is not supported; one of {sorted(HF_ACTIVATIONS)}")
+  fields = dict(
+      vocab_size=hf["vocab_size"], hidden_size=hf["hidden_size"], num_layers=hf["num_hidden_layers"],
+      num_heads=hf["num_attention_heads"], intermediate_size=hf["intermediate_size"],
+      max_position_embeddings=hf.get("max_position_embeddings", 512), type_vocab_size=hf.get("type_vocab_size", 2),
+      hidden_act=HF_ACTIVATIONS[act], layer_norm_eps=hf.get("layer_norm_eps", 1e-12),
+      dropout_rate=hf.get("hidden_dropout_prob", 0.1), attention_dropout_rate=hf.get("attention_probs_dropout_prob", 0.1),
+      initializer_range=hf.get("initializer_range", 0.02))
+  fields.update(overrides)
+  return model_lib.BertConfig(**fields)
+
+
+def bert_to_hf_config(cfg: model_lib.BertConfig, architecture: str = "BertForPreTraining") -> dict:
+  act = {"gelu": "gelu", "gelu_tanh": "gelu_new", "relu": "relu"}[cfg.hidden_act]
+  return {"architectures": [architecture], "model_type": "bert", "vocab_size": cfg.vocab_size,
+          "hidden_size": cfg.hidden_size, "num_hidden_layers": cfg.num_layers,
+          "num_attention_heads": cfg.num_heads, "intermediate_size": cfg.intermediate_size,
+          "hidden_act": act, "hidden_dropout_prob": cfg.dropout_rate,
+          "attention_probs_dropout_prob": cfg.attention_dropout_rate,
+          "max_position_embeddings": cfg.max_position_embeddings, "type_vocab_size": cfg.type_vocab_size,
+          "initializer_range": cfg.initializer_range, "layer_norm_eps": cfg.layer_norm_eps,
+          "pad_token_id": 0, "position_embedding_type": "absolute", "tie_word_embeddings": True}
+
+
+# ----------------------------------------------------------------------------- tree helpers
+def _set(tree: dict, path, value):
+  for key in path[:-1]:
+    tree = tree.setdefault(key, {})
+  tree[path[-1]] = value
+
+
+def _get(tree, path):
+  for key in path:
+    tree = tree[key]
+  return tree
+
+
+def stack_layers(params: dict, num_layers: int) -> dict:
+  """Per-layer `encoder/layer_i` subtrees -> the `nn.scan` layout `encoder/layers/layer` (leading L axis)."""
+  def fix(enc):
+    layers = [enc.pop(f"layer_{i}") for i in range(num_layers)]
+    enc["layers"] = {"layer": jax.tree_util.tree_map(lambda *xs: np.stack(xs), *layers)}
+  return _map_encoder(params, fix)
+
+
+def unstack_layers(params: dict, num_layers: int) -> dict:
+  def fix(enc):
+    stacked = enc.pop("layers")["layer"]
+    for i in range(num_layers):
+      enc[f"layer_{i}"] = jax.tree_util.tree_map(lambda x, i=i: np.asarray(x[i]), stacked)
+  return _map_encoder(params, fix)
+
+
+def _map_encoder(params, fn):
+  params = jax.tree_util.tree_map(lambda x: x, params)  # a fresh nest of dicts, leaves shared
+  params = dict(params)
+  root = params["bert"] if "bert" in params else params
+  root["encoder"] = dict(root["encoder"])
+  fn(root["encoder"])
+  return params
+
+
+def _expected_shapes(cfg: model_lib.BertConfig, pretraining: bool) -> dict:
+  module = model_lib.BertForPreTraining(cfg) if pretraining else model_lib.BertModel(cfg)
+  batch = model_lib.dummy_batch(cfg, 1, 4, 1)
+  shapes = jax.eval_shape(lambda: module.init(jax.random.key(0), batch)["params"])
+  shapes = jax.tree_util.tree_map(lambda x: x.shape, _unbox(shapes))
+  return {path: shape for path, shape in _flatten(shapes)}
+
+
+def _unbox(tree):
+  import flax.linen as nn  # pylint: disable=import-outside-toplevel
+  return nn.meta.unbox(tree)
+
+
+def _flatten(tree, prefix=()):
+  if isinstance(tree, Mapping):
+    for k, v in tree.items():
+      yield from _flatten(v, prefix + (k,))
+  else:
+    yield prefix, tree
+
+
+# ----------------------------------------------------------------------------- public API
+def from_state_dict(cfg: model_lib.BertConfig, state: Mapping[str, np.ndarray], *, head: str = "auto",
+                    names: str = "hf") -> tuple[model_lib.BertConfig, dict]:
+  """bertjax params from an HF state dict (`names="hf"`) or original TF variables (`names="tf"`).
+
+  head: "pretraining" (BertForPreTraining tree), "encoder" (BertModel tree; head tensors ignored) or "auto"
+  (pretraining when the MLM/NSP tensors are present).
+  """
+  state = {k: v for k, v in state.items() if not k.endswith(IGNORED_BUFFERS)}
+  sep = "." if names == "hf" else "/"
+  has_heads = any(k.startswith("cls" + sep) for k in state)
+  if head == "auto":
+    head = "pretraining" if has_heads else "encoder"
+  if head not in ("pretraining", "encoder"):
+    raise ValueError(f"head must be auto, pretraining or encoder, got {head!r}")
+  pretraining = head == "pretraining"
+  scan = cfg.scan_layers
+  cfg_flat = cfg.replace(scan_layers=False)
+  pick = (lambda hf, tf: hf) if names == "hf" else (lambda hf, tf: tf)
+  if pretraining:
+    rows = [(p, pick(hf, tf), kind) for p, hf, tf, kind in NAME_TABLE(cfg_flat, pretraining=True)]
+  else:  # an encoder may be stored with or without the "bert" prefix
+    prefix = "bert" + sep if any(k.startswith("bert" + sep) for k in state) else ""
+    rows = [(p, prefix + pick(hf, tf), kind) for p, hf, tf, kind in NAME_TABLE(cfg_flat, pretraining=False)]
+  layouts = _layouts(cfg)
+  expected = _expected_shapes(cfg_flat, pretraining)
+  params, missing, misshaped, used = {}, [], [], set()
+  for path, name, kind in rows:
+    if name not in state:
+      missing.append(name)
+      continue
+    used.add(name)
+    arr = np.asarray(state[name])
+    if names == "tf" and name.endswith("/kernel"):
+      arr = arr.T  # TF kernels are [in, out]; the layouts start from the torch [out, in]
+    want = expected[path]
+    to_ours, to_theirs = layouts[kind]
+    try:
+      value = to_ours(arr)
+    except ValueError:
+      value = None
+    if value is None or value.shape != want:
+      hf_shape = to_theirs(np.zeros(want, np.float32)).shape
+      if names == "tf" and name.endswith("/kernel"):
+        hf_shape = hf_shape[::-1]
+      misshaped.append(f"{name}: shape {np.shape(state[name])}, expected {hf_shape}")
+      continue
+    _set(params, path, value.astype(np.float32))
+  heads = tuple(p.replace(".", sep) for p in HEAD_PREFIXES)
+  heads += tuple("bert" + sep + p for p in heads)
+  unexpected = sorted(k for k in state if k not in used and not (not pretraining and k.startswith(heads)))
+  problems = []
+  if missing:
+    problems.append(f"missing {len(missing)}: {missing[:20]}")
+  if unexpected:
+    problems.append(f"unexpected {len(unexpected)}: {unexpected[:20]}")
+  if misshaped:
+    problems.append(f"mis-shaped {len(misshaped)}: {misshaped[:20]}")
+  if problems:
+    raise ConversionError(f"checkpoint does not fit the {head} model ({cfg.num_layers} layers, hidden "
+                          f"{cfg.hidden_size}, vocab {cfg.vocab_size}): " + "; ".join(problems))
+  if scan:
+    params = stack_layers(params, cfg.num_layers)
+  return cfg, params
+
+
+def from_hf(path: str, *, head: str = "auto", **overrides) -> tuple[model_lib.BertConfig, dict]:
+  """Load an HF BERT folder (config.json + safetensors). Overrides go to BertConfig (e.g. scan_layers=True)."""
+  hf_cfg, state = read_hf_dir(path)
+  cfg = hf_config_to_bert(hf_cfg, **overrides)
+  return from_state_dict(cfg, state, head=head, names="hf")
+
+
+def from_tf_variables(cfg: model_lib.BertConfig, variables: Mapping[str, np.ndarray], *, head: str = "auto"):
+  """bertjax params from original google-research/bert variables ({name: array}, any TF-checkpoint reader).
+
+  Optimizer slots (`.../adam_m`, `.../adam_v`) and `global_step` are dropped.
+  """
+  variables = {k: v for k, v in variables.items()
+               if not (k.endswith(("/adam_m", "/adam_v")) or k == "global_step")}
+  return from_state_dict(cfg, variables, head=head, names="tf")
+
+
+def to_state_dict(cfg: model_lib.BertConfig, params: Mapping) -> dict[str, np.ndarray]:
+  """HF state dict (PyTorch layouts, tied decoder saved once as HF does) from bertjax params."""
+  params = jax.tree_util.tree_map(np.asarray, jax.device_get(_unbox(params)))
+  if cfg.scan_layers:
+    params = unstack_layers(params, cfg.num_layers)
+  pretraining = "bert" in params
+  rows = NAME_TABLE(cfg.replace(scan_layers=False), pretraining=pretraining)
+  layouts = _layouts(cfg)
+  return {hf: np.ascontiguousarray(layouts[kind][1](_get(params, path)).astype(np.float32))
+          for path, hf, _, kind in rows}
+
+
+def to_hf(cfg: model_lib.BertConfig, params: Mapping, out_dir: str) -> None:
+  """Write config.json + model.safetensors that transformers loads (BertForPreTraining or BertModel)."""
+  from safetensors.numpy import save_file  # pylint: disable=import-outside-toplevel
+  state = to_state_dict(cfg, params)
+  arch = "BertForPreTraining" if any(k.startswith("cls.") for k in state) else "BertModel"
+  os.makedirs(out_dir, exist_ok=True)
+  tmp = os.path.join(out_dir, "model.safetensors.tmp")
+  save_file(state, tmp, metadata={"format": "pt"})
+  os.replace(tmp, os.path.join(out_dir, "model.safetensors"))
+  with open(os.path.join(out_dir, "config.json"), "w", encoding="utf-8") as f:
+    json.dump(bert_to_hf_config(cfg, arch), f, indent=2)

@@ -1,0 +1,480 @@
+"""BERT in Flax linen: embeddings, encoder, pooler and the pre-training / fine-tuning heads.
+
+Maths follows the original BERT (post-LayerNorm, exact-erf GELU, learned positions, eps 1e-12);
+ablations (sinusoidal positions, pre-LN, ReLU) are switches in `BertConfig`.
+
+Every parameter carries logical axis names (`vocab`, `embed`, `heads`, `kv`, `mlp`, `layers`, ...);
+how they map onto a device mesh is decided by the config's rules (see `sharding.py`). Activations are
+constrained with their own names (`activation_batch`, `activation_length`, `activation_embed`, ...).
+
+A batch is a dict with the original BERT feature names: `input_ids`, `input_mask`, `segment_ids`,
+and for pre-training `masked_lm_positions`. Packed rows may add `position_ids` (restarting per example)
+and `attention_segment_ids` (1..n per example, 0 = padding): tokens then attend only within their example.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any, Mapping
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+# (layers, hidden, heads, ffn) by name.
+VARIANTS = {
+    "tiny": (2, 128, 2, 512),
+    "mini": (4, 256, 4, 1024),
+    "small": (4, 512, 8, 2048),
+    "medium": (8, 512, 8, 2048),
+    "base": (12, 768, 12, 3072),
+    "large": (24, 1024, 16, 4096),
+}
+ACTIVATIONS = {
+    "gelu": functools.partial(jax.nn.gelu, approximate=False),  # exact erf form: BERT's and HF's "gelu"
+    "gelu_tanh": functools.partial(jax.nn.gelu, approximate=True),
+    "relu": jax.nn.relu,
+}
+DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+
+
+@dataclasses.dataclass(frozen=True)
+class BertConfig:
+  """Architecture of one BERT. Validated on construction, before anything compiles."""
+  vocab_size: int = 30522
+  hidden_size: int = 768
+  num_layers: int = 12
+  num_heads: int = 12
+  intermediate_size: int = 3072
+  max_position_embeddings: int = 512
+  type_vocab_size: int = 2
+  hidden_act: str = "gelu"  # gelu (exact) | gelu_tanh | relu
+  position_embedding: str = "learned"  # learned | sinusoidal
+  layer_norm: str = "post"  # post (BERT) | pre
+  layer_norm_eps: float = 1e-12
+  dropout_rate: float = 0.1
+  attention_dropout_rate: float = 0.1
+  initializer_range: float = 0.02
+  dtype: str = "float32"  # computation dtype of activations and matmuls
+  param_dtype: str = "float32"
+  scan_layers: bool = False  # nn.scan over layers: compile time flat in depth
+  remat: str = "none"  # none | full | dots (save matmul outputs)
+  attention_impl: str = "xla"  # xla (einsum) | cudnn | auto: jax.nn.dot_product_attention
+
+  def __post_init__(self):
+    positive = ("vocab_size", "hidden_size", "num_layers", "num_heads", "intermediate_size",
+                "max_position_embeddings", "type_vocab_size")
+    for name in positive:
+      value = getattr(self, name)
+      if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value <= 0:
+        raise ValueError(f"BertConfig.{name} must be a positive integer, got {value!r}")
+    if self.hidden_size % self.num_heads:
+      raise ValueError(f"BertConfig: hidden_size {self.hidden_size} is not divisible by "
+                       f"num_heads {self.num_heads}")
+    choices = {"hidden_act": ACTIVATIONS, "position_embedding": ("learned", "sinusoidal"),
+               "layer_norm": ("post", "pre"), "dtype": DTYPES, "param_dtype": DTYPES,
+               "remat": ("none", "full", "dots"), "attention_impl": ("xla", "cudnn", "auto")}
+    for name, allowed in choices.items():
+      if getattr(self, name) not in allowed:
+        raise ValueError(f"BertConfig.{name}={getattr(self, name)!r}; choose one of {sorted(allowed)}")
+    if self.position_embedding == "sinusoidal" and self.hidden_size % 2:
+      raise ValueError("BertConfig: sinusoidal positions need an even hidden_size")
+    for name in ("dropout_rate", "attention_dropout_rate"):
+      if not 0.0 <= getattr(self, name) < 1.0:
+        raise ValueError(f"BertConfig.{name} must be in [0, 1), got {getattr(self, name)}")
+
+  @classmethod
+  def from_variant(cls, variant: str, **overrides) -> "BertConfig":
+    if variant not in VARIANTS:
+      raise ValueError(f"unknown model variant {variant!r}; choose one of {list(VARIANTS)}")
+    layers, hidden, heads, ffn = VARIANTS[variant]
+    fields = dict(num_layers=layers, hidden_size=hidden, num_heads=heads, intermediate_size=ffn)
+    fields.update(overrides)
+    return cls(**fields)
+
+  @classmethod
+  def from_dict(cls, d: Mapping[str, Any]) -> "BertConfig":
+    d = dict(d)
+    variant = d.pop("variant", None)
+    unknown = set(d) - {f.name for f in dataclasses.fields(cls)}
+    if unknown:
+      raise ValueError(f"unknown BertConfig fields: {sorted(unknown)}")
+    return cls.from_variant(variant, **d) if variant else cls(**d)
+
+  def replace(self, **kw) -> "BertConfig":
+    return dataclasses.replace(self, **kw)
+
+  def to_dict(self) -> dict:
+    return dataclasses.asdict(self)
+
+  @property
+  def head_dim(self) -> int:
+    return self.hidden_size // self.num_heads
+
+  @property
+  def compute_dtype(self):
+    return DTYPES[self.dtype]
+
+  @property
+  def params_dtype(self):
+    return DTYPES[self.param_dtype]
+
+
+def _init(cfg: BertConfig):
+  return nn.initializers.truncated_normal(cfg.initializer_range)
+
+
+def _constrain(x, names):
+  return nn.with_logical_constraint(x, names)
+
+
+class Dense(nn.Module):
+  """y = x·W + b over the last `in_dims` axes of x, with an N-D kernel named by `names`.
+
+  A plain `self.param` + tensordot: `nn.DenseGeneral` with logical partitioning of N-D kernels fails under
+  a mesh with rules in flax 0.12.
+  """
+  features: tuple[int, ...]
+  names: tuple[str | None, ...]  # logical names of the kernel: input axes then output axes
+  cfg: BertConfig
+  in_dims: int = 1
+  use_bias: bool = True
+
+  @nn.compact
+  def __call__(self, x):
+    features = tuple(self.features)
+    in_shape = x.shape[-self.in_dims:]
+    kernel = self.param("kernel", nn.with_logical_partitioning(_init(self.cfg), self.names),
+                        in_shape + features, self.cfg.params_dtype)
+    dtype = self.cfg.compute_dtype
+    contract = tuple(range(x.ndim - self.in_dims, x.ndim))
+    y = jnp.tensordot(x.astype(dtype), kernel.astype(dtype), axes=(contract, tuple(range(self.in_dims))))
+    if self.use_bias:
+      bias = self.param("bias", nn.with_logical_partitioning(nn.initializers.zeros, self.names[self.in_dims:]),
+                        features, self.cfg.params_dtype)
+      y = y + bias.astype(dtype)
+    return y
+
+
+def layer_norm(cfg: BertConfig, name: str | None = None):
+  return nn.LayerNorm(epsilon=cfg.layer_norm_eps, dtype=jnp.float32, param_dtype=cfg.params_dtype,
+                      scale_init=nn.with_logical_partitioning(nn.initializers.ones, ("embed",)),
+                      bias_init=nn.with_logical_partitioning(nn.initializers.zeros, ("embed",)),
+                      name=name)
+
+
+def sinusoidal_positions(length: int, dim: int) -> np.ndarray:
+  """PE(i, 2k) = sin(i / 10000^(2k/d)), PE(i, 2k+1) = cos(i / 10000^(2k/d))."""
+  pos = np.arange(length, dtype=np.float64)[:, None]
+  two_k = np.arange(0, dim, 2, dtype=np.float64)[None, :]
+  angle = pos / np.power(10000.0, two_k / dim)
+  pe = np.zeros((length, dim), np.float64)
+  pe[:, 0::2] = np.sin(angle)
+  pe[:, 1::2] = np.cos(angle)
+  return pe.astype(np.float32)
+
+
+def attention_mask(input_mask, attention_segment_ids=None):
+  """Boolean mask [B, 1, Lq, Lk]: True where query q may attend to key k. No causal part.
+
+  Without segment ids a query attends to every real (input_mask=1) key. With them (packed rows) it attends
+  only to keys of its own example.
+  """
+  keys = input_mask.astype(bool)[:, None, None, :]
+  if attention_segment_ids is None:
+    return keys
+  seg = attention_segment_ids
+  same = seg[:, None, :, None] == seg[:, None, None, :]
+  return same & keys & (seg[:, None, :, None] > 0)
+
+
+def dot_product_attention(q, k, v, mask, *, dropout_rate=0.0, dropout_rng=None, deterministic=True):
+  """softmax(QKᵀ/√d_k)·V per head. q, k, v: [B, L, H, D]; mask [B, 1|H, Lq, Lk]. Softmax in float32."""
+  scores = jnp.einsum("bqhd,bkhd->bhqk", q, k, preferred_element_type=jnp.float32)
+  scores = scores / np.sqrt(q.shape[-1]).astype(np.float32)
+  scores = jnp.where(mask, scores, jnp.finfo(jnp.float32).min)
+  probs = jax.nn.softmax(scores, axis=-1)
+  if not deterministic and dropout_rate > 0.0:
+    keep = jax.random.bernoulli(dropout_rng, 1.0 - dropout_rate, probs.shape)
+    probs = jnp.where(keep, probs / (1.0 - dropout_rate), 0.0)
+  return jnp.einsum("bhqk,bkhd->bqhd", probs.astype(v.dtype), v)
+
+
+class SelfAttention(nn.Module):
+  cfg: BertConfig
+
+  @nn.compact
+  def __call__(self, x, mask, deterministic: bool):
+    cfg = self.cfg
+    shape = (cfg.num_heads, cfg.head_dim)
+    q = Dense(shape, ("embed", "heads", "kv"), cfg, name="query")(x)
+    k = Dense(shape, ("embed", "heads", "kv"), cfg, name="key")(x)
+    v = Dense(shape, ("embed", "heads", "kv"), cfg, name="value")(x)
+    names = ("activation_batch", "activation_length", "activation_heads", "activation_kv")
+    q, k, v = (_constrain(t, names) for t in (q, k, v))
+    use_fused = cfg.attention_impl != "xla" and (deterministic or cfg.attention_dropout_rate == 0.0)
+    if use_fused:
+      impl = "cudnn" if cfg.attention_impl == "cudnn" else None
+      z = jax.nn.dot_product_attention(q, k, v, mask=mask, implementation=impl)
+    else:
+      rng = None if deterministic or cfg.attention_dropout_rate == 0.0 else self.make_rng("dropout")
+      z = dot_product_attention(q, k, v, mask, dropout_rate=cfg.attention_dropout_rate,
+                                dropout_rng=rng, deterministic=deterministic)
+    z = _constrain(z, names)
+    return Dense((cfg.hidden_size,), ("heads", "kv", "embed"), cfg, in_dims=2, name="out")(z)
+
+
+class Mlp(nn.Module):
+  cfg: BertConfig
+
+  @nn.compact
+  def __call__(self, x):
+    cfg = self.cfg
+    h = Dense((cfg.intermediate_size,), ("embed", "mlp"), cfg, name="wi")(x)
+    h = ACTIVATIONS[cfg.hidden_act](h)
+    h = _constrain(h, ("activation_batch", "activation_length", "activation_mlp"))
+    return Dense((cfg.hidden_size,), ("mlp", "embed"), cfg, name="wo")(h)
+
+
+class Layer(nn.Module):
+  """One encoder block: self-attention and FFN, each with residual + LayerNorm (post or pre)."""
+  cfg: BertConfig
+
+  @nn.compact
+  def __call__(self, x, mask, deterministic: bool):
+    cfg = self.cfg
+    drop = nn.Dropout(cfg.dropout_rate)
+    act_names = ("activation_batch", "activation_length", "activation_embed")
+    dtype = cfg.compute_dtype
+    if cfg.layer_norm == "post":
+      a = SelfAttention(cfg, name="attention")(x, mask, deterministic)
+      x = layer_norm(cfg, "attention_ln")(drop(a, deterministic=deterministic) + x).astype(dtype)
+      f = Mlp(cfg, name="mlp")(x)
+      x = layer_norm(cfg, "mlp_ln")(drop(f, deterministic=deterministic) + x).astype(dtype)
+    else:
+      a = SelfAttention(cfg, name="attention")(layer_norm(cfg, "attention_ln")(x).astype(dtype), mask,
+                                               deterministic)
+      x = x + drop(a, deterministic=deterministic)
+      f = Mlp(cfg, name="mlp")(layer_norm(cfg, "mlp_ln")(x).astype(dtype))
+      x = x + drop(f, deterministic=deterministic)
+    return _constrain(x, act_names)
+
+
+class _ScanLayer(nn.Module):
+  """Adapter giving `Layer` the (carry, x) -> (carry, y) signature `nn.scan` needs."""
+  cfg: BertConfig
+  deterministic: bool
+
+  @nn.compact
+  def __call__(self, x, mask):
+    return _layer_class(self.cfg)(self.cfg, name="layer")(x, mask, self.deterministic), None
+
+
+def _layer_class(cfg: BertConfig):
+  if cfg.remat == "none":
+    return Layer
+  policy = None if cfg.remat == "full" else jax.checkpoint_policies.dots_with_no_batch_dims_saveable
+  return nn.remat(Layer, policy=policy, static_argnums=(3,))
+
+
+class Encoder(nn.Module):
+  cfg: BertConfig
+
+  @nn.compact
+  def __call__(self, x, mask, deterministic: bool):
+    cfg = self.cfg
+    if cfg.scan_layers:
+      stack = nn.scan(_ScanLayer, variable_axes={"params": 0}, split_rngs={"params": True, "dropout": True},
+                      in_axes=(nn.broadcast,), length=cfg.num_layers,
+                      metadata_params={nn.PARTITION_NAME: "layers"})
+      x, _ = stack(cfg, deterministic, name="layers")(x, mask)
+    else:
+      layer = _layer_class(cfg)
+      for i in range(cfg.num_layers):
+        x = layer(cfg, name=f"layer_{i}")(x, mask, deterministic)
+    if cfg.layer_norm == "pre":
+      x = layer_norm(cfg, "final_ln")(x).astype(cfg.compute_dtype)
+    return x
+
+
+class Embeddings(nn.Module):
+  cfg: BertConfig
+
+  def setup(self):
+    cfg = self.cfg
+    embed = functools.partial(nn.Embed, features=cfg.hidden_size, dtype=cfg.compute_dtype,
+                              param_dtype=cfg.params_dtype)
+    self.word_embeddings = embed(cfg.vocab_size, embedding_init=nn.with_logical_partitioning(
+        _init(cfg), ("vocab", "embed")))
+    self.token_type_embeddings = embed(cfg.type_vocab_size, embedding_init=nn.with_logical_partitioning(
+        _init(cfg), ("segment_type", "embed")))
+    if cfg.position_embedding == "learned":
+      self.position_embeddings = embed(cfg.max_position_embeddings, embedding_init=nn.with_logical_partitioning(
+          _init(cfg), ("position", "embed")))
+    self.ln = layer_norm(cfg)
+    self.dropout = nn.Dropout(cfg.dropout_rate)
+
+  def __call__(self, input_ids, segment_ids, position_ids, deterministic: bool):
+    cfg = self.cfg
+    x = self.word_embeddings(input_ids) + self.token_type_embeddings(segment_ids)
+    if cfg.position_embedding == "learned":
+      x = x + self.position_embeddings(position_ids)
+    else:
+      table = jnp.asarray(sinusoidal_positions(cfg.max_position_embeddings, cfg.hidden_size))
+      x = x + jnp.take(table, position_ids, axis=0).astype(x.dtype)
+    x = self.ln(x).astype(cfg.compute_dtype)
+    x = self.dropout(x, deterministic=deterministic)
+    return _constrain(x, ("activation_batch", "activation_length", "activation_embed"))
+
+
+ENCODER_KEYS = ("input_ids", "input_mask", "segment_ids")
+
+
+def check_batch(cfg: BertConfig, batch: Mapping[str, Any], required=ENCODER_KEYS):
+  """Raise a clear error for a batch the model cannot take (before anything is traced further)."""
+  missing = [k for k in required if k not in batch]
+  if missing:
+    raise KeyError(f"batch is missing {missing}; it has {sorted(batch)} "
+                   f"(expected the original BERT feature names {list(required)})")
+  shape = tuple(batch["input_ids"].shape)
+  if len(shape) != 2:
+    raise ValueError(f"input_ids must be [batch, length], got shape {shape}")
+  for k in ("input_mask", "segment_ids", "position_ids", "attention_segment_ids"):
+    if k in batch and tuple(batch[k].shape) != shape:
+      raise ValueError(f"{k} has shape {tuple(batch[k].shape)}, input_ids has {shape}")
+  if shape[1] > cfg.max_position_embeddings:
+    raise ValueError(f"sequence length {shape[1]} exceeds max_position_embeddings "
+                     f"{cfg.max_position_embeddings}")
+
+
+class BertModel(nn.Module):
+  """The encoder: {"hidden": [B, L, d], "pooled": [B, d]} (pooled = tanh(W·h_[CLS] + b))."""
+  cfg: BertConfig
+
+  def setup(self):
+    self.embeddings = Embeddings(self.cfg)
+    self.encoder = Encoder(self.cfg)
+    self.pooler = Dense((self.cfg.hidden_size,), ("embed", "mlp"), self.cfg)
+
+  def __call__(self, batch, deterministic: bool = True):
+    check_batch(self.cfg, batch)
+    ids = batch["input_ids"]
+    positions = batch.get("position_ids")
+    if positions is None:
+      positions = jnp.broadcast_to(jnp.arange(ids.shape[1]), ids.shape)
+    mask = attention_mask(batch["input_mask"], batch.get("attention_segment_ids"))
+    x = self.embeddings(ids, batch["segment_ids"], positions, deterministic)
+    h = self.encoder(x, mask, deterministic)
+    return {"hidden": h, "pooled": self.pool(h, batch.get("cls_positions"))}
+
+  def pool(self, hidden, cls_positions=None):
+    """tanh(Dense(h_[CLS])); with `cls_positions` [B, K] (packed rows) one pooled vector per example."""
+    if cls_positions is None:
+      cls = hidden[:, 0]
+    else:
+      cls = jnp.take_along_axis(hidden, cls_positions[..., None], axis=1)
+    return jnp.tanh(self.pooler(cls))
+
+  def attend(self, x):
+    """Logits against the word-embedding table (the tied MLM decoder), in float32."""
+    table = self.embeddings.word_embeddings.embedding
+    return jnp.einsum("...d,vd->...v", x, table.astype(x.dtype), preferred_element_type=jnp.float32)
+
+
+class BertForPreTraining(nn.Module):
+  """Encoder + MLM head (only at `masked_lm_positions`: [B, P, V] logits) + NSP head on the pooled output."""
+  cfg: BertConfig
+
+  def setup(self):
+    cfg = self.cfg
+    self.bert = BertModel(cfg)
+    self.mlm_transform = Dense((cfg.hidden_size,), ("embed", "mlp"), cfg)
+    self.mlm_ln = layer_norm(cfg)
+    self.mlm_bias = self.param("mlm_bias", nn.with_logical_partitioning(nn.initializers.zeros, ("vocab",)),
+                               (cfg.vocab_size,), cfg.params_dtype)
+    self.nsp = Dense((2,), ("mlp", "classes"), cfg)
+
+  def __call__(self, batch, deterministic: bool = True):
+    check_batch(self.cfg, batch, ENCODER_KEYS + ("masked_lm_positions",))
+    out = self.bert(batch, deterministic)
+    positions = batch["masked_lm_positions"]
+    x = jnp.take_along_axis(out["hidden"], positions[..., None].astype(jnp.int32), axis=1)  # [B, P, d]
+    x = ACTIVATIONS[self.cfg.hidden_act](self.mlm_transform(x))
+    x = self.mlm_ln(x).astype(self.cfg.compute_dtype)
+    out["mlm_logits"] = self.bert.attend(x) + self.mlm_bias.astype(jnp.float32)
+    out["nsp_logits"] = self.nsp(out["pooled"]).astype(jnp.float32)
+    return out
+
+
+class BertForSequenceClassification(nn.Module):
+  """softmax(W·pooled) over `num_labels` classes; `num_labels=1` is regression (e.g. STS-B)."""
+  cfg: BertConfig
+  num_labels: int
+
+  @nn.compact
+  def __call__(self, batch, deterministic: bool = True):
+    out = BertModel(self.cfg, name="bert")(batch, deterministic)
+    x = nn.Dropout(self.cfg.dropout_rate)(out["pooled"], deterministic=deterministic)
+    out["logits"] = Dense((self.num_labels,), ("mlp", "classes"), self.cfg, name="classifier")(x).astype(
+        jnp.float32)
+    return out
+
+
+class BertForTokenClassification(nn.Module):
+  """softmax(W·h_i) per token (e.g. NER tags)."""
+  cfg: BertConfig
+  num_labels: int
+
+  @nn.compact
+  def __call__(self, batch, deterministic: bool = True):
+    out = BertModel(self.cfg, name="bert")(batch, deterministic)
+    x = nn.Dropout(self.cfg.dropout_rate)(out["hidden"], deterministic=deterministic)
+    out["logits"] = Dense((self.num_labels,), ("embed", "classes"), self.cfg, name="classifier")(x).astype(
+        jnp.float32)
+    return out
+
+
+class BertForQuestionAnswering(nn.Module):
+  """Span QA: start score s·h_i and end score e·h_i; padding positions get -inf-like logits."""
+  cfg: BertConfig
+
+  @nn.compact
+  def __call__(self, batch, deterministic: bool = True):
+    out = BertModel(self.cfg, name="bert")(batch, deterministic)
+    logits = Dense((2,), ("embed", "classes"), self.cfg, name="qa_outputs")(out["hidden"]).astype(jnp.float32)
+    valid = batch["input_mask"].astype(bool)
+    neg = jnp.finfo(jnp.float32).min
+    out["start_logits"] = jnp.where(valid, logits[..., 0], neg)
+    out["end_logits"] = jnp.where(valid, logits[..., 1], neg)
+    return out
+
+
+def dummy_batch(cfg: BertConfig, batch_size: int = 2, seq_len: int = 16, max_predictions: int = 4):
+  """A zero batch of the right shapes and dtypes, for init and eval_shape."""
+  ids = np.zeros((batch_size, seq_len), np.int32)
+  preds = np.zeros((batch_size, max_predictions), np.int32)
+  return {"input_ids": ids, "input_mask": np.ones_like(ids), "segment_ids": ids,
+          "masked_lm_positions": preds, "masked_lm_ids": preds,
+          "masked_lm_weights": np.zeros((batch_size, max_predictions), np.float32),
+          "next_sentence_labels": np.zeros((batch_size,), np.int32)}
+
+
+def count_params(params) -> int:
+  return int(sum(np.prod(x.shape) for x in jax.tree_util.tree_leaves(params)))
+
+
+def model_flops_per_sequence(cfg: BertConfig, seq_len: int, num_predictions: int,
+                             seq_len_squared: float | None = None) -> float:
+  """Training FLOPs (forward + backward = 3x forward) of one sequence, MLM head at gathered positions only.
+
+  3·[L·(24·S·d² + 4·S²·d) + 2·P·(d² + d·V) + 2·d²]; for packed rows pass the sum of each example's squared
+  length as `seq_len_squared`. (Counts the 4·d² attention projections and 2·d·d_ff FFN with d_ff = 4d, as
+  the usual 24·S·d²; for other FFN widths the FFN term is scaled.)
+  """
+  d, L, V, P = cfg.hidden_size, cfg.num_layers, cfg.vocab_size, num_predictions
+  s2 = seq_len * seq_len if seq_len_squared is None else seq_len_squared
+  per_layer = 2 * seq_len * (4 * d * d + 2 * d * cfg.intermediate_size) + 4 * s2 * d
+  return 3.0 * (L * per_layer + 2 * P * (d * d + d * V) + 2 * d * d)
+
+

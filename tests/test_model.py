@@ -1,0 +1,260 @@
+"""The model against the seeds' equations, a NumPy reference and its own invariants."""
+import flax.linen as nn
+import jax
+import numpy as np
+import pytest
+
+from bertjax import losses, model
+
+
+def tiny(**kw):
+  return model.BertConfig.from_variant("tiny", vocab_size=97, max_position_embeddings=40, **kw)
+
+
+def random_batch(cfg, b=3, length=24, p=5, seed=0):
+  rng = np.random.default_rng(seed)
+  ids = rng.integers(5, cfg.vocab_size, (b, length)).astype(np.int32)
+  mask = np.ones((b, length), np.int32)
+  lengths = [length, length - 7, 9][:b]
+  for i, n in enumerate(lengths):
+    mask[i, n:] = 0
+  seg = np.zeros_like(ids)
+  seg[:, length // 2:] = 1
+  pos = np.sort(rng.choice(np.arange(1, 9), (b, p)), axis=1).astype(np.int32)
+  return {"input_ids": ids, "input_mask": mask, "segment_ids": seg * mask, "masked_lm_positions": pos,
+          "masked_lm_ids": rng.integers(0, cfg.vocab_size, (b, p)).astype(np.int32),
+          "masked_lm_weights": np.ones((b, p), np.float32),
+          "next_sentence_labels": rng.integers(0, 2, (b,)).astype(np.int32)}
+
+
+def init(module, cfg, seed=0):
+  return nn.meta.unbox(module.init(jax.random.key(seed), model.dummy_batch(cfg))["params"])
+
+
+def test_seed_worked_example_mlm_loss():
+  """Seed 001, 4.3: logits [0.2, 2.1, 0.5, 0.3, 0.1], target "mat" (index 1) -> loss ≈ 0.502."""
+  logits = np.array([[[0.2, 2.1, 0.5, 0.3, 0.1]]], np.float32)
+  loss = losses.mlm_loss(logits, np.array([[1]]), np.array([[1.0]]))
+  assert abs(float(loss) - 0.502) < 1e-3
+  probs = np.asarray(jax.nn.softmax(logits[0, 0]))
+  np.testing.assert_allclose(probs, [0.090, 0.605, 0.122, 0.100, 0.082], atol=1e-3)
+  uniform = losses.mlm_loss(np.zeros((1, 1, 5), np.float32), np.array([[1]]), np.array([[1.0]]))
+  assert abs(float(uniform) - 1.609) < 1e-3
+
+
+def test_mlm_loss_counts_only_weighted_positions():
+  rng = np.random.default_rng(1)
+  logits = rng.normal(size=(2, 3, 7)).astype(np.float32)
+  ids = rng.integers(0, 7, (2, 3))
+  w = np.array([[1, 1, 0], [1, 0, 0]], np.float32)
+  logp = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+  ce = -np.take_along_axis(logp, ids[..., None], -1)[..., 0]
+  expected = (ce * w).sum() / (w.sum() + 1e-5)
+  np.testing.assert_allclose(float(losses.mlm_loss(logits, ids, w)), expected, rtol=1e-6)
+
+
+def numpy_attention(x, mask, p, cfg):
+  """Seeds' formula, head by head: concat_h softmax(Q_h K_hᵀ/√d_k) V_h, then W_O. Keys masked by padding."""
+  out = []
+  d_k = cfg.head_dim
+  for h in range(cfg.num_heads):
+    q = x @ p["query"]["kernel"][:, h] + p["query"]["bias"][h]
+    k = x @ p["key"]["kernel"][:, h] + p["key"]["bias"][h]
+    v = x @ p["value"]["kernel"][:, h] + p["value"]["bias"][h]
+    s = q @ np.swapaxes(k, -1, -2) / np.sqrt(d_k)
+    s = np.where(mask[:, None, :] > 0, s, -np.inf)
+    a = np.exp(s - s.max(-1, keepdims=True))
+    a = a / a.sum(-1, keepdims=True)
+    out.append(a @ v)
+  z = np.concatenate(out, axis=-1)
+  w_o = p["out"]["kernel"].reshape(cfg.hidden_size, cfg.hidden_size)
+  return z @ w_o + p["out"]["bias"]
+
+
+@pytest.mark.parametrize("impl", ["xla", "auto"])
+def test_attention_matches_numpy_with_padding(impl):
+  cfg = tiny(attention_impl=impl)
+  rng = np.random.default_rng(0)
+  x = rng.normal(size=(2, 10, cfg.hidden_size)).astype(np.float32)
+  input_mask = np.ones((2, 10), np.int32)
+  input_mask[1, 6:] = 0
+  att = model.SelfAttention(cfg)
+  mask = model.attention_mask(input_mask)
+  params = nn.meta.unbox(att.init(jax.random.key(1), x, mask, True)["params"])
+  got = np.asarray(att.apply({"params": params}, x, mask, True))
+  p = jax.tree_util.tree_map(np.asarray, params)
+  want = numpy_attention(x.astype(np.float64), input_mask, p, cfg)
+  np.testing.assert_allclose(got, want, atol=2e-5)
+
+
+def test_no_causal_mask_every_token_sees_the_future():
+  cfg = tiny(dropout_rate=0.0, attention_dropout_rate=0.0)
+  m = model.BertModel(cfg)
+  params = init(m, cfg)
+  b = random_batch(cfg, b=1, length=12)
+  b["input_mask"][:] = 1
+  h1 = np.asarray(m.apply({"params": params}, b)["hidden"])
+  b2 = dict(b, input_ids=b["input_ids"].copy())
+  b2["input_ids"][0, -1] = (b2["input_ids"][0, -1] + 1) % cfg.vocab_size
+  h2 = np.asarray(m.apply({"params": params}, b2)["hidden"])
+  assert np.abs(h1[0, 0] - h2[0, 0]).max() > 1e-4  # position 0 depends on the last token
+
+
+def test_padding_invariance():
+  cfg = tiny()
+  m = model.BertForPreTraining(cfg)
+  params = init(m, cfg)
+  b = random_batch(cfg, b=2, length=16)
+  b["input_mask"][:] = 1
+  b["input_mask"][1, 10:] = 0
+  out = m.apply({"params": params}, b)
+  longer = {k: v for k, v in b.items()}
+  pad = 8
+  rng = np.random.default_rng(3)
+  longer["input_ids"] = np.concatenate([b["input_ids"], rng.integers(5, 90, (2, pad))], 1).astype(np.int32)
+  for k in ("input_mask", "segment_ids"):
+    longer[k] = np.concatenate([b[k], np.zeros((2, pad), np.int32)], 1)
+  out2 = m.apply({"params": params}, longer)
+  np.testing.assert_allclose(out2["hidden"][0, :16], out["hidden"][0], atol=1e-5)
+  np.testing.assert_allclose(out2["hidden"][1, :10], out["hidden"][1, :10], atol=1e-5)
+  for k in ("pooled", "mlm_logits", "nsp_logits"):
+    np.testing.assert_allclose(out2[k], out[k], atol=1e-5)
+
+
+def test_sinusoidal_table_is_the_seed_formula():
+  d, n = 16, 7
+  table = model.sinusoidal_positions(n, d)
+  for i in range(n):
+    for k in range(d // 2):
+      assert abs(table[i, 2 * k] - np.sin(i / 10000 ** (2 * k / d))) < 1e-6
+      assert abs(table[i, 2 * k + 1] - np.cos(i / 10000 ** (2 * k / d))) < 1e-6
+
+
+@pytest.mark.parametrize("change", [dict(position_embedding="sinusoidal"), dict(layer_norm="pre"),
+                                    dict(hidden_act="relu"), dict(hidden_act="gelu_tanh")])
+def test_ablation_variants_run_and_differ(change):
+  base_cfg = tiny()
+  cfg = tiny(**change)
+  b = random_batch(cfg)
+  outs = []
+  for c in (base_cfg, cfg):
+    m = model.BertForPreTraining(c)
+    params = init(m, c, seed=0)
+    outs.append(m.apply({"params": params}, b))
+  assert np.all(np.isfinite(outs[1]["mlm_logits"]))
+  # tanh-GELU is within ~1e-3 of exact GELU per activation, so its effect is smaller.
+  threshold = 1e-6 if change.get("hidden_act") == "gelu_tanh" else 1e-3
+  assert np.abs(np.asarray(outs[0]["hidden"]) - np.asarray(outs[1]["hidden"])).max() > threshold
+
+
+def test_activations_are_the_named_functions():
+  from scipy.special import erf
+  x = np.linspace(-5, 5, 101)
+  np.testing.assert_allclose(model.ACTIVATIONS["gelu"](x), 0.5 * x * (1 + erf(x / np.sqrt(2))), atol=1e-6)
+  tanh = 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x ** 3)))
+  np.testing.assert_allclose(model.ACTIVATIONS["gelu_tanh"](x), tanh, atol=1e-6)
+  np.testing.assert_allclose(model.ACTIVATIONS["relu"](x), np.maximum(x, 0), atol=1e-7)
+
+
+def test_scan_equals_unrolled():
+  from bertjax import convert
+  cfg = tiny()
+  m = model.BertForPreTraining(cfg)
+  params = init(m, cfg)
+  scfg = cfg.replace(scan_layers=True)
+  sparams = convert.stack_layers(params, cfg.num_layers)
+  b = random_batch(cfg)
+  a = m.apply({"params": params}, b)
+  s = model.BertForPreTraining(scfg).apply({"params": sparams}, b)
+  np.testing.assert_allclose(a["mlm_logits"], s["mlm_logits"], atol=1e-5)
+  rcfg = scfg.replace(remat="full")
+  r = model.BertForPreTraining(rcfg).apply({"params": sparams}, b)
+  np.testing.assert_allclose(a["mlm_logits"], r["mlm_logits"], atol=1e-5)
+
+
+def test_dropout_is_active_in_training_mode():
+  cfg = tiny()
+  m = model.BertForPreTraining(cfg)
+  params = init(m, cfg)
+  b = random_batch(cfg)
+  det = m.apply({"params": params}, b)["mlm_logits"]
+  r1 = m.apply({"params": params}, b, deterministic=False, rngs={"dropout": jax.random.key(1)})["mlm_logits"]
+  r2 = m.apply({"params": params}, b, deterministic=False, rngs={"dropout": jax.random.key(2)})["mlm_logits"]
+  assert np.abs(np.asarray(r1) - np.asarray(det)).max() > 1e-4
+  assert np.abs(np.asarray(r1) - np.asarray(r2)).max() > 1e-4
+
+
+@pytest.mark.parametrize("scan", [False, True])
+def test_every_parameter_has_logical_names(scan):
+  cfg = tiny(scan_layers=scan)
+  for module in (model.BertForPreTraining(cfg), model.BertForSequenceClassification(cfg, 3),
+                 model.BertForTokenClassification(cfg, 5), model.BertForQuestionAnswering(cfg)):
+    boxed = jax.eval_shape(lambda m=module: m.init(jax.random.key(0), model.dummy_batch(cfg))["params"])
+    leaves = jax.tree_util.tree_leaves(boxed, is_leaf=lambda x: isinstance(x, nn.LogicallyPartitioned))
+    assert leaves
+    for leaf in leaves:
+      assert isinstance(leaf, nn.LogicallyPartitioned), leaf
+      assert len(leaf.names) == len(leaf.value.shape)
+      assert all(n is not None for n in leaf.names)
+      if scan and len(leaf.names) and "layers" in leaf.names:
+        assert leaf.names[0] == "layers"
+
+
+def test_task_heads_shapes():
+  cfg = tiny()
+  b = random_batch(cfg)
+  for module, key, shape in ((model.BertForSequenceClassification(cfg, 3), "logits", (3, 3)),
+                             (model.BertForTokenClassification(cfg, 5), "logits", (3, 24, 5)),
+                             (model.BertForQuestionAnswering(cfg), "start_logits", (3, 24))):
+    out = module.apply({"params": init(module, cfg)}, b)
+    assert out[key].shape == shape
+  qa = model.BertForQuestionAnswering(cfg)
+  out = qa.apply({"params": init(qa, cfg)}, b)
+  assert int(np.argmax(out["end_logits"][2])) < 9  # padding positions can never win
+
+
+# ------------------------------------------------------------------ bad input, before compiling
+def test_bad_configs_are_clear_errors():
+  with pytest.raises(ValueError, match="not divisible by num_heads"):
+    model.BertConfig(hidden_size=100, num_heads=12)
+  with pytest.raises(ValueError, match="unknown model variant 'huge'"):
+    model.BertConfig.from_variant("huge")
+  with pytest.raises(ValueError, match="num_layers must be a positive integer"):
+    model.BertConfig(num_layers=0)
+  with pytest.raises(ValueError, match="hidden_size must be a positive integer"):
+    model.BertConfig(hidden_size=-768)
+  with pytest.raises(ValueError, match="hidden_act='swish'"):
+    model.BertConfig(hidden_act="swish")
+  with pytest.raises(ValueError, match="unknown BertConfig fields"):
+    model.BertConfig.from_dict({"variant": "tiny", "hiden_size": 3})
+
+
+def test_bad_batches_are_clear_errors():
+  cfg = tiny()
+  m = model.BertForPreTraining(cfg)
+  params = init(m, cfg)
+  b = random_batch(cfg)
+  with pytest.raises(KeyError, match="missing \\['segment_ids'\\]"):
+    m.apply({"params": params}, {k: v for k, v in b.items() if k != "segment_ids"})
+  with pytest.raises(KeyError, match="masked_lm_positions"):
+    m.apply({"params": params}, {k: v for k, v in b.items() if k != "masked_lm_positions"})
+  too_long = random_batch(cfg, b=1, length=cfg.max_position_embeddings + 1)
+  with pytest.raises(ValueError, match="exceeds max_position_embeddings 40"):
+    m.apply({"params": params}, too_long)
+  with pytest.raises(ValueError, match="input_mask has shape"):
+    m.apply({"params": params}, dict(b, input_mask=b["input_mask"][:, :5]))
+
+
+def test_flop_formula_matches_a_hand_count():
+  """3x forward FLOPs; forward counted matmul by matmul for a small config."""
+  cfg = model.BertConfig(vocab_size=50, hidden_size=8, num_layers=2, num_heads=2, intermediate_size=32)
+  s, p, d, f, v = 6, 2, 8, 32, 50
+  qkv = 3 * 2 * s * d * d
+  scores = 2 * s * s * d
+  context = 2 * s * s * d
+  out = 2 * s * d * d
+  ffn = 2 * s * d * f + 2 * s * f * d
+  head = 2 * p * d * d + 2 * p * d * v
+  pooler = 2 * d * d
+  forward = 2 * (qkv + scores + context + out + ffn) + head + pooler
+  assert model.model_flops_per_sequence(cfg, s, p) == 3 * forward
