@@ -1,0 +1,148 @@
+"""Pre-training data as a tensorflow-datasets dataset in array_record format (readable without TensorFlow).
+
+    python -m bertjax.data.dataset --input corpus.txt --tokenizer vocab.txt --out DATA_DIR \
+        --max_seq_length 128 --max_predictions_per_seq 20 --dupe_factor 5 --workers 2
+
+writes DATA_DIR/bert_pretraining/1.0.0/ with splits `train` and `validation` (every `heldout_every`-th
+document is held out), and `creation.json` with the options and tokenizer used.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+import os
+import shutil
+import sys
+import time
+
+import numpy as np
+import tensorflow_datasets as tfds
+
+from bertjax.data import corpus as corpus_lib
+from bertjax.data import pretraining
+from bertjax.data import tokenizer as tokenizer_lib
+
+NAME = "bert_pretraining"
+
+
+class BertPretraining(tfds.core.GeneratorBasedBuilder):
+  """Masked-LM + NSP examples with the original BERT feature names."""
+  VERSION = tfds.core.Version("1.0.0")
+  RELEASE_NOTES = {"1.0.0": "create_pretraining_data.py semantics."}
+
+  def __init__(self, *, max_seq_length: int = 128, max_predictions_per_seq: int = 20, creation: dict | None = None,
+               **kwargs):
+    self._max_seq_length = max_seq_length
+    self._max_predictions = max_predictions_per_seq
+    self._creation = creation or {}
+    super().__init__(**kwargs)
+
+  def _info(self):
+    seq = lambda d: tfds.features.Tensor(shape=(self._max_seq_length,), dtype=d)  # noqa: E731
+    pred = lambda d: tfds.features.Tensor(shape=(self._max_predictions,), dtype=d)  # noqa: E731
+    return tfds.core.DatasetInfo(
+        builder=self,
+        features=tfds.features.FeaturesDict({
+            "input_ids": seq(np.int32), "input_mask": seq(np.int32), "segment_ids": seq(np.int32),
+            "masked_lm_positions": pred(np.int32), "masked_lm_ids": pred(np.int32),
+            "masked_lm_weights": pred(np.float32),
+            "next_sentence_labels": tfds.features.Tensor(shape=(), dtype=np.int32)}),
+        description="BERT pre-training examples (MLM + NSP).")
+
+  def _split_generators(self, dl_manager):
+    del dl_manager
+    return {"train": self._generate_examples(heldout=False), "validation": self._generate_examples(heldout=True)}
+
+  def _generate_examples(self, heldout: bool):
+    c = self._creation
+    stats = corpus_lib.CorpusStats()
+    docs = corpus_lib.read_documents(c["input"], c.get("format", "lines"), stats)
+    docs = pretraining.split_documents(docs, c.get("heldout_every", 20), heldout)
+    counts: dict = {}
+    examples = pretraining.generate_examples(
+        docs, c["tokenizer"], pretraining.CreationOptions(**c["options"]), do_lower_case=c.get("do_lower_case", True),
+        num_workers=c.get("workers", 1), stats=counts)
+    for i, ex in enumerate(examples):
+      yield i, ex
+    split = "validation" if heldout else "train"
+    c.setdefault("report", {})[split] = {"examples": counts.get("examples", 0), **dataclasses.asdict(stats),
+                                         "warnings": stats.warnings()}
+    for w in stats.warnings():
+      logging.warning("%s split: %s", split, w)
+    if counts.get("examples", 0) == 0 and not heldout:
+      raise corpus_lib.CorpusError(f"no training examples came out of {c['input']}: the corpus is empty or has "
+                                   "no text that tokenizes")
+
+
+def create(input_files, tokenizer_path: str, out_dir: str, opts: pretraining.CreationOptions, *,
+           fmt: str = "lines", do_lower_case: bool = True, heldout_every: int = 20, workers: int = 1,
+           overwrite: bool = False) -> dict:
+  """Build the dataset; returns the creation record (options, tokenizer, counts, warnings, timing)."""
+  input_files = [os.path.abspath(os.fspath(f)) for f in input_files]
+  tok = tokenizer_lib.load(tokenizer_path, do_lower_case=do_lower_case)  # fails early on a bad tokenizer
+  record_path = os.path.join(out_dir, "creation.json")
+  if os.path.exists(os.path.join(out_dir, NAME)):
+    if not overwrite:
+      raise FileExistsError(f"{out_dir}/{NAME} exists; pass --overwrite to rebuild it")
+    shutil.rmtree(os.path.join(out_dir, NAME))
+  creation = {"input": input_files, "tokenizer": os.path.abspath(tokenizer_path), "do_lower_case": do_lower_case,
+              "format": fmt, "heldout_every": heldout_every, "workers": workers,
+              "options": dataclasses.asdict(opts), "vocab_size": tok.vocab_size}
+  builder = BertPretraining(data_dir=out_dir, max_seq_length=opts.max_seq_length,
+                            max_predictions_per_seq=opts.max_predictions_per_seq, creation=creation,
+                            file_format="array_record")
+  start = time.time()
+  builder.download_and_prepare(download_config=tfds.download.DownloadConfig(
+      download_mode=tfds.download.GenerateMode.REUSE_CACHE_IF_EXISTS))
+  creation["seconds"] = time.time() - start
+  total = sum(r["examples"] for r in creation.get("report", {}).values())
+  creation["examples_per_s"] = total / max(creation["seconds"], 1e-9)
+  with open(record_path, "w", encoding="utf-8") as f:
+    json.dump(creation, f, indent=2)
+  return creation
+
+
+def read_creation(data_dir: str) -> dict:
+  path = os.path.join(data_dir, "creation.json")
+  if not os.path.isfile(path):
+    raise FileNotFoundError(f"{data_dir}: no creation.json; build the data with python -m bertjax.data.dataset")
+  with open(path, encoding="utf-8") as f:
+    return json.load(f)
+
+
+def load_source(data_dir: str, split: str):
+  """A random-access data source of feature dicts (numpy), via tfds over array_record; no TensorFlow."""
+  c = read_creation(data_dir)
+  o = c["options"]
+  builder = BertPretraining(data_dir=data_dir, max_seq_length=o["max_seq_length"],
+                            max_predictions_per_seq=o["max_predictions_per_seq"], file_format="array_record")
+  return builder.as_data_source(split=split)
+
+
+def main(argv=None):
+  p = argparse.ArgumentParser(description="Create BERT pre-training data (create_pretraining_data.py semantics).")
+  p.add_argument("--input", nargs="+", required=True, help="text files (one sentence per line, blank line between documents)")
+  p.add_argument("--tokenizer", required=True, help="vocab.txt or sentencepiece .model")
+  p.add_argument("--out", required=True, help="output data_dir")
+  p.add_argument("--format", default="lines", choices=["lines", "paragraphs"])
+  p.add_argument("--cased", action="store_true")
+  p.add_argument("--heldout_every", type=int, default=20)
+  p.add_argument("--workers", type=int, default=1)
+  p.add_argument("--overwrite", action="store_true")
+  for f in dataclasses.fields(pretraining.CreationOptions):
+    kind = (lambda s: s.lower() in ("1", "true", "yes")) if f.type in (bool, "bool") else type(f.default)
+    p.add_argument(f"--{f.name}", type=kind, default=f.default)
+  args = p.parse_args(argv)
+  opts = pretraining.CreationOptions(**{f.name: getattr(args, f.name) for f in dataclasses.fields(pretraining.CreationOptions)})
+  rec = create(args.input, args.tokenizer, args.out, opts, fmt=args.format, do_lower_case=not args.cased,
+               heldout_every=args.heldout_every, workers=args.workers, overwrite=args.overwrite)
+  for split, r in rec["report"].items():
+    print(f"{split}: {r['examples']} examples (corpus: {r['documents']} documents)" +
+          "".join(f"; warning: {w}" for w in r["warnings"]))
+  print(f"{rec['examples_per_s']:.0f} examples/s; wrote {args.out}")
+
+
+if __name__ == "__main__":
+  sys.exit(main())

@@ -1,0 +1,316 @@
+"""Pre-training examples made as google-research/bert `create_pretraining_data.py` makes them.
+
+The algorithm (document chunking, the NSP pairing, `truncate_seq_pair`, 80/10/10 masking with optional whole
+words) makes the same `random.Random` calls in the same order as the original, over token ids instead of token
+strings: one buffer holding the whole corpus with seed s gives the original's output for `random_seed=s`.
+
+At scale the corpus streams through buffers of `buffer_documents` documents (memory bounded; the random-next
+document is drawn from the same buffer), processed in parallel worker processes, in order, so the output does
+not depend on the number of workers.
+"""
+from __future__ import annotations
+
+import collections
+import dataclasses
+import multiprocessing as mp
+import random
+from typing import Iterable, Iterator, Sequence
+
+import numpy as np
+
+from bertjax.data import tokenizer as tokenizer_lib
+
+FEATURES = ("input_ids", "input_mask", "segment_ids", "masked_lm_positions", "masked_lm_ids",
+            "masked_lm_weights", "next_sentence_labels")
+
+
+@dataclasses.dataclass(frozen=True)
+class CreationOptions:
+  max_seq_length: int = 128
+  max_predictions_per_seq: int = 20
+  masked_lm_prob: float = 0.15
+  short_seq_prob: float = 0.1
+  dupe_factor: int = 10
+  whole_word_mask: bool = False
+  random_seed: int = 12345
+  buffer_documents: int = 100_000  # documents held at once; the random-next document comes from this buffer
+
+  def __post_init__(self):
+    if self.max_seq_length < 5:
+      raise ValueError(f"max_seq_length {self.max_seq_length} is too short: [CLS] A [SEP] B [SEP] needs >= 5")
+    if not 0 < self.masked_lm_prob < 1:
+      raise ValueError(f"masked_lm_prob must be in (0, 1), got {self.masked_lm_prob}")
+    if not 0 <= self.short_seq_prob <= 1:
+      raise ValueError(f"short_seq_prob must be in [0, 1], got {self.short_seq_prob}")
+    for name in ("max_predictions_per_seq", "dupe_factor", "buffer_documents"):
+      if getattr(self, name) < 1:
+        raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+
+
+@dataclasses.dataclass
+class Instance:
+  tokens: list[int]
+  segment_ids: list[int]
+  is_random_next: bool
+  masked_lm_positions: list[int]
+  masked_lm_labels: list[int]
+
+
+@dataclasses.dataclass(frozen=True)
+class Vocab:
+  """What masking needs of a tokenizer, picklable for worker processes."""
+  size: int
+  cls_id: int
+  sep_id: int
+  mask_id: int
+  continues_word: np.ndarray
+
+  @classmethod
+  def of(cls, tok: tokenizer_lib.Tokenizer) -> "Vocab":
+    return cls(tok.vocab_size, tok.cls_id, tok.sep_id, tok.mask_id, tok.continues_word)
+
+
+def truncate_seq_pair(tokens_a: list, tokens_b: list, max_num_tokens: int, rng: random.Random) -> None:
+  """Trim the longer list, from the front or the back at random, until the pair fits (in place)."""
+  while len(tokens_a) + len(tokens_b) > max_num_tokens:
+    trunc = tokens_a if len(tokens_a) > len(tokens_b) else tokens_b
+    assert len(trunc) >= 1
+    if rng.random() < 0.5:
+      del trunc[0]
+    else:
+      trunc.pop()
+
+
+def create_masked_lm_predictions(tokens: Sequence[int], masked_lm_prob: float, max_predictions_per_seq: int,
+                                 vocab: Vocab, rng: random.Random, whole_word_mask: bool = False):
+  """(output tokens, sorted positions, labels): 80% [MASK], 10% kept, 10% a random vocabulary token."""
+  cand_indexes: list[list[int]] = []
+  for i, token in enumerate(tokens):
+    if token == vocab.cls_id or token == vocab.sep_id:
+      continue
+    if whole_word_mask and cand_indexes and vocab.continues_word[token]:
+      cand_indexes[-1].append(i)
+    else:
+      cand_indexes.append([i])
+  rng.shuffle(cand_indexes)
+  output = list(tokens)
+  num_to_predict = min(max_predictions_per_seq, max(1, int(round(len(tokens) * masked_lm_prob))))
+  masked: list[tuple[int, int]] = []
+  covered: set[int] = set()
+  for index_set in cand_indexes:
+    if len(masked) >= num_to_predict:
+      break
+    if len(masked) + len(index_set) > num_to_predict:
+      continue  # a whole word that would exceed the cap is skipped
+    if any(i in covered for i in index_set):
+      continue
+    for index in index_set:
+      covered.add(index)
+      if rng.random() < 0.8:
+        new = vocab.mask_id
+      elif rng.random() < 0.5:
+        new = tokens[index]
+      else:
+        new = rng.randint(0, vocab.size - 1)
+      output[index] = new
+      masked.append((index, tokens[index]))
+  masked.sort()
+  return output, [i for i, _ in masked], [t for _, t in masked]
+
+
+def create_instances_from_document(all_documents, document_index: int, opts: CreationOptions, vocab: Vocab,
+                                   rng: random.Random) -> list[Instance]:
+  document = all_documents[document_index]
+  max_num_tokens = opts.max_seq_length - 3
+  target_seq_length = max_num_tokens
+  if rng.random() < opts.short_seq_prob:
+    target_seq_length = rng.randint(2, max_num_tokens)
+  instances = []
+  current_chunk: list[list[int]] = []
+  current_length = 0
+  i = 0
+  while i < len(document):
+    segment = document[i]
+    current_chunk.append(segment)
+    current_length += len(segment)
+    if i == len(document) - 1 or current_length >= target_seq_length:
+      if current_chunk:
+        a_end = 1
+        if len(current_chunk) >= 2:
+          a_end = rng.randint(1, len(current_chunk) - 1)
+        tokens_a = [t for seg in current_chunk[:a_end] for t in seg]
+        tokens_b: list[int] = []
+        if len(current_chunk) == 1 or rng.random() < 0.5:
+          is_random_next = True
+          target_b_length = target_seq_length - len(tokens_a)
+          for _ in range(10):
+            random_document_index = rng.randint(0, len(all_documents) - 1)
+            if random_document_index != document_index:
+              break
+          random_document = all_documents[random_document_index]
+          random_start = rng.randint(0, len(random_document) - 1)
+          for j in range(random_start, len(random_document)):
+            tokens_b.extend(random_document[j])
+            if len(tokens_b) >= target_b_length:
+              break
+          i -= len(current_chunk) - a_end  # put the unused segments back
+        else:
+          is_random_next = False
+          tokens_b = [t for seg in current_chunk[a_end:] for t in seg]
+        truncate_seq_pair(tokens_a, tokens_b, max_num_tokens, rng)
+        tokens = [vocab.cls_id] + tokens_a + [vocab.sep_id] + tokens_b + [vocab.sep_id]
+        segment_ids = [0] * (len(tokens_a) + 2) + [1] * (len(tokens_b) + 1)
+        tokens, positions, labels = create_masked_lm_predictions(
+            tokens, opts.masked_lm_prob, opts.max_predictions_per_seq, vocab, rng, opts.whole_word_mask)
+        instances.append(Instance(tokens, segment_ids, is_random_next, positions, labels))
+      current_chunk = []
+      current_length = 0
+    i += 1
+  return instances
+
+
+def create_instances(documents: list[list[list[int]]], opts: CreationOptions, vocab: Vocab,
+                     rng: random.Random) -> list[Instance]:
+  """The original's `create_training_instances` after tokenization: shuffle, dupe_factor passes, shuffle."""
+  documents = [d for d in documents if d]
+  rng.shuffle(documents)
+  instances = []
+  for _ in range(opts.dupe_factor):
+    for index in range(len(documents)):
+      instances.extend(create_instances_from_document(documents, index, opts, vocab, rng))
+  rng.shuffle(instances)
+  return instances
+
+
+def to_features(inst: Instance, max_seq_length: int, max_predictions_per_seq: int) -> dict[str, np.ndarray]:
+  n, p = len(inst.tokens), len(inst.masked_lm_positions)
+  assert n <= max_seq_length and p <= max_predictions_per_seq
+  f = {k: np.zeros(max_seq_length, np.int32) for k in ("input_ids", "input_mask", "segment_ids")}
+  f["input_ids"][:n] = inst.tokens
+  f["input_mask"][:n] = 1
+  f["segment_ids"][:n] = inst.segment_ids
+  for k in ("masked_lm_positions", "masked_lm_ids"):
+    f[k] = np.zeros(max_predictions_per_seq, np.int32)
+  f["masked_lm_positions"][:p] = inst.masked_lm_positions
+  f["masked_lm_ids"][:p] = inst.masked_lm_labels
+  f["masked_lm_weights"] = np.zeros(max_predictions_per_seq, np.float32)
+  f["masked_lm_weights"][:p] = 1.0
+  f["next_sentence_labels"] = np.int32(1 if inst.is_random_next else 0)
+  return f
+
+
+def buffer_rng(seed: int, buffer_index: int) -> random.Random:
+  """Buffer 0 uses the seed itself (the original's `random.Random(random_seed)`); others derive from it."""
+  return random.Random(seed if buffer_index == 0 else f"{seed}/{buffer_index}")
+
+
+# ----------------------------------------------------------------------------- dynamic masking
+def unmask(example: dict) -> np.ndarray:
+  """The original tokens of a statically masked example (the labels put back at their positions)."""
+  ids = np.array(example["input_ids"], copy=True)
+  w = np.asarray(example["masked_lm_weights"]) > 0
+  ids[np.asarray(example["masked_lm_positions"])[w]] = np.asarray(example["masked_lm_ids"])[w]
+  return ids
+
+
+def remask(example: dict, vocab: Vocab, opts: CreationOptions, rng: random.Random) -> dict:
+  """A fresh mask for an example (dynamic masking); same rules and caps as the static masking."""
+  n = int(np.sum(example["input_mask"]))
+  tokens = unmask(example)[:n].tolist()
+  out, positions, labels = create_masked_lm_predictions(tokens, opts.masked_lm_prob, opts.max_predictions_per_seq,
+                                                        vocab, rng, opts.whole_word_mask)
+  p = len(positions)
+  new = dict(example)
+  ids = np.array(example["input_ids"], copy=True)
+  ids[:n] = out
+  new["input_ids"] = ids
+  for k, v in (("masked_lm_positions", positions), ("masked_lm_ids", labels)):
+    arr = np.zeros_like(np.asarray(example[k]))
+    arr[:p] = v
+    new[k] = arr
+  w = np.zeros_like(np.asarray(example["masked_lm_weights"]))
+  w[:p] = 1.0
+  new["masked_lm_weights"] = w
+  return new
+
+
+# ----------------------------------------------------------------------------- streaming, in parallel
+_WORKER: dict = {}
+
+
+def _init_worker(tokenizer_path: str, do_lower_case: bool):
+  tok = tokenizer_lib.load(tokenizer_path, do_lower_case=do_lower_case)
+  _WORKER["tok"], _WORKER["vocab"] = tok, Vocab.of(tok)
+
+
+def _process_buffer(args):
+  buffer_index, raw_documents, opts = args
+  tok, vocab = _WORKER["tok"], _WORKER["vocab"]
+  documents = []
+  for doc in raw_documents:
+    sentences = [ids for ids in (tok.encode(s) for s in doc) if ids]
+    documents.append(sentences)
+  empty = sum(1 for d in documents if not d)
+  rng = buffer_rng(opts.random_seed, buffer_index)
+  instances = create_instances(documents, opts, vocab, rng)
+  feats = [to_features(x, opts.max_seq_length, opts.max_predictions_per_seq) for x in instances]
+  return feats, empty
+
+
+def _buffers(documents: Iterable[list[str]], size: int, shard: tuple[int, int]):
+  index, count = shard
+  buf: list[list[str]] = []
+  b = 0
+  for doc in documents:
+    buf.append(doc)
+    if len(buf) == size:
+      if b % count == index:
+        yield b, buf
+      buf, b = [], b + 1
+  if buf and b % count == index:
+    yield b, buf
+
+
+def generate_examples(documents: Iterable[list[str]], tokenizer_path: str, opts: CreationOptions, *,
+                      do_lower_case: bool = True, num_workers: int = 1, shard: tuple[int, int] = (0, 1),
+                      stats: dict | None = None) -> Iterator[dict[str, np.ndarray]]:
+  """Feature dicts for documents of sentences (strings), in a deterministic order for any `num_workers`.
+
+  `shard=(i, n)`: take every n-th buffer starting at i (one share of the corpus per process or machine).
+  """
+  stats = stats if stats is not None else {}
+  stats.setdefault("examples", 0)
+  stats.setdefault("empty_documents", 0)
+  buffers = _buffers(documents, opts.buffer_documents, shard)
+  if num_workers <= 1:
+    _init_worker(tokenizer_path, do_lower_case)
+    for b, docs in buffers:
+      feats, empty = _process_buffer((b, docs, opts))
+      stats["empty_documents"] += empty
+      stats["examples"] += len(feats)
+      yield from feats
+    return
+  ctx = mp.get_context("spawn")
+  with ctx.Pool(num_workers, initializer=_init_worker, initargs=(tokenizer_path, do_lower_case)) as pool:
+    pending: collections.deque = collections.deque()
+    for b, docs in buffers:
+      pending.append(pool.apply_async(_process_buffer, ((b, docs, opts),)))
+      if len(pending) > num_workers:  # bounded: at most num_workers + 1 buffers in flight
+        feats, empty = pending.popleft().get()
+        stats["empty_documents"] += empty
+        stats["examples"] += len(feats)
+        yield from feats
+    while pending:
+      feats, empty = pending.popleft().get()
+      stats["empty_documents"] += empty
+      stats["examples"] += len(feats)
+      yield from feats
+
+
+def split_documents(documents: Iterable[list[str]], heldout_every: int, heldout: bool) -> Iterator[list[str]]:
+  """Every `heldout_every`-th document goes to the held-out split (0 disables it)."""
+  for i, doc in enumerate(documents):
+    is_heldout = heldout_every > 0 and i % heldout_every == heldout_every - 1
+    if is_heldout == heldout:
+      yield doc
+

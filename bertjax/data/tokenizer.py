@@ -1,0 +1,194 @@
+"""One tokenizer interface over WordPiece (BERT `vocab.txt`, via HF `tokenizers`) and sentencepiece.
+
+    tok = tokenizer.load("vocab.txt")            # or "spm.model"; do_lower_case=True for vocab.txt
+    ids = tok.encode("Hello world")              # no special tokens added
+    tok.decode(ids); tok.vocab_size; tok.cls_id, tok.sep_id, tok.mask_id, tok.pad_id, tok.unk_id
+    tok.continues_word                           # bool per id: True where the piece continues a word
+
+The WordPiece pipeline is BERT's BasicTokenizer + WordpieceTokenizer as HF `tokenizers` implements them
+(clean text, CJK spacing, lowercasing with accent stripping, punctuation splitting, max 100 chars a word).
+
+CLI: python -m bertjax.data.tokenizer --input a.txt b.txt --kind wordpiece|unigram|bpe --vocab_size 8000 --out DIR
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import sys
+from typing import Iterable, Sequence
+
+import numpy as np
+
+SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
+
+
+class TokenizerError(ValueError):
+  """A tokenizer file that cannot be used: names the file and what is wrong."""
+
+
+@dataclasses.dataclass
+class Tokenizer:
+  """What the data pipeline needs of a tokenizer, whatever its kind."""
+  kind: str  # wordpiece | sentencepiece
+  path: str
+  _encode: object
+  _decode: object
+  pieces: list[str]
+  continues_word: np.ndarray  # bool [vocab_size]
+
+  @property
+  def vocab_size(self) -> int:
+    return len(self.pieces)
+
+  def token_to_id(self, token: str) -> int:
+    return self._index[token]
+
+  def __post_init__(self):
+    self._index = {p: i for i, p in enumerate(self.pieces)}
+    missing = [t for t in SPECIAL_TOKENS if t not in self._index]
+    if missing:
+      raise TokenizerError(f"{self.path}: vocabulary lacks the special token(s) {missing}; BERT needs "
+                           f"{list(SPECIAL_TOKENS)}")
+    self.pad_id, self.unk_id, self.cls_id, self.sep_id, self.mask_id = (self._index[t] for t in SPECIAL_TOKENS)
+    self.special_ids = frozenset((self.pad_id, self.unk_id, self.cls_id, self.sep_id, self.mask_id))
+
+  def encode(self, text: str) -> list[int]:
+    return list(self._encode(text))
+
+  def decode(self, ids: Sequence[int]) -> str:
+    return self._decode([int(i) for i in ids])
+
+  def id_to_token(self, i: int) -> str:
+    return self.pieces[int(i)]
+
+
+def _read_vocab(path: str) -> list[str]:
+  try:
+    with open(path, "rb") as f:
+      raw = f.read()
+  except FileNotFoundError:
+    raise FileNotFoundError(f"{path}: tokenizer file not found") from None
+  if b"\x00" in raw[:4096]:
+    raise TokenizerError(f"{path}: looks binary (NUL bytes), not a vocab.txt with one token per line")
+  try:
+    text = raw.decode("utf-8")
+  except UnicodeDecodeError as e:
+    raise TokenizerError(f"{path}: vocab.txt is not UTF-8 ({e})") from None
+  pieces = [line.rstrip("\r") for line in text.split("\n")]
+  while pieces and pieces[-1] == "":
+    pieces.pop()
+  if not pieces:
+    raise TokenizerError(f"{path}: empty vocabulary file")
+  return pieces
+
+
+def _load_wordpiece(path: str, do_lower_case: bool) -> Tokenizer:
+  from tokenizers import Tokenizer as HFTokenizer, decoders, models, normalizers, pre_tokenizers
+  pieces = _read_vocab(path)
+  vocab = {}
+  for i, p in enumerate(pieces):
+    vocab.setdefault(p, i)  # first occurrence wins, as BERT's load_vocab
+  if "[UNK]" not in vocab:
+    raise TokenizerError(f"{path}: vocabulary lacks the special token(s) ['[UNK]']; BERT needs "
+                         f"{list(SPECIAL_TOKENS)}")
+  tok = HFTokenizer(models.WordPiece(vocab, unk_token="[UNK]", max_input_chars_per_word=100))
+  tok.normalizer = normalizers.BertNormalizer(clean_text=True, handle_chinese_chars=True, strip_accents=None,
+                                              lowercase=do_lower_case)
+  tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+  tok.decoder = decoders.WordPiece(prefix="##")
+  continues = np.array([p.startswith("##") for p in pieces], bool)
+  return Tokenizer("wordpiece", path, lambda s: tok.encode(s, add_special_tokens=False).ids,
+                   lambda ids: tok.decode(ids, skip_special_tokens=False), pieces, continues)
+
+
+def _load_sentencepiece(path: str) -> Tokenizer:
+  import sentencepiece as spm
+  if not os.path.isfile(path):
+    raise FileNotFoundError(f"{path}: tokenizer file not found")
+  if os.path.getsize(path) == 0:
+    raise TokenizerError(f"{path}: empty sentencepiece model file")
+  sp = spm.SentencePieceProcessor()
+  try:
+    sp.Load(path)
+  except (RuntimeError, OSError) as e:
+    raise TokenizerError(f"{path}: not a sentencepiece model ({str(e).strip()})") from None
+  pieces = [sp.IdToPiece(i) for i in range(sp.GetPieceSize())]
+  specials = set(SPECIAL_TOKENS)
+  # A piece continues a word unless it starts one ("▁...") or stands alone (special, control, byte).
+  continues = np.array([not (p.startswith("\u2581") or p in specials or sp.IsControl(i) or sp.IsUnknown(i))
+                        for i, p in enumerate(pieces)], bool)
+  return Tokenizer("sentencepiece", path, lambda s: sp.EncodeAsIds(s), lambda ids: sp.DecodeIds(ids),
+                   pieces, continues)
+
+
+def load(path: str, do_lower_case: bool = True) -> Tokenizer:
+  """Load a BERT `vocab.txt` (WordPiece) or a sentencepiece `.model`, checked for BERT's special tokens."""
+  path = os.fspath(path)
+  if not os.path.exists(path):
+    raise FileNotFoundError(f"{path}: tokenizer file not found")
+  if path.endswith(".model"):
+    return _load_sentencepiece(path)
+  return _load_wordpiece(path, do_lower_case)
+
+
+# ----------------------------------------------------------------------------- training
+def train(files: Sequence[str], out_dir: str, kind: str = "wordpiece", vocab_size: int = 8000,
+          do_lower_case: bool = True, seed: int = 0) -> str:
+  """Train a tokenizer on text files; returns the path to load (`vocab.txt` or `spm.model`)."""
+  files = [os.fspath(f) for f in files]
+  out_dir = os.fspath(out_dir)
+  for f in files:
+    if not os.path.isfile(f):
+      raise FileNotFoundError(f"{f}: training text not found")
+  if not any(os.path.getsize(f) for f in files):
+    raise ValueError(f"cannot train a tokenizer on empty input {files}")
+  if vocab_size < len(SPECIAL_TOKENS) + 10:
+    raise ValueError(f"vocab_size {vocab_size} is too small")
+  os.makedirs(out_dir, exist_ok=True)
+  if kind == "wordpiece":
+    from tokenizers import BertWordPieceTokenizer
+    tok = BertWordPieceTokenizer(lowercase=do_lower_case, strip_accents=None, clean_text=True,
+                                 handle_chinese_chars=True)
+    tok.train_from_iterator(_clean_lines(files), vocab_size=vocab_size, special_tokens=list(SPECIAL_TOKENS),
+                            show_progress=False, limit_alphabet=1000, wordpieces_prefix="##")
+    tok.save_model(out_dir)
+    return os.path.join(out_dir, "vocab.txt")
+  if kind in ("unigram", "bpe"):
+    import sentencepiece as spm
+    prefix = os.path.join(out_dir, "spm")
+    spm.set_random_generator_seed(seed)
+    spm.SentencePieceTrainer.Train(
+        sentence_iterator=_clean_lines(files), model_prefix=prefix, vocab_size=vocab_size, model_type=kind,
+        pad_id=0, pad_piece="[PAD]", unk_id=1, unk_piece="[UNK]", bos_id=-1, eos_id=-1,
+        control_symbols="[CLS],[SEP],[MASK]", normalization_rule_name="nmt_nfkc_cf" if do_lower_case else "nmt_nfkc",
+        character_coverage=0.9995, input_sentence_size=2_000_000, shuffle_input_sentence=True, seed_sentencepiece_size=1_000_000,
+        minloglevel=2, num_threads=1, hard_vocab_limit=False)
+    return prefix + ".model"
+  raise ValueError(f"unknown tokenizer kind {kind!r}; choose wordpiece, unigram or bpe")
+
+
+def _clean_lines(files):
+  """Lines decoded robustly (bad bytes replaced, NULs dropped), as the data pipeline reads them."""
+  from bertjax.data import corpus  # pylint: disable=import-outside-toplevel
+  for line in corpus.iter_lines(files):
+    line = line.strip()
+    if line:
+      yield line
+
+
+def main(argv: Iterable[str] | None = None) -> None:
+  p = argparse.ArgumentParser(description="Train a BERT tokenizer (WordPiece or sentencepiece) on text files.")
+  p.add_argument("--input", nargs="+", required=True, help="text files")
+  p.add_argument("--out", required=True, help="output folder")
+  p.add_argument("--kind", default="wordpiece", choices=["wordpiece", "unigram", "bpe"])
+  p.add_argument("--vocab_size", type=int, default=30522)
+  p.add_argument("--cased", action="store_true", help="keep case and accents")
+  args = p.parse_args(argv)
+  path = train(args.input, args.out, args.kind, args.vocab_size, do_lower_case=not args.cased)
+  tok = load(path, do_lower_case=not args.cased)
+  print(f"wrote {path} ({tok.vocab_size} pieces)")
+
+
+if __name__ == "__main__":
+  sys.exit(main())
