@@ -38,23 +38,41 @@ def nsp_loss(logits, labels, weights=None):
   return jnp.mean(ce) if weights is None else weighted_mean(ce, weights, eps=1e-5)
 
 
-def pretraining_loss(out, batch, use_nsp: bool = True):
-  """(L_MLM + L_NSP, metrics). With `use_nsp=False` the loss is L_MLM alone (the NSP ablation).
-
-  Packed rows carry `next_sentence_labels` [B, K] and `next_sentence_weights` [B, K] (one per example).
-  """
-  w = batch["masked_lm_weights"]
-  mlm = mlm_loss(out["mlm_logits"], batch["masked_lm_ids"], w)
-  metrics = {"mlm_loss": mlm, "mlm_accuracy": accuracy(out["mlm_logits"], batch["masked_lm_ids"], w),
-             "mlm_weight": jnp.sum(w.astype(jnp.float32))}
-  loss = mlm
+def pretraining_sums(out, batch):
+  """Sums over the batch from which every pre-training loss and accuracy is a ratio (exact under micro-batching)."""
+  w = batch["masked_lm_weights"].astype(jnp.float32)
+  ids = batch["masked_lm_ids"]
+  sums = {"mlm_loss_sum": jnp.sum(cross_entropy(out["mlm_logits"], ids) * w),
+          "mlm_correct": jnp.sum((jnp.argmax(out["mlm_logits"], -1) == ids) * w),
+          "mlm_weight": jnp.sum(w)}
   if "next_sentence_labels" in batch:
     labels = batch["next_sentence_labels"]
-    nsp_w = batch.get("next_sentence_weights")
-    nsp = nsp_loss(out["nsp_logits"], labels, nsp_w)
-    metrics["nsp_loss"] = nsp
-    metrics["nsp_accuracy"] = accuracy(out["nsp_logits"], labels, nsp_w)
+    nw = batch.get("next_sentence_weights")
+    nw = jnp.ones(labels.shape, jnp.float32) if nw is None else nw.astype(jnp.float32)
+    sums.update(nsp_loss_sum=jnp.sum(cross_entropy(out["nsp_logits"], labels) * nw),
+                nsp_correct=jnp.sum((jnp.argmax(out["nsp_logits"], -1) == labels) * nw),
+                nsp_weight=jnp.sum(nw))
+  return sums
+
+
+def from_sums(sums, use_nsp: bool = True, mlm_denominator=None, nsp_denominator=None):
+  """(loss, metrics) from `pretraining_sums`. Denominators default to the sums' own weights (+1e-5, as the original).
+
+  Passing the whole batch's denominators to each micro-batch makes the summed gradients equal the full batch's.
+  """
+  mlm_den = sums["mlm_weight"] + 1e-5 if mlm_denominator is None else mlm_denominator
+  metrics = {"mlm_loss": sums["mlm_loss_sum"] / mlm_den, "mlm_accuracy": sums["mlm_correct"] / mlm_den}
+  loss = metrics["mlm_loss"]
+  if "nsp_loss_sum" in sums:
+    nsp_den = sums["nsp_weight"] + 1e-5 if nsp_denominator is None else nsp_denominator
+    metrics["nsp_loss"] = sums["nsp_loss_sum"] / nsp_den
+    metrics["nsp_accuracy"] = sums["nsp_correct"] / nsp_den
     if use_nsp:
-      loss = loss + nsp
+      loss = loss + metrics["nsp_loss"]
   metrics["loss"] = loss
   return loss, metrics
+
+
+def pretraining_loss(out, batch, use_nsp: bool = True):
+  """(L_MLM + L_NSP, metrics). With `use_nsp=False` the loss is L_MLM alone (the NSP ablation)."""
+  return from_sums(pretraining_sums(out, batch), use_nsp)

@@ -1,0 +1,171 @@
+"""Metrics: TensorBoard event files + metrics.jsonl, a console progress line with ETA, MFU, PNG curves.
+
+Only process 0 writes. `python -m bertjax.metrics WORKDIR` redraws the PNG curves from metrics.jsonl.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import sys
+import time
+
+import jax
+import numpy as np
+
+# Dense bf16 peak TFLOP/s per chip, by `device_kind` prefix.
+PEAK_TFLOPS = {"TPU v4": 275.0, "TPU v5 lite": 197.0, "TPU v5e": 197.0, "TPU v5p": 459.0, "TPU v5": 459.0,
+               "TPU v6 lite": 918.0, "TPU v6e": 918.0, "NVIDIA H100": 989.0, "NVIDIA H200": 989.0,
+               "NVIDIA A100": 312.0}
+
+
+def measure_matmul_tflops(n: int = 2048, repeats: int = 5, dtype=np.float32) -> float:
+  """Best observed `jnp.dot` TFLOP/s on the default device (the CPU reference peak)."""
+  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
+  a = jnp.ones((n, n), dtype)
+  f = jax.jit(lambda x, y: x @ y)
+  f(a, a).block_until_ready()
+  best = math.inf
+  for _ in range(repeats):
+    t = time.perf_counter()
+    f(a, a).block_until_ready()
+    best = min(best, time.perf_counter() - t)
+  return 2 * n ** 3 / best / 1e12
+
+
+def peak_tflops_per_device(configured: float = 0.0) -> tuple[float, str]:
+  if configured and configured > 0:
+    return configured, "configured"
+  kind = jax.devices()[0].device_kind
+  for prefix, peak in PEAK_TFLOPS.items():
+    if kind.startswith(prefix):
+      return peak, kind
+  return measure_matmul_tflops(), f"measured jnp.dot on {kind}"
+
+
+def every(step: int, interval: int, last_step: int | None = None) -> bool:
+  """The one rule for periodic actions: every `interval` steps, and at the last step."""
+  return (interval > 0 and step % interval == 0) or (last_step is not None and step == last_step)
+
+
+def format_duration(seconds: float) -> str:
+  seconds = int(max(0, seconds))
+  h, rem = divmod(seconds, 3600)
+  m, s = divmod(rem, 60)
+  return f"{h}h{m:02d}m" if h else f"{m}m{s:02d}s"
+
+
+class Writer:
+  """Scalars to TensorBoard (tensorboardX) and to metrics.jsonl, from process 0 only."""
+
+  def __init__(self, workdir: str):
+    self.active = jax.process_index() == 0
+    self.path = os.path.join(workdir, "metrics.jsonl")
+    self._tb = None
+    if self.active:
+      os.makedirs(workdir, exist_ok=True)
+      from tensorboardX import SummaryWriter  # pylint: disable=import-outside-toplevel
+      self._tb = SummaryWriter(os.path.join(workdir, "tensorboard"))
+
+  def write(self, step: int, scalars: dict, prefix: str = "train") -> None:
+    if not self.active:
+      return
+    clean = {k: float(v) for k, v in scalars.items()}
+    for k, v in clean.items():
+      self._tb.add_scalar(f"{prefix}/{k}", v, step)
+    with open(self.path, "a", encoding="utf-8") as f:
+      f.write(json.dumps({"step": int(step), "split": prefix, **clean}) + "\n")
+
+  def flush(self):
+    if self._tb is not None:
+      self._tb.flush()
+
+  def close(self):
+    if self._tb is not None:
+      self._tb.close()
+
+
+class Progress:
+  """A console line per log interval: step, losses, lr, tokens/s, MFU, ETA (process 0 only)."""
+
+  def __init__(self, total_steps: int, start_step: int):
+    self.total, self.start = total_steps, start_step
+    self.t0 = time.time()
+
+  def line(self, step: int, m: dict) -> str:
+    done = max(step - self.start, 1)
+    elapsed = time.time() - self.t0
+    eta = elapsed / done * (self.total - step)
+    parts = [f"step {step}/{self.total}", f"loss {m['loss']:.4f}", f"mlm {m['mlm_loss']:.3f} acc {m['mlm_accuracy']:.3f}"]
+    if "nsp_loss" in m:
+      parts.append(f"nsp {m['nsp_loss']:.3f} acc {m['nsp_accuracy']:.3f}")
+    parts += [f"lr {m['learning_rate']:.2e}", f"{m['tokens_per_s']:.0f} tok/s", f"MFU {100 * m['mfu']:.1f}%",
+              f"ETA {format_duration(eta)}"]
+    return " | ".join(parts)
+
+  def log(self, step: int, m: dict) -> None:
+    if jax.process_index() == 0:
+      print(self.line(step, m), flush=True)
+
+
+def read_jsonl(path: str) -> list[dict]:
+  rows = []
+  if not os.path.exists(path):
+    return rows
+  with open(path, encoding="utf-8") as f:
+    for line in f:
+      try:
+        rows.append(json.loads(line))
+      except json.JSONDecodeError:
+        continue  # a line cut by a kill
+  return rows
+
+
+def plot(workdir: str) -> list[str]:
+  """PNG curves (loss, MLM accuracy, NSP accuracy; train and eval) from WORKDIR/metrics.jsonl."""
+  import matplotlib  # pylint: disable=import-outside-toplevel
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
+  rows = read_jsonl(os.path.join(workdir, "metrics.jsonl"))
+  if not rows:
+    raise FileNotFoundError(f"{workdir}: no metrics.jsonl to plot")
+  # A resumed run rewrites steps; keep the last value written for each (split, step).
+  latest = {}
+  for r in rows:
+    latest[(r["split"], r["step"])] = r
+  written = []
+  for key, title in (("loss", "loss (MLM + NSP)"), ("mlm_accuracy", "masked-LM accuracy"),
+                     ("nsp_accuracy", "next-sentence accuracy")):
+    fig, ax = plt.subplots(figsize=(6, 4))
+    drawn = False
+    for split in ("train", "eval"):
+      pts = sorted((s, r[key]) for (sp, s), r in latest.items() if sp == split and key in r)
+      if pts:
+        ax.plot(*zip(*pts), marker="o" if split == "eval" else None, label=split)
+        drawn = True
+    if drawn:
+      ax.set_xlabel("step")
+      ax.set_title(title)
+      ax.grid(alpha=0.3)
+      ax.legend()
+      path = os.path.join(workdir, f"{key}.png")
+      fig.savefig(path, dpi=100, bbox_inches="tight")
+      written.append(path)
+    plt.close(fig)
+  return written
+
+
+def main(argv=None):
+  argv = sys.argv[1:] if argv is None else argv
+  if len(argv) != 1:
+    print("usage: python -m bertjax.metrics WORKDIR   (redraws the PNG curves)", file=sys.stderr)
+    return 2
+  for p in plot(argv[0]):
+    print(p)
+  return 0
+
+
+if __name__ == "__main__":
+  logging.basicConfig(level=logging.INFO)
+  sys.exit(main())

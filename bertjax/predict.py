@@ -1,0 +1,88 @@
+"""Fill in the blank with a pre-trained checkpoint.
+
+  python -m bertjax.predict --workdir DIR "the capital of france is [MASK] ." [--top_k 5]
+
+Reads DIR/config.json (written by training), the tokenizer the data was made with, and the latest checkpoint.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+import jax
+import numpy as np
+from ml_collections import ConfigDict
+
+from bertjax import checkpoint as checkpoint_lib, convert, model as model_lib
+from bertjax.data import dataset, tokenizer as tokenizer_lib
+
+MASK = "[MASK]"
+
+
+def encode_with_masks(tok: tokenizer_lib.Tokenizer, text: str, max_len: int):
+  """[CLS] text [SEP] with every literal "[MASK]" as the mask token; returns (ids, mask positions)."""
+  parts = text.split(MASK)
+  ids = [tok.cls_id]
+  positions = []
+  for i, part in enumerate(parts):
+    ids += tok.encode(part)
+    if i < len(parts) - 1:
+      positions.append(len(ids))
+      ids.append(tok.mask_id)
+  ids.append(tok.sep_id)
+  if not positions:
+    raise ValueError(f"no {MASK} in {text!r}")
+  if len(ids) > max_len:
+    raise ValueError(f"{len(ids)} tokens, over the model's {max_len}")
+  return ids, positions
+
+
+def fill_mask(module, params, tok, text: str, top_k: int = 5, max_len: int = 512):
+  """[(position, [(token, probability), ...]), ...] for each [MASK] in text."""
+  ids, positions = encode_with_masks(tok, text, max_len)
+  n = len(ids)
+  batch = {"input_ids": np.array([ids], np.int32), "input_mask": np.ones((1, n), np.int32),
+           "segment_ids": np.zeros((1, n), np.int32), "masked_lm_positions": np.array([positions], np.int32)}
+  logits = module.apply({"params": params}, batch)["mlm_logits"][0]
+  probs = np.asarray(jax.nn.softmax(logits, axis=-1))
+  out = []
+  for j, pos in enumerate(positions):
+    top = np.argsort(-probs[j])[:top_k]
+    out.append((pos, [(tok.id_to_token(int(i)), float(probs[j, i])) for i in top]))
+  return out
+
+
+def load(workdir: str):
+  """(module, params, tokenizer) from a training workdir."""
+  path = os.path.join(workdir, "config.json")
+  if not os.path.isfile(path):
+    raise FileNotFoundError(f"{workdir}: no config.json; is it a bertjax training workdir?")
+  with open(path, encoding="utf-8") as f:
+    config = ConfigDict(json.load(f))
+  mcfg = model_lib.BertConfig.from_dict(config.model.to_dict())
+  creation = dataset.read_creation(config.data.data_dir)
+  tok = tokenizer_lib.load(creation["tokenizer"], do_lower_case=creation.get("do_lower_case", True))
+  params = checkpoint_lib.Checkpointer(workdir).restore_params()
+  if "layers" in params["bert"]["encoder"] and not mcfg.scan_layers:
+    params = convert.unstack_layers(params, mcfg.num_layers)
+  return model_lib.BertForPreTraining(mcfg), params, tok
+
+
+def main(argv=None):
+  p = argparse.ArgumentParser(description="Fill in [MASK] with a bertjax checkpoint.")
+  p.add_argument("--workdir", required=True)
+  p.add_argument("--top_k", type=int, default=5)
+  p.add_argument("text", nargs="+", help='sentences containing [MASK], e.g. "the [MASK] sat on the mat ."')
+  args = p.parse_args(argv)
+  module, params, tok = load(args.workdir)
+  for text in args.text:
+    print(text)
+    for _, cands in fill_mask(module, params, tok, text, args.top_k, module.cfg.max_position_embeddings):
+      print("   [MASK] -> " + ", ".join(f"{t} ({p:.3f})" for t, p in cands))
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

@@ -1,0 +1,51 @@
+"""Train state, built sharded from the start: eval_shape -> logical specs -> NamedShardings -> jit(init)."""
+from __future__ import annotations
+
+from typing import Any
+
+import flax
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from bertjax import sharding as sharding_lib
+
+
+@flax.struct.dataclass
+class TrainState:
+  step: jax.Array
+  params: Any
+  opt_state: Any
+
+
+def _init_boxed(model, tx, batch, rng):
+  params = model.init({"params": rng, "dropout": rng}, batch)["params"]
+  return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params))
+
+
+def abstract_state(model, tx, batch, mesh, rules):
+  """(abstract unboxed state with shardings, state shardings). Nothing is allocated."""
+  with sharding_lib.use_mesh(mesh, rules):
+    boxed = jax.eval_shape(lambda r: _init_boxed(model, tx, batch, r), jax.random.key(0))
+    shardings = sharding_lib.logical_to_shardings(boxed, mesh, rules)
+  abstract = nn.meta.unbox(boxed)
+  abstract = jax.tree_util.tree_map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+                                    abstract, shardings)
+  return abstract, shardings
+
+
+def init_state(model, tx, batch, mesh, rules, shardings, rng):
+  """The initial state, each array created directly in its shards (never unsharded on one device)."""
+  def fn(r):
+    return nn.meta.unbox(_init_boxed(model, tx, batch, r))
+  with sharding_lib.use_mesh(mesh, rules):
+    return jax.jit(fn, out_shardings=shardings)(rng)
+
+
+def with_params(state: TrainState, params, tx, shardings, mesh, rules) -> TrainState:
+  """A fresh state (step 0, new optimizer state) around given params, placed on `shardings`."""
+  params = jax.device_put(params, shardings.params)
+  def fn(p):
+    return TrainState(step=jnp.zeros((), jnp.int32), params=p, opt_state=tx.init(p))
+  with sharding_lib.use_mesh(mesh, rules):
+    return jax.jit(fn, out_shardings=shardings)(params)

@@ -1,0 +1,353 @@
+"""Pre-training: mesh -> sharded state -> one jitted step -> periodic log / eval / checkpoint.
+
+Reads top to bottom: `validate` (before anything compiles), `make_train_step`, `make_eval_step`,
+`initial_state` (resume order: the workdir's latest checkpoint, else `init_checkpoint`, else from scratch),
+and `train_and_evaluate`, the loop.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import signal
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from bertjax import checkpoint as checkpoint_lib
+from bertjax import convert, losses, metrics as metrics_lib, model as model_lib, optim
+from bertjax import sharding as sharding_lib
+from bertjax import state as state_lib
+from bertjax.data import dataset, input_pipeline, pretraining, tokenizer as tokenizer_lib
+
+
+class ConfigError(ValueError):
+  """Everything wrong with a config, found before compiling."""
+
+
+class NonFiniteError(FloatingPointError):
+  """A non-finite loss or gradient: the run stops and writes no checkpoint from that state."""
+
+
+def validate(config, num_devices: int, creation: dict | None = None, tokenizer_vocab: int | None = None
+             ) -> model_lib.BertConfig:
+  """The model config, or a ConfigError listing every problem found."""
+  errors = []
+  mcfg = None
+  try:
+    mcfg = model_lib.BertConfig.from_dict(config.model.to_dict())
+  except (ValueError, TypeError) as e:
+    errors.append(str(e))
+  t = config.train
+  gbs, accum = t.global_batch_size, t.grad_accum_steps
+  for name in ("global_batch_size", "grad_accum_steps", "num_steps"):
+    if getattr(t, name) <= 0:
+      errors.append(f"train.{name} must be positive, got {getattr(t, name)}")
+  if t.warmup_steps < 0 or t.learning_rate <= 0:
+    errors.append(f"train.warmup_steps must be >= 0 and train.learning_rate > 0 (got {t.warmup_steps}, "
+                  f"{t.learning_rate})")
+  try:
+    shape = sharding_lib.mesh_shape(config.sharding.mesh_shape, num_devices)
+    dp = math.prod(s for a, s in zip(config.sharding.mesh_axes, shape) if a in ("data", "fsdp"))
+    if gbs > 0 and accum > 0:
+      if gbs % accum:
+        errors.append(f"train.global_batch_size {gbs} is not divisible by train.grad_accum_steps {accum}")
+      elif (gbs // accum) % dp:
+        errors.append(f"the micro-batch {gbs // accum} (global_batch_size {gbs} / grad_accum_steps {accum}) is not "
+                      f"divisible by the data-parallel size {dp} (mesh {dict(zip(config.sharding.mesh_axes, shape))})")
+  except sharding_lib.ShardingConfigError as e:
+    errors.append(f"sharding: {e}")
+  seq = config.data.max_seq_length
+  if mcfg is not None and seq > mcfg.max_position_embeddings:
+    errors.append(f"data.max_seq_length {seq} exceeds model.max_position_embeddings {mcfg.max_position_embeddings}")
+  if creation is not None:
+    made = creation["options"]
+    for key in ("max_seq_length", "max_predictions_per_seq"):
+      if made[key] != config.data[key]:
+        errors.append(f"data.{key} is {config.data[key]} but the data in {config.data.data_dir} was made with {made[key]}")
+    if mcfg is not None and creation.get("vocab_size") not in (None, mcfg.vocab_size):
+      errors.append(f"model.vocab_size {mcfg.vocab_size} does not match the data's tokenizer vocabulary "
+                    f"{creation['vocab_size']} ({creation.get('tokenizer')})")
+  if tokenizer_vocab is not None and mcfg is not None and tokenizer_vocab != mcfg.vocab_size:
+    errors.append(f"model.vocab_size {mcfg.vocab_size} does not match the tokenizer's {tokenizer_vocab}")
+  if errors:
+    raise ConfigError("invalid config:\n  - " + "\n  - ".join(errors))
+  return mcfg
+
+
+def _tree_add(a, b):
+  return jax.tree_util.tree_map(jnp.add, a, b)
+
+
+def make_train_step(model, tx, lr_fn, config):
+  """state, batch -> state, metrics. L = L_MLM + L_NSP; micro-batches sum to the full batch's exact gradient."""
+  accum = config.train.grad_accum_steps
+  use_nsp = config.train.use_nsp
+  dropout_key = jax.random.fold_in(jax.random.key(config.seed), 1)
+
+  def step_fn(state, batch):
+    rng = jax.random.fold_in(dropout_key, state.step)
+    mlm_den = jnp.sum(batch["masked_lm_weights"].astype(jnp.float32)) + 1e-5
+    nsp_den = jnp.sum(batch["next_sentence_weights"].astype(jnp.float32)) + 1e-5
+
+    def loss_fn(params, mb, r):
+      out = model.apply({"params": params}, mb, deterministic=False, rngs={"dropout": r})
+      sums = losses.pretraining_sums(out, mb)
+      loss, _ = losses.from_sums(sums, use_nsp, mlm_den, nsp_den)
+      return loss, sums
+
+    grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+    if accum == 1:
+      (_, sums), grads = grad_fn(state.params, batch, rng)
+    else:
+      # Row r goes to micro-batch r % accum, so each device's rows stay on that device.
+      micro = jax.tree_util.tree_map(
+          lambda x: x.reshape((x.shape[0] // accum, accum) + x.shape[1:]).swapaxes(0, 1), batch)
+      first = jax.tree_util.tree_map(lambda x: x[0], micro)
+      sums_shape = jax.eval_shape(lambda: grad_fn(state.params, first, rng)[0][1])
+      zeros = (jax.tree_util.tree_map(jnp.zeros_like, state.params),
+               jax.tree_util.tree_map(lambda s: jnp.zeros(s.shape, s.dtype), sums_shape))
+
+      def body(carry, xs):
+        mb, i = xs
+        (_, s), g = grad_fn(state.params, mb, jax.random.fold_in(rng, i))
+        return (_tree_add(carry[0], g), _tree_add(carry[1], s)), None
+
+      (grads, sums), _ = jax.lax.scan(body, zeros, (micro, jnp.arange(accum)))
+    _, metrics = losses.from_sums(sums, use_nsp)
+    grad_norm = optax.global_norm(grads)
+    updates, opt_state = tx.update(grads, state.opt_state, state.params)
+    params = optax.apply_updates(state.params, updates)
+    metrics.update(grad_norm=grad_norm, learning_rate=lr_fn(state.step),
+                   tokens=jnp.sum(batch["input_mask"].astype(jnp.float32)))
+    return state_lib.TrainState(step=state.step + 1, params=params, opt_state=opt_state), metrics
+
+  return step_fn
+
+
+def make_eval_step(model):
+  def eval_fn(params, batch):
+    out = model.apply({"params": params}, batch, deterministic=True)
+    return losses.pretraining_sums(out, batch)
+  return eval_fn
+
+
+def evaluate(eval_step, params, source, config, batch_sharding) -> dict:
+  gbs = config.train.global_batch_size
+  limit = config.eval_batches * gbs if config.eval_batches > 0 else None
+  total = None
+  for batch in input_pipeline.eval_batches(source, gbs, sharding=batch_sharding, limit=limit):
+    sums = eval_step(params, batch)
+    total = sums if total is None else _tree_add(total, sums)
+  if total is None:
+    return {}
+  total = jax.device_get(total)
+  _, m = losses.from_sums(total, config.train.use_nsp)
+  return {k: float(v) for k, v in m.items()}
+
+
+def load_init_params(path: str, mcfg: model_lib.BertConfig):
+  """Params from a bertjax workdir (its latest checkpoint) or an HF safetensors folder, in mcfg's layout."""
+  if os.path.isdir(os.path.join(path, "checkpoints")):
+    params = checkpoint_lib.Checkpointer(path).restore_params()
+    encoder = params["bert"]["encoder"]
+    if mcfg.scan_layers and "layers" not in encoder:
+      params = convert.stack_layers(params, mcfg.num_layers)
+    elif not mcfg.scan_layers and "layers" in encoder:
+      params = convert.unstack_layers(params, mcfg.num_layers)
+    return params
+  if os.path.isfile(os.path.join(path, "config.json")):
+    _, state = convert.read_hf_dir(path)
+    return convert.from_state_dict(mcfg, state, head="pretraining")[1]
+  raise checkpoint_lib.CheckpointError(f"init_checkpoint {path}: neither a bertjax workdir (checkpoints/) nor an "
+                                       "HF model folder (config.json + model.safetensors)")
+
+
+def check_params_fit(params, abstract_params) -> None:
+  """A clear error naming every parameter whose presence or shape differs from the model's."""
+  got = {jax.tree_util.keystr(p): np.shape(x) for p, x in jax.tree_util.tree_leaves_with_path(params)}
+  want = {jax.tree_util.keystr(p): tuple(x.shape) for p, x in jax.tree_util.tree_leaves_with_path(abstract_params)}
+  problems = [f"{k}: checkpoint {got[k]}, model {want[k]}" for k in sorted(set(got) & set(want)) if got[k] != want[k]]
+  problems += [f"{k}: missing from the checkpoint" for k in sorted(set(want) - set(got))]
+  problems += [f"{k}: not in the model" for k in sorted(set(got) - set(want))]
+  if problems:
+    raise checkpoint_lib.CheckpointError(f"checkpoint does not fit the model ({len(problems)} parameter(s)): "
+                                         + "; ".join(problems[:20]))
+
+
+class _StopFlag:
+  """Set by SIGTERM (TPU preemption) or SIGINT: save at the current step and exit cleanly."""
+
+  def __init__(self):
+    self.signal = None
+    self._old = {}
+
+  def __enter__(self):
+    for sig in (signal.SIGTERM, signal.SIGINT):
+      try:
+        self._old[sig] = signal.signal(sig, self._handle)
+      except ValueError:  # not the main thread
+        pass
+    return self
+
+  def _handle(self, signum, frame):
+    del frame
+    self.signal = signal.Signals(signum).name
+
+  def __exit__(self, *exc):
+    for sig, old in self._old.items():
+      signal.signal(sig, old)
+
+
+def _check_finite(pending: list) -> list[dict]:
+  host = jax.device_get([m for _, m in pending])
+  for (step, _), m in zip(pending, host):
+    if not (np.isfinite(m["loss"]) and np.isfinite(m["grad_norm"])):
+      raise NonFiniteError(f"non-finite loss or gradient at step {step} (loss={m['loss']}, grad_norm="
+                           f"{m['grad_norm']}, learning_rate={m['learning_rate']:.3g}); stopping without writing a "
+                           "checkpoint from this state. The latest checkpoint is the last good one; lower "
+                           "train.learning_rate or check the data.")
+  return host
+
+
+def train_and_evaluate(config, workdir: str) -> dict:
+  """Pre-train per `config` in `workdir` (resuming if it has checkpoints). Returns a summary dict."""
+  jax.config.update("jax_threefry_partitionable", True)
+  is_main = jax.process_index() == 0
+  if not config.data.data_dir:
+    raise ConfigError("invalid config:\n  - data.data_dir is empty: build data with python -m bertjax.data.dataset")
+  creation = dataset.read_creation(config.data.data_dir)
+  mcfg = validate(config, jax.device_count(), creation)
+  mesh = sharding_lib.make_mesh(config)
+  rules = sharding_lib.rules(config)
+  batch_sharding = sharding_lib.batch_sharding(mesh)
+  model = model_lib.BertForPreTraining(mcfg)
+  tx, lr_fn = optim.make(config.train)
+  gbs, seq, preds = config.train.global_batch_size, config.data.max_seq_length, config.data.max_predictions_per_seq
+  dummy = model_lib.dummy_batch(mcfg, gbs // config.train.grad_accum_steps, seq, preds)
+  dummy["next_sentence_weights"] = np.ones((dummy["input_ids"].shape[0],), np.float32)
+  abstract, shardings = state_lib.abstract_state(model, tx, dummy, mesh, rules)
+
+  transform = None
+  if config.data.dynamic_masking:
+    tok = tokenizer_lib.load(creation["tokenizer"], do_lower_case=creation.get("do_lower_case", True))
+    opts = pretraining.CreationOptions(**{**creation["options"], "masked_lm_prob": config.data.masked_lm_prob,
+                                          "whole_word_mask": config.data.whole_word_mask})
+    transform = input_pipeline.dynamic_masking(pretraining.Vocab.of(tok), opts, config.seed)
+  train_source = dataset.load_source(config.data.data_dir, config.data.train_split)
+  pipeline = input_pipeline.Pipeline(train_source, gbs, seed=config.seed, sharding=batch_sharding,
+                                     transform=transform, prefetch=config.data.prefetch)
+  ckpt = checkpoint_lib.Checkpointer(workdir, keep=config.keep_checkpoints)
+
+  # Resume order: this workdir's checkpoint, else the init checkpoint, else from scratch.
+  if ckpt.latest_step() is not None:
+    state, data_state, restored = ckpt.restore(abstract)
+    pipeline.set_state(data_state)
+    logging.info("resumed from %s at step %d", ckpt.directory, restored)
+  else:
+    state = state_lib.init_state(model, tx, dummy, mesh, rules, shardings, jax.random.key(config.seed))
+    if config.init_checkpoint:
+      params = load_init_params(config.init_checkpoint, mcfg)
+      check_params_fit(params, abstract.params)
+      state = state_lib.with_params(state, params, tx, shardings, mesh, rules)
+      logging.info("initialised params from %s", config.init_checkpoint)
+  if is_main:
+    os.makedirs(workdir, exist_ok=True)
+    with open(os.path.join(workdir, "config.json"), "w", encoding="utf-8") as f:
+      f.write(config.to_json(indent=2))
+
+  train_step = jax.jit(make_train_step(model, tx, lr_fn, config), in_shardings=(shardings, batch_sharding),
+                       out_shardings=(shardings, None), donate_argnums=(0,))
+  eval_step = jax.jit(make_eval_step(model), in_shardings=(shardings.params, batch_sharding))
+  eval_source = None
+  try:
+    eval_source = dataset.load_source(config.data.data_dir, config.data.eval_split)
+    if len(eval_source) == 0:
+      eval_source = None
+  except Exception as e:  # pylint: disable=broad-except
+    logging.warning("no evaluation split %r: %s", config.data.eval_split, e)
+
+  total = config.train.num_steps
+  start = int(jax.device_get(state.step))
+  flops_per_step = model_lib.model_flops_per_sequence(mcfg, seq, preds) * gbs
+  peak, peak_source = peak_tflops_per_device_cached(config)
+  writer = metrics_lib.Writer(workdir)
+  progress = metrics_lib.Progress(total, start)
+  if is_main:
+    print(f"bertjax: {model_lib.count_params(state.params):,} parameters ({mcfg.num_layers} layers, hidden "
+          f"{mcfg.hidden_size}); mesh {dict(mesh.shape)}; {jax.device_count()} {jax.devices()[0].platform} "
+          f"device(s); steps {start}->{total}; peak {peak:.2f} TFLOP/s/device ({peak_source})", flush=True)
+  summary = {"start_step": start, "preempted": False}
+  pending: list = []
+  last_log = (time.time(), start)
+  eval_metrics: dict = {}
+  with _StopFlag() as stop, sharding_lib.use_mesh(mesh, rules):
+    if start == 0 and eval_source is not None and config.eval_every > 0:
+      eval_metrics = evaluate(eval_step, state.params, eval_source, config, batch_sharding)
+      writer.write(0, eval_metrics, "eval")
+      summary["initial_eval"] = eval_metrics
+      if is_main:
+        print(f"eval at step 0: {_fmt(eval_metrics)}", flush=True)
+    step = start
+    for step in range(start + 1, total + 1):
+      batch = next(pipeline)
+      state, m = train_step(state, batch)
+      pending.append((step, m))
+      log_now = metrics_lib.every(step, config.log_every, total)
+      if config.train.stop_after_steps and step - start >= config.train.stop_after_steps and stop.signal is None:
+        stop.signal = "stop_after_steps"
+      save_now = metrics_lib.every(step, config.checkpoint_every, total) or stop.signal is not None
+      if log_now or save_now:
+        host = _check_finite(pending)
+        now = time.time()
+        if log_now:
+          dt = (now - last_log[0]) / max(step - last_log[1], 1)
+          mean = {k: float(np.mean([h[k] for h in host])) for k in host[-1]}
+          mean.update(learning_rate=float(host[-1]["learning_rate"]), step_time_s=dt,
+                      tokens_per_s=mean.pop("tokens") / dt,
+                      mfu=flops_per_step / dt / (peak * 1e12 * jax.device_count()))
+          writer.write(step, mean)
+          progress.log(step, mean)
+          summary["train"] = mean
+          last_log = (now, step)
+        pending = []
+      if eval_source is not None and metrics_lib.every(step, config.eval_every, total):
+        eval_metrics = evaluate(eval_step, state.params, eval_source, config, batch_sharding)
+        writer.write(step, eval_metrics, "eval")
+        if is_main:
+          print(f"eval at step {step}: {_fmt(eval_metrics)}", flush=True)
+      if save_now:
+        ckpt.save(step, state, pipeline.get_state())
+      if stop.signal is not None:
+        if is_main:
+          print(f"{stop.signal}: saved a checkpoint at step {step}; exiting", flush=True)
+        summary["preempted"] = True
+        break
+  ckpt.close()
+  pipeline.close()
+  writer.close()
+  summary.update(final_step=step, eval=eval_metrics, state=state, model_config=mcfg)
+  if is_main:
+    try:
+      summary["plots"] = metrics_lib.plot(workdir)
+    except FileNotFoundError:
+      summary["plots"] = []
+  return summary
+
+
+_PEAK: dict = {}
+
+
+def peak_tflops_per_device_cached(config):
+  key = float(config.peak_tflops_per_device)
+  if key not in _PEAK:
+    _PEAK[key] = metrics_lib.peak_tflops_per_device(key)
+  return _PEAK[key]
+
+
+def _fmt(m: dict) -> str:
+  return ", ".join(f"{k} {v:.4f}" for k, v in sorted(m.items()))

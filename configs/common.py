@@ -1,0 +1,63 @@
+"""Shared config pieces: the argument-string parser and the sharding presets (mesh axes + logical rules)."""
+from __future__ import annotations
+
+import ml_collections
+
+MESH_AXES = ("data", "fsdp", "tensor")
+BATCH_AXES = ("data", "fsdp")
+
+# Logical axis -> mesh axes. Parameters: vocab, embed, heads, kv, mlp, layers, position, segment_type, classes.
+# Activations: activation_batch, activation_length, activation_embed, activation_heads, activation_kv,
+# activation_mlp. A name missing from a preset's rules is replicated.
+_ACTIVATION_BATCH = (("activation_batch", BATCH_AXES),)
+SHARDING_PRESETS = {
+    # Pure data parallelism: parameters replicated, the batch split over every device.
+    "dp": dict(mesh_shape=(-1, 1, 1), rules=_ACTIVATION_BATCH),
+    # Fully sharded data parallelism (ZeRO-3): every weight's `embed` axis split over `fsdp`.
+    "fsdp": dict(mesh_shape=(1, -1, 1), rules=_ACTIVATION_BATCH + (("embed", "fsdp"),)),
+    # FSDP x tensor parallelism (Megatron-style heads / FFN / vocab split over `tensor`).
+    "fsdp_tp": dict(mesh_shape=(1, -1, 4), rules=_ACTIVATION_BATCH + (
+        ("embed", "fsdp"), ("heads", "tensor"), ("mlp", "tensor"), ("vocab", "tensor"),
+        ("activation_heads", "tensor"), ("activation_mlp", "tensor"))),
+    # Data parallel x tensor parallel, parameters not sharded over the batch axes.
+    "dp_tp": dict(mesh_shape=(-1, 1, 4), rules=_ACTIVATION_BATCH + (
+        ("heads", "tensor"), ("mlp", "tensor"), ("vocab", "tensor"),
+        ("activation_heads", "tensor"), ("activation_mlp", "tensor"))),
+}
+
+
+def parse_arg(arg: str | None, **defaults) -> ml_collections.ConfigDict:
+  """'variant=large,seq=512,shard=fsdp_tp' -> ConfigDict; keys must be among `defaults`, values typed like them."""
+  out = ml_collections.ConfigDict(defaults)
+  if not arg:
+    return out
+  for item in arg.split(","):
+    if not item.strip():
+      continue
+    if "=" not in item:
+      raise ValueError(f"config argument {item!r} is not key=value (in {arg!r})")
+    key, value = (s.strip() for s in item.split("=", 1))
+    if key not in defaults:
+      raise ValueError(f"unknown config argument {key!r}; known: {sorted(defaults)}")
+    kind = type(defaults[key])
+    if kind is bool:
+      if value.lower() not in ("true", "false", "1", "0", "yes", "no"):
+        raise ValueError(f"config argument {key}={value!r} is not a boolean")
+      out[key] = value.lower() in ("true", "1", "yes")
+    else:
+      try:
+        out[key] = kind(value)
+      except ValueError:
+        raise ValueError(f"config argument {key}={value!r} is not a {kind.__name__}") from None
+  return out
+
+
+def sharding(preset: str, tensor: int | None = None) -> ml_collections.ConfigDict:
+  if preset not in SHARDING_PRESETS:
+    raise ValueError(f"unknown sharding preset {preset!r}; choose one of {sorted(SHARDING_PRESETS)}")
+  p = SHARDING_PRESETS[preset]
+  shape = list(p["mesh_shape"])
+  if tensor is not None and shape[2] != 1:
+    shape[2] = tensor
+  return ml_collections.ConfigDict({"preset": preset, "mesh_axes": MESH_AXES, "mesh_shape": tuple(shape),
+                                    "rules": tuple(p["rules"]), "num_slices": 1})

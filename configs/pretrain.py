@@ -1,0 +1,73 @@
+"""Pre-training config. Usage:
+
+  python -m bertjax.main --config=configs/pretrain.py:variant=base,seq=128,shard=fsdp --workdir=DIR \
+      --config.data.data_dir=gs://bucket/data --config.train.num_steps=1000000
+
+Argument keys (all optional): variant, seq, preds, batch, steps, shard, tp, ln (post|pre), act (gelu|gelu_tanh|relu),
+pos (learned|sinusoidal), nsp (True|False), mask (masked-LM rate, data creation), wwm, dynamic, dtype, scan, remat, opt.
+Every field can also be overridden with --config.a.b=value; the config is locked, so a mistyped key is an error.
+"""
+import ml_collections
+
+from configs import common
+
+
+def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
+  a = common.parse_arg(arg, variant="base", seq=128, preds=20, batch=256, steps=1_000_000, shard="fsdp", tp=4,
+                       ln="post", act="gelu", pos="learned", nsp=True, mask=0.15, wwm=False, dynamic=False,
+                       dtype="float32", scan=True, remat="none", opt="adamw", vocab=30522)
+  c = ml_collections.ConfigDict()
+  c.seed = 0  # parameter init, dropout and data order
+
+  c.model = ml_collections.ConfigDict()
+  c.model.variant = a.variant  # tiny|mini|small|medium|base|large: (layers, hidden, heads, ffn) in model.VARIANTS
+  c.model.vocab_size = a.vocab  # must equal the tokenizer's vocabulary size (checked before compiling)
+  c.model.max_position_embeddings = 512  # learned position table size; sequences may not be longer
+  c.model.hidden_act = a.act  # gelu (exact erf, BERT) | gelu_tanh | relu (seeds' FFN)
+  c.model.position_embedding = a.pos  # learned (BERT) | sinusoidal (seed 003)
+  c.model.layer_norm = a.ln  # post (BERT) | pre
+  c.model.dropout_rate = 0.1  # hidden dropout
+  c.model.attention_dropout_rate = 0.1  # attention-probability dropout
+  c.model.dtype = a.dtype  # computation dtype: float32 | bfloat16 (params stay float32; losses in float32)
+  c.model.scan_layers = a.scan  # nn.scan over layers: compile time flat in depth
+  c.model.remat = a.remat  # none | full | dots: rematerialise activations in the backward pass
+  c.model.attention_impl = "xla"  # xla | cudnn | auto (jax.nn.dot_product_attention when dropout is off)
+
+  c.data = ml_collections.ConfigDict()
+  c.data.data_dir = ""  # output of `python -m bertjax.data.dataset` (has creation.json)
+  c.data.train_split = "train"
+  c.data.eval_split = "validation"
+  c.data.max_seq_length = a.seq  # must equal the data's max_seq_length
+  c.data.max_predictions_per_seq = a.preds  # must equal the data's
+  c.data.masked_lm_prob = a.mask  # used when the data is (re)made, and by dynamic masking
+  c.data.whole_word_mask = a.wwm  # used when the data is made, and by dynamic masking
+  c.data.dynamic_masking = a.dynamic  # redraw masks in the pipeline each time an example is read
+  c.data.prefetch = 2  # batches prepared ahead in a background thread
+
+  c.train = ml_collections.ConfigDict()
+  c.train.global_batch_size = a.batch  # sequences per optimizer step, over all devices
+  c.train.grad_accum_steps = 1  # micro-batches per step (the batch is split; the gradient is exactly the same)
+  c.train.num_steps = a.steps  # optimizer steps in all
+  c.train.warmup_steps = 10_000  # linear warmup from 0, then linear decay to 0 at num_steps (the original's schedule)
+  c.train.learning_rate = 1e-4  # peak learning rate
+  c.train.optimizer = a.opt  # adamw | lamb
+  c.train.b1 = 0.9
+  c.train.b2 = 0.999
+  c.train.eps = 1e-6
+  c.train.weight_decay = 0.01  # decoupled, not applied to LayerNorm parameters or biases
+  c.train.grad_clip_norm = 1.0  # clip by global norm (0 disables)
+  c.train.use_nsp = a.nsp  # L = L_MLM + L_NSP; False trains on L_MLM alone (the NSP ablation)
+  c.train.stop_after_steps = 0  # stop (with a checkpoint) after this many steps in this run; 0 = run to num_steps
+
+  c.log_every = 100  # steps between console/TensorBoard logs (also when non-finite values are checked)
+  c.eval_every = 10_000  # steps between evaluations on the held-out split (0: only at the end)
+  c.eval_batches = 100  # batches per evaluation (0: the whole split)
+  c.checkpoint_every = 10_000  # steps between checkpoints
+  c.keep_checkpoints = 3  # most recent checkpoints kept
+  c.init_checkpoint = ""  # when the workdir has no checkpoint: a bertjax workdir or an HF safetensors folder
+  c.peak_tflops_per_device = 0.0  # for MFU; 0 = the chip's known bf16 peak, or measured jnp.dot on CPU
+  c.predict_examples = ("the [MASK] of the function is returned .",)  # fill-in-the-blank shown after training
+
+  c.sharding = common.sharding(a.shard, a.tp)
+  c.lock()
+  return c
