@@ -35,7 +35,7 @@ def accuracy(logits, labels, weights=None):
 def nsp_loss(logits, labels, weights=None):
   """NSP cross-entropy: label 0 = B is the actual next segment, 1 = B is random (the original's labels)."""
   ce = cross_entropy(logits, labels)
-  return jnp.mean(ce) if weights is None else weighted_mean(ce, weights, eps=1e-5)
+  return jnp.mean(ce) if weights is None else jnp.sum(ce * weights) / jnp.maximum(jnp.sum(weights), 1e-5)
 
 
 def pretraining_sums(out, batch):
@@ -56,7 +56,8 @@ def pretraining_sums(out, batch):
 
 
 def from_sums(sums, use_nsp: bool = True, mlm_denominator=None, nsp_denominator=None):
-  """(loss, metrics) from `pretraining_sums`. Denominators default to the sums' own weights (+1e-5, as the original).
+  """(loss, metrics) from `pretraining_sums`. Denominators default to the sums' own weights: MLM sum(w) + 1e-5 as
+  the original's `get_masked_lm_output`, NSP a plain mean (`reduce_mean`) over the weighted examples.
 
   Passing the whole batch's denominators to each micro-batch makes the summed gradients equal the full batch's.
   """
@@ -64,7 +65,7 @@ def from_sums(sums, use_nsp: bool = True, mlm_denominator=None, nsp_denominator=
   metrics = {"mlm_loss": sums["mlm_loss_sum"] / mlm_den, "mlm_accuracy": sums["mlm_correct"] / mlm_den}
   loss = metrics["mlm_loss"]
   if "nsp_loss_sum" in sums:
-    nsp_den = sums["nsp_weight"] + 1e-5 if nsp_denominator is None else nsp_denominator
+    nsp_den = jnp.maximum(sums["nsp_weight"], 1e-5) if nsp_denominator is None else nsp_denominator
     metrics["nsp_loss"] = sums["nsp_loss_sum"] / nsp_den
     metrics["nsp_accuracy"] = sums["nsp_correct"] / nsp_den
     if use_nsp:

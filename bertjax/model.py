@@ -95,8 +95,12 @@ class BertConfig:
 
   @classmethod
   def from_dict(cls, d: Mapping[str, Any]) -> "BertConfig":
+    """From a config dict; with a `variant`, the size fields left at 0 come from the variant's table row."""
     d = dict(d)
     variant = d.pop("variant", None)
+    if variant:
+      d = {k: v for k, v in d.items()
+           if not (k in ("num_layers", "hidden_size", "num_heads", "intermediate_size") and v == 0)}
     unknown = set(d) - {f.name for f in dataclasses.fields(cls)}
     if unknown:
       raise ValueError(f"unknown BertConfig fields: {sorted(unknown)}")

@@ -6,7 +6,7 @@ and `train_and_evaluate`, the loop.
 """
 from __future__ import annotations
 
-import json
+import dataclasses
 import logging
 import math
 import os
@@ -59,6 +59,17 @@ def validate(config, num_devices: int, creation: dict | None = None, tokenizer_v
       elif (gbs // accum) % dp:
         errors.append(f"the micro-batch {gbs // accum} (global_batch_size {gbs} / grad_accum_steps {accum}) is not "
                       f"divisible by the data-parallel size {dp} (mesh {dict(zip(config.sharding.mesh_axes, shape))})")
+    sizes = dict(zip(config.sharding.mesh_axes, shape))
+    if mcfg is not None:
+      dims = {"embed": ("hidden_size", mcfg.hidden_size), "heads": ("num_heads", mcfg.num_heads),
+              "mlp": ("intermediate_size", mcfg.intermediate_size), "vocab": ("vocab_size", mcfg.vocab_size)}
+      for name, axes in sharding_lib.rules(config):
+        if name in dims:
+          n = math.prod(sizes[a] for a in ((axes,) if isinstance(axes, str) else axes or ()))
+          field, value = dims[name]
+          if n > 1 and value % n:
+            errors.append(f"model.{field} {value} cannot be split over mesh axes {axes} of size {n} "
+                          f"(sharding rule {name!r} -> {axes})")
   except sharding_lib.ShardingConfigError as e:
     errors.append(f"sharding: {e}")
   seq = config.data.max_seq_length
@@ -92,7 +103,7 @@ def make_train_step(model, tx, lr_fn, config):
   def step_fn(state, batch):
     rng = jax.random.fold_in(dropout_key, state.step)
     mlm_den = jnp.sum(batch["masked_lm_weights"].astype(jnp.float32)) + 1e-5
-    nsp_den = jnp.sum(batch["next_sentence_weights"].astype(jnp.float32)) + 1e-5
+    nsp_den = jnp.maximum(jnp.sum(batch["next_sentence_weights"].astype(jnp.float32)), 1e-5)
 
     def loss_fn(params, mb, r):
       out = model.apply({"params": params}, mb, deterministic=False, rngs={"dropout": r})
@@ -214,6 +225,43 @@ def _check_finite(pending: list) -> list[dict]:
   return host
 
 
+@dataclasses.dataclass
+class Run:
+  """Everything the loop (and the benchmark and AOT compile) builds from a config, before any array exists."""
+  mesh: jax.sharding.Mesh
+  rules: tuple
+  batch_sharding: jax.sharding.NamedSharding
+  model: model_lib.BertForPreTraining
+  tx: optax.GradientTransformation
+  lr_fn: object
+  dummy: dict
+  abstract: state_lib.TrainState
+  shardings: state_lib.TrainState
+  train_step: object
+  eval_step: object
+
+
+def build(config, mcfg: model_lib.BertConfig, devices=None) -> Run:
+  """Mesh, model, optimizer, abstract sharded state and the jitted steps for `config` (nothing allocated)."""
+  mesh = sharding_lib.make_mesh(config, devices)
+  rules = sharding_lib.rules(config)
+  batch_sharding = sharding_lib.batch_sharding(mesh)
+  model = model_lib.BertForPreTraining(mcfg)
+  tx, lr_fn = optim.make(config.train)
+  micro = config.train.global_batch_size // config.train.grad_accum_steps
+  dummy = model_lib.dummy_batch(mcfg, micro, config.data.max_seq_length, config.data.max_predictions_per_seq)
+  dummy["next_sentence_weights"] = np.ones((micro,), np.float32)
+  abstract, shardings = state_lib.abstract_state(model, tx, dummy, mesh, rules)
+  train_step = jax.jit(make_train_step(model, tx, lr_fn, config), in_shardings=(shardings, batch_sharding),
+                       out_shardings=(shardings, None), donate_argnums=(0,))
+  eval_step = jax.jit(make_eval_step(model), in_shardings=(shardings.params, batch_sharding))
+  return Run(mesh, rules, batch_sharding, model, tx, lr_fn, dummy, abstract, shardings, train_step, eval_step)
+
+
+def init_state(run: Run, seed: int):
+  return state_lib.init_state(run.model, run.tx, run.dummy, run.mesh, run.rules, run.shardings, jax.random.key(seed))
+
+
 def train_and_evaluate(config, workdir: str) -> dict:
   """Pre-train per `config` in `workdir` (resuming if it has checkpoints). Returns a summary dict."""
   jax.config.update("jax_threefry_partitionable", True)
@@ -222,15 +270,10 @@ def train_and_evaluate(config, workdir: str) -> dict:
     raise ConfigError("invalid config:\n  - data.data_dir is empty: build data with python -m bertjax.data.dataset")
   creation = dataset.read_creation(config.data.data_dir)
   mcfg = validate(config, jax.device_count(), creation)
-  mesh = sharding_lib.make_mesh(config)
-  rules = sharding_lib.rules(config)
-  batch_sharding = sharding_lib.batch_sharding(mesh)
-  model = model_lib.BertForPreTraining(mcfg)
-  tx, lr_fn = optim.make(config.train)
+  run = build(config, mcfg)
+  mesh, rules, batch_sharding, shardings = run.mesh, run.rules, run.batch_sharding, run.shardings
+  tx, abstract = run.tx, run.abstract
   gbs, seq, preds = config.train.global_batch_size, config.data.max_seq_length, config.data.max_predictions_per_seq
-  dummy = model_lib.dummy_batch(mcfg, gbs // config.train.grad_accum_steps, seq, preds)
-  dummy["next_sentence_weights"] = np.ones((dummy["input_ids"].shape[0],), np.float32)
-  abstract, shardings = state_lib.abstract_state(model, tx, dummy, mesh, rules)
 
   transform = None
   if config.data.dynamic_masking:
@@ -249,7 +292,7 @@ def train_and_evaluate(config, workdir: str) -> dict:
     pipeline.set_state(data_state)
     logging.info("resumed from %s at step %d", ckpt.directory, restored)
   else:
-    state = state_lib.init_state(model, tx, dummy, mesh, rules, shardings, jax.random.key(config.seed))
+    state = init_state(run, config.seed)
     if config.init_checkpoint:
       params = load_init_params(config.init_checkpoint, mcfg)
       check_params_fit(params, abstract.params)
@@ -260,9 +303,7 @@ def train_and_evaluate(config, workdir: str) -> dict:
     with open(os.path.join(workdir, "config.json"), "w", encoding="utf-8") as f:
       f.write(config.to_json(indent=2))
 
-  train_step = jax.jit(make_train_step(model, tx, lr_fn, config), in_shardings=(shardings, batch_sharding),
-                       out_shardings=(shardings, None), donate_argnums=(0,))
-  eval_step = jax.jit(make_eval_step(model), in_shardings=(shardings.params, batch_sharding))
+  train_step, eval_step = run.train_step, run.eval_step
   eval_source = None
   try:
     eval_source = dataset.load_source(config.data.data_dir, config.data.eval_split)

@@ -15,13 +15,14 @@ SHARDING_PRESETS = {
     "dp": dict(mesh_shape=(-1, 1, 1), rules=_ACTIVATION_BATCH),
     # Fully sharded data parallelism (ZeRO-3): every weight's `embed` axis split over `fsdp`.
     "fsdp": dict(mesh_shape=(1, -1, 1), rules=_ACTIVATION_BATCH + (("embed", "fsdp"),)),
-    # FSDP x tensor parallelism (Megatron-style heads / FFN / vocab split over `tensor`).
+    # FSDP x tensor parallelism (Megatron-style heads and FFN split over `tensor`; the vocabulary is not split:
+    # BERT's 30522 is not divisible by common tensor sizes).
     "fsdp_tp": dict(mesh_shape=(1, -1, 4), rules=_ACTIVATION_BATCH + (
-        ("embed", "fsdp"), ("heads", "tensor"), ("mlp", "tensor"), ("vocab", "tensor"),
+        ("embed", "fsdp"), ("heads", "tensor"), ("mlp", "tensor"),
         ("activation_heads", "tensor"), ("activation_mlp", "tensor"))),
     # Data parallel x tensor parallel, parameters not sharded over the batch axes.
     "dp_tp": dict(mesh_shape=(-1, 1, 4), rules=_ACTIVATION_BATCH + (
-        ("heads", "tensor"), ("mlp", "tensor"), ("vocab", "tensor"),
+        ("heads", "tensor"), ("mlp", "tensor"),
         ("activation_heads", "tensor"), ("activation_mlp", "tensor"))),
 }
 

@@ -21,6 +21,11 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
 
   c.model = ml_collections.ConfigDict()
   c.model.variant = a.variant  # tiny|mini|small|medium|base|large: (layers, hidden, heads, ffn) in model.VARIANTS
+  c.model.num_layers = 0  # 0 = from the variant; any other value overrides it (likewise the next three)
+  c.model.hidden_size = 0
+  c.model.num_heads = 0
+  c.model.intermediate_size = 0
+  c.model.type_vocab_size = 2  # segment (token type) embeddings
   c.model.vocab_size = a.vocab  # must equal the tokenizer's vocabulary size (checked before compiling)
   c.model.max_position_embeddings = 512  # learned position table size; sequences may not be longer
   c.model.hidden_act = a.act  # gelu (exact erf, BERT) | gelu_tanh | relu (seeds' FFN)

@@ -1,0 +1,351 @@
+"""Training on 8 fake CPU devices: sharded steps equal single-device ones, resume is exact, errors are clear."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import jax
+import numpy as np
+import optax
+import pytest
+
+from bertjax import checkpoint as checkpoint_lib, metrics, model as model_lib, optim, predict, train
+from bertjax.data import dataset, pretraining, tokenizer
+from configs import common, pretrain
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+  d = tmp_path_factory.mktemp("train_data")
+  rng = np.random.default_rng(0)
+  words = ("the model reads text and predicts masked words from both sides of each sentence while a second "
+           "head guesses whether two segments follow each other").split()
+  docs = ["\n".join(" ".join(rng.choice(words, rng.integers(5, 14))).capitalize() + "."
+                    for _ in range(rng.integers(2, 9))) for _ in range(80)]
+  (d / "corpus.txt").write_text("\n\n".join(docs))
+  vocab = tokenizer.train([d / "corpus.txt"], d / "tok", vocab_size=128)
+  opts = pretraining.CreationOptions(max_seq_length=32, max_predictions_per_seq=5, dupe_factor=2)
+  dataset.create([d / "corpus.txt"], vocab, d / "data", opts, heldout_every=8)
+  return str(d / "data")
+
+
+def small_config(data_dir="", shard="dp", **train_kw):
+  c = pretrain.get_config(f"variant=tiny,seq=32,preds=5,batch=16,shard={shard},tp=4,steps=6")
+  c.model.hidden_size = 64
+  c.model.num_heads = 4
+  c.model.intermediate_size = 128
+  c.model.max_position_embeddings = 64
+  c.model.vocab_size = dataset.read_creation(data_dir)["vocab_size"] if data_dir else 128
+  c.data.data_dir = data_dir
+  c.data.prefetch = 0
+  c.train.warmup_steps = 2
+  c.train.learning_rate = 1e-3
+  c.log_every = 1
+  c.eval_every = 3
+  c.eval_batches = 2
+  c.checkpoint_every = 3
+  for k, v in train_kw.items():
+    c.train[k] = v
+  return c
+
+
+def fixed_batches(n=3, b=16, seq=32, preds=5, vocab=128, seed=0):
+  rng = np.random.default_rng(seed)
+  out = []
+  for _ in range(n):
+    ids = rng.integers(5, vocab, (b, seq)).astype(np.int32)
+    mask = (np.arange(seq)[None] < rng.integers(10, seq + 1, (b, 1))).astype(np.int32)
+    out.append({"input_ids": ids * mask, "input_mask": mask, "segment_ids": (np.arange(seq)[None] > 6) * mask,
+                "masked_lm_positions": np.sort(rng.choice(np.arange(1, 10), (b, preds)), 1).astype(np.int32),
+                "masked_lm_ids": rng.integers(5, vocab, (b, preds)).astype(np.int32),
+                "masked_lm_weights": (rng.random((b, preds)) < 0.8).astype(np.float32),
+                "next_sentence_labels": rng.integers(0, 2, (b,)).astype(np.int32),
+                "next_sentence_weights": np.ones((b,), np.float32)})
+  return out
+
+
+def run_steps(config, devices, batches):
+  mcfg = model_lib.BertConfig.from_dict(config.model.to_dict())
+  run = train.build(config, mcfg, devices)
+  state = train.init_state(run, 0)
+  losses = []
+  from bertjax import sharding as sharding_lib
+  with sharding_lib.use_mesh(run.mesh, run.rules):
+    for b in batches:
+      state, m = run.train_step(state, jax.device_put(b, run.batch_sharding))
+      losses.append(float(m["loss"]))
+  return losses, state, run
+
+
+@pytest.mark.parametrize("shard,mesh", [("dp", (8, 1, 1)), ("fsdp", (1, 8, 1)), ("dp_tp", (2, 1, 4))])
+def test_sharded_step_equals_single_device(shard, mesh):
+  batches = fixed_batches()
+  single, s1, _ = run_steps(small_config(shard="dp"), jax.devices()[:1], batches)
+  config = small_config(shard=shard)
+  losses, state, run = run_steps(config, jax.devices(), batches)
+  assert dict(run.mesh.shape) == dict(zip(("data", "fsdp", "tensor"), mesh))
+  np.testing.assert_allclose(losses, single, atol=1e-5)
+  jax.tree_util.tree_map(lambda a, b: np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=2e-5),
+                         state.params, s1.params)
+  emb = state.params["bert"]["embeddings"]["word_embeddings"]["embedding"]
+  q = state.params["bert"]["encoder"]["layers"]["layer"]["attention"]["query"]["kernel"]  # [L, d, heads, kv]
+  mu = state.opt_state[1][0].mu["bert"]["encoder"]["layers"]["layer"]["attention"]["query"]["kernel"]
+  shard_shape = lambda x: x.addressable_shards[0].data.shape  # noqa: E731
+  if shard == "dp":
+    assert shard_shape(emb) == emb.shape
+  elif shard == "fsdp":  # `embed` split 8 ways in parameters and optimizer state alike
+    assert shard_shape(emb) == (128, 8) and shard_shape(q) == (2, 8, 4, 16) and shard_shape(mu) == (2, 8, 4, 16)
+  else:  # heads split 4 ways, replicated over data
+    assert shard_shape(q) == (2, 64, 1, 16) and shard_shape(mu) == (2, 64, 1, 16)
+    assert shard_shape(emb) == emb.shape
+
+
+def test_gradient_accumulation_equals_the_full_batch():
+  batches = fixed_batches(2)
+  c1 = small_config()
+  c2 = small_config(grad_accum_steps=4)
+  for c in (c1, c2):
+    c.model.dropout_rate = 0.0
+    c.model.attention_dropout_rate = 0.0
+  l1, s1, _ = run_steps(c1, jax.devices(), batches)
+  l2, s2, _ = run_steps(c2, jax.devices(), batches)
+  np.testing.assert_allclose(l1, l2, atol=1e-5)
+  jax.tree_util.tree_map(lambda a, b: np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5),
+                         s1.params, s2.params)
+
+
+def test_schedule_and_decay_mask_follow_the_original():
+  f = optim.schedule(1.0, warmup_steps=10, num_steps=100)
+  for step, want in ((0, 0.0), (5, 0.5), (10, 0.9), (55, 0.45), (100, 0.0)):
+    assert abs(float(f(step)) - want) < 1e-6, step
+  cfg = model_lib.BertConfig.from_variant("tiny", vocab_size=50, scan_layers=True)
+  params = jax.eval_shape(lambda: model_lib.BertForPreTraining(cfg).init(jax.random.key(0),
+                                                                         model_lib.dummy_batch(cfg))["params"])
+  mask = optim.decay_mask(params)
+  flat = {jax.tree_util.keystr(p): v for p, v in jax.tree_util.tree_leaves_with_path(mask)}
+  decayed = sorted(k for k, v in flat.items() if v)
+  assert all("kernel" in k or "embedding" in k for k in decayed)
+  assert not any("_ln" in k or "'ln'" in k or "bias" in k for k in decayed)
+  assert any("word_embeddings" in k for k in decayed)
+
+
+def test_adamw_step_matches_a_numpy_adamw():
+  """One AdamW step with bias correction and decoupled decay lr·wd·θ, on a masked tree, by hand."""
+  c = small_config(grad_clip_norm=0.0)
+  tx, lr = optim.make(c.train)
+  params = {"w": np.array([1.0, -2.0, 3.0], np.float32), "bias": np.array([0.5, 0.5], np.float32)}
+  grads = {"w": np.array([0.1, 0.2, -0.3], np.float32), "bias": np.array([1.0, -1.0], np.float32)}
+  state = tx.init(params)
+  for _ in range(3):  # step 3: lr = 1e-3 * (1 - 3/6) after the 2 warmup steps... computed below
+    updates, state = tx.update(grads, state, params)
+    params_new = optax.apply_updates(params, updates)
+    params = params_new
+  # NumPy reference
+  p = {"w": np.array([1.0, -2.0, 3.0]), "bias": np.array([0.5, 0.5])}
+  m = {k: np.zeros_like(v) for k, v in p.items()}
+  v = {k: np.zeros_like(x) for k, x in p.items()}
+  for t in range(3):
+    rate = float(lr(t))
+    for k in p:
+      g = grads[k].astype(np.float64)
+      m[k] = 0.9 * m[k] + 0.1 * g
+      v[k] = 0.999 * v[k] + 0.001 * g * g
+      mh, vh = m[k] / (1 - 0.9 ** (t + 1)), v[k] / (1 - 0.999 ** (t + 1))
+      upd = mh / (np.sqrt(vh) + 1e-6) + (0.01 * p[k] if k == "w" else 0.0)
+      p[k] = p[k] - rate * upd
+  for k in p:
+    np.testing.assert_allclose(params[k], p[k], rtol=1e-5, atol=1e-7)
+
+
+# ------------------------------------------------------------------ validation before compiling
+def test_config_validation_errors(data_dir):
+  creation = dataset.read_creation(data_dir)
+  bad = small_config(data_dir)
+  bad.model.num_heads = 3
+  with pytest.raises(train.ConfigError, match="not divisible by num_heads 3"):
+    train.validate(bad, 8, creation)
+  bad = small_config(data_dir)
+  bad.train.global_batch_size = 12
+  with pytest.raises(train.ConfigError, match="micro-batch 12 .* not divisible by the data-parallel size 8"):
+    train.validate(bad, 8, creation)
+  bad = small_config(data_dir)
+  bad.sharding.mesh_shape = (2, 2, 1)
+  with pytest.raises(train.ConfigError, match=r"mesh_shape \(2, 2, 1\) has 4 devices but there are 8"):
+    train.validate(bad, 8, creation)
+  bad = small_config(data_dir)
+  bad.data.max_seq_length = 128
+  with pytest.raises(train.ConfigError, match="max_seq_length 128 exceeds model.max_position_embeddings 64"):
+    train.validate(bad, 8, creation)
+  bad = small_config(data_dir)
+  bad.model.vocab_size = 30522
+  with pytest.raises(train.ConfigError, match="vocab_size 30522 does not match the data's tokenizer vocabulary"):
+    train.validate(bad, 8, creation)
+  bad = small_config(data_dir, shard="dp_tp")
+  bad.model.num_heads = 2
+  with pytest.raises(train.ConfigError, match="num_heads 2 cannot be split"):
+    train.validate(bad, 8, creation)
+  with pytest.raises(ValueError, match="unknown sharding preset 'zero3'"):
+    pretrain.get_config("shard=zero3")
+  with pytest.raises(ValueError, match="unknown config argument 'varient'"):
+    pretrain.get_config("varient=base")
+  with pytest.raises(ValueError, match="seq='long' is not a int"):
+    pretrain.get_config("seq=long")
+  with pytest.raises(AttributeError):
+    small_config().train.learnin_rate = 1.0  # locked: a typo is an error
+
+
+def test_every_ablation_switch_builds():
+  for arg in ("ln=pre", "act=relu", "pos=sinusoidal", "nsp=False", "mask=0.2", "wwm=True", "dynamic=True",
+              "opt=lamb", "dtype=bfloat16", "remat=full", "scan=False", "shard=fsdp_tp"):
+    c = pretrain.get_config("variant=tiny," + arg)
+    model_lib.BertConfig.from_dict(c.model.to_dict())
+    optim.make(c.train)
+
+
+# ------------------------------------------------------------------ the loop: resume, meshes, signals, NaN
+def run_loop(config, workdir):
+  summary = train.train_and_evaluate(config, str(workdir))
+  return summary, [r for r in metrics.read_jsonl(os.path.join(workdir, "metrics.jsonl")) if r["split"] == "train"]
+
+
+def test_stop_and_resume_equals_an_uninterrupted_run(tmp_path, data_dir):
+  full, full_rows = run_loop(small_config(data_dir), tmp_path / "full")
+  c = small_config(data_dir, stop_after_steps=3)
+  part, _ = run_loop(c, tmp_path / "resumed")
+  assert part["preempted"] and part["final_step"] == 3
+  c = small_config(data_dir)
+  resumed, rows = run_loop(c, tmp_path / "resumed")
+  assert resumed["start_step"] == 3 and resumed["final_step"] == 6
+  a = {r["step"]: r["loss"] for r in full_rows}
+  b = {r["step"]: r["loss"] for r in rows}
+  assert [a[s] for s in range(1, 7)] == [b[s] for s in range(1, 7)]  # identical, data position included
+  jax.tree_util.tree_map(lambda x, y: np.testing.assert_array_equal(np.asarray(x), np.asarray(y)),
+                         full["state"].params, resumed["state"].params)  # bitwise equal
+
+
+def test_restore_on_a_different_mesh(tmp_path, data_dir):
+  c = small_config(data_dir, shard="dp")
+  first, _ = run_loop(c, tmp_path / "w")
+  c = small_config(data_dir, shard="fsdp")
+  c.train.num_steps = 7
+  c.checkpoint_every = 100
+  ckpt = checkpoint_lib.Checkpointer(str(tmp_path / "w"))
+  mcfg = model_lib.BertConfig.from_dict(c.model.to_dict())
+  run = train.build(c, mcfg)
+  state, data_state, step = ckpt.restore(run.abstract)
+  assert step == 6 and data_state["step"] == 6
+  emb = state.params["bert"]["embeddings"]["word_embeddings"]["embedding"]
+  assert emb.addressable_shards[0].data.shape == (emb.shape[0], 8)  # now split 8 ways on `embed`
+  jax.tree_util.tree_map(lambda x, y: np.testing.assert_array_equal(np.asarray(x), np.asarray(y)),
+                         first["state"].params, state.params)
+
+
+def test_checkpoint_of_another_model_is_refused(tmp_path, data_dir):
+  run_loop(small_config(data_dir), tmp_path / "w")
+  c = small_config(data_dir)
+  c.model.intermediate_size = 256
+  mcfg = model_lib.BertConfig.from_dict(c.model.to_dict())
+  params = train.load_init_params(str(tmp_path / "w"), mcfg)
+  run = train.build(c, mcfg)
+  with pytest.raises(checkpoint_lib.CheckpointError, match=r"wi.*kernel.*checkpoint \(2, 64, 128\), model \(2, 64, 256\)"):
+    train.check_params_fit(params, run.abstract.params)
+
+
+def test_init_from_hf_checkpoint(tmp_path, data_dir):
+  from bertjax import convert
+  c = small_config(data_dir)
+  mcfg = model_lib.BertConfig.from_dict(c.model.to_dict())
+  params = jax.device_get(train.init_state(train.build(c, mcfg), 5).params)
+  convert.to_hf(mcfg, params, str(tmp_path / "hf"))
+  c.init_checkpoint = str(tmp_path / "hf")
+  c.train.num_steps = 1
+  c.model.dropout_rate = c.model.attention_dropout_rate = 0.0
+  summary, _ = run_loop(c, tmp_path / "w")
+  assert summary["initial_eval"]["mlm_loss"] > 0
+  first = summary["state"].params  # one step away from the HF weights, not from a fresh init
+  delta = np.abs(np.asarray(first["mlm_bias"]) - np.asarray(params["mlm_bias"])).max()
+  assert delta < 1e-2
+
+
+def test_nonfinite_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path, data_dir):
+  c = small_config(data_dir, stop_after_steps=3)
+  run_loop(c, tmp_path / "w")
+  c = small_config(data_dir, learning_rate=1e30)
+  with pytest.raises(train.NonFiniteError, match="non-finite loss or gradient at step [4-6]"):
+    run_loop(c, tmp_path / "w")
+  assert checkpoint_lib.Checkpointer(str(tmp_path / "w")).steps() == [3]
+
+
+def main_cmd(config_arg, workdir, data_dir, *extra):
+  return [sys.executable, "-m", "bertjax.main", f"--config={ROOT}/configs/pretrain.py:{config_arg}",
+          f"--workdir={workdir}", f"--config.data.data_dir={data_dir}", "--config.model.hidden_size=64",
+          "--config.model.num_heads=4", "--config.model.intermediate_size=128",
+          f"--config.model.vocab_size={dataset.read_creation(data_dir)['vocab_size']}",
+          "--config.model.max_position_embeddings=64", "--config.train.warmup_steps=2", *extra]
+
+
+def env():
+  e = dict(os.environ)
+  e["PYTHONPATH"] = ROOT + os.pathsep + e.get("PYTHONPATH", "")
+  return e
+
+
+@pytest.mark.slow
+@pytest.mark.ci
+def test_main_entry_point_end_to_end(tmp_path, data_dir):
+  w = tmp_path / "w"
+  cmd = main_cmd("variant=tiny,seq=32,preds=5,batch=16,steps=4,shard=fsdp", w, data_dir,
+                 "--config.log_every=2", "--config.eval_every=2", "--config.checkpoint_every=2", "--config.eval_batches=1")
+  out = subprocess.run(cmd, capture_output=True, text=True, env=env(), timeout=600, cwd=ROOT)
+  assert out.returncode == 0, out.stderr[-3000:]
+  assert "step 4/4" in out.stdout and "done at step 4" in out.stdout
+  assert sorted(os.listdir(w / "checkpoints")) == ["2", "4"]
+  rows = metrics.read_jsonl(str(w / "metrics.jsonl"))
+  assert {r["split"] for r in rows} == {"train", "eval"}
+  assert any(f.startswith("events.out.tfevents") for f in os.listdir(w / "tensorboard"))
+  for png in ("loss.png", "mlm_accuracy.png", "nsp_accuracy.png"):
+    assert (w / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+  assert json.loads((w / "config.json").read_text())["train"]["num_steps"] == 4
+  module, params, tok = predict.load(str(w))
+  (pos, cands), = predict.fill_mask(module, params, tok, "the model reads [MASK] .", 3, 64)
+  assert len(cands) == 3 and abs(sum(p for _, p in cands)) <= 1.0
+  # A typo in an override is an error before anything runs.
+  bad = subprocess.run(main_cmd("variant=tiny", w, data_dir, "--config.train.learnin_rate=1"), capture_output=True,
+                       text=True, env=env(), timeout=300, cwd=ROOT)
+  assert bad.returncode != 0 and "learnin_rate" in bad.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.ci
+def test_sigterm_saves_and_exits_cleanly(tmp_path, data_dir):
+  w = tmp_path / "w"
+  cmd = main_cmd("variant=tiny,seq=32,preds=5,batch=16,steps=100000,shard=dp", w, data_dir,
+                 "--config.log_every=1", "--config.checkpoint_every=100000", "--config.eval_every=0")
+  proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env(), cwd=ROOT)
+  deadline = time.time() + 300
+  for line in proc.stdout:
+    if line.startswith("step 3/"):
+      break
+    assert time.time() < deadline
+  proc.send_signal(signal.SIGTERM)
+  out, err = proc.communicate(timeout=300)
+  assert proc.returncode == 0, err[-3000:]
+  assert "SIGTERM: saved a checkpoint at step" in out
+  steps = checkpoint_lib.Checkpointer(str(w)).steps()
+  assert len(steps) == 1 and steps[0] >= 3
+  # The next start resumes from it.
+  out = subprocess.run(main_cmd(f"variant=tiny,seq=32,preds=5,batch=16,steps={steps[0] + 1},shard=dp", w, data_dir,
+                                "--config.log_every=1", "--config.eval_every=0"),
+                       capture_output=True, text=True, env=env(), timeout=300, cwd=ROOT)
+  assert out.returncode == 0, out.stderr[-3000:]
+  assert f"steps {steps[0]}->{steps[0] + 1}" in out.stdout
+
+
+def test_periodic_rule():
+  assert [s for s in range(1, 11) if metrics.every(s, 4, 10)] == [4, 8, 10]
+  assert [s for s in range(1, 4) if metrics.every(s, 0, 3)] == [3]
+  assert common.parse_arg("a=1,b=true", a=0, b=False).to_dict() == {"a": 1, "b": True}
