@@ -40,12 +40,13 @@ def main(argv):
   del argv
   init_distributed()
   import jax  # pylint: disable=import-outside-toplevel
-  from bertjax import train  # pylint: disable=import-outside-toplevel
+  from bertjax import checkpoint, train  # pylint: disable=import-outside-toplevel
   # Library INFO logs (orbax writes several lines per save) are off; progress is printed by process 0.
   absl_logging.set_verbosity(absl_logging.WARNING if jax.process_index() == 0 else absl_logging.ERROR)
   try:
     summary = train.train_and_evaluate(FLAGS.config, FLAGS.workdir)
-  except (train.ConfigError, train.NonFiniteError) as e:
+  except (train.ConfigError, train.NonFiniteError, checkpoint.CheckpointError, checkpoint.WorkdirLockedError,
+          OSError) as e:
     print(f"error: {e}", file=sys.stderr)
     sys.exit(2)
   if jax.process_index() == 0:

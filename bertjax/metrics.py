@@ -65,6 +65,7 @@ class Writer:
     self._tb = None
     if self.active:
       os.makedirs(workdir, exist_ok=True)
+      _end_with_newline(self.path)
       from tensorboardX import SummaryWriter  # pylint: disable=import-outside-toplevel
       self._tb = SummaryWriter(os.path.join(workdir, "tensorboard"))
 
@@ -84,6 +85,15 @@ class Writer:
   def close(self):
     if self._tb is not None:
       self._tb.close()
+
+
+def _end_with_newline(path: str) -> None:
+  """A kill can cut the last line short; start the next write on a fresh line so only that one is lost."""
+  if os.path.exists(path) and os.path.getsize(path) > 0:
+    with open(path, "rb+") as f:
+      f.seek(-1, os.SEEK_END)
+      if f.read(1) != b"\n":
+        f.write(b"\n")
 
 
 class Progress:

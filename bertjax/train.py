@@ -178,18 +178,6 @@ def load_init_params(path: str, mcfg: model_lib.BertConfig):
                                        "HF model folder (config.json + model.safetensors)")
 
 
-def check_params_fit(params, abstract_params) -> None:
-  """A clear error naming every parameter whose presence or shape differs from the model's."""
-  got = {jax.tree_util.keystr(p): np.shape(x) for p, x in jax.tree_util.tree_leaves_with_path(params)}
-  want = {jax.tree_util.keystr(p): tuple(x.shape) for p, x in jax.tree_util.tree_leaves_with_path(abstract_params)}
-  problems = [f"{k}: checkpoint {got[k]}, model {want[k]}" for k in sorted(set(got) & set(want)) if got[k] != want[k]]
-  problems += [f"{k}: missing from the checkpoint" for k in sorted(set(want) - set(got))]
-  problems += [f"{k}: not in the model" for k in sorted(set(got) - set(want))]
-  if problems:
-    raise checkpoint_lib.CheckpointError(f"checkpoint does not fit the model ({len(problems)} parameter(s)): "
-                                         + "; ".join(problems[:20]))
-
-
 class _StopFlag:
   """Set by SIGTERM (TPU preemption) or SIGINT: save at the current step and exit cleanly."""
 
@@ -263,7 +251,15 @@ def init_state(run: Run, seed: int):
 
 
 def train_and_evaluate(config, workdir: str) -> dict:
-  """Pre-train per `config` in `workdir` (resuming if it has checkpoints). Returns a summary dict."""
+  """Pre-train per `config` in `workdir` (resuming if it has checkpoints). Returns a summary dict.
+
+  The workdir is locked for the run: a second run pointed at it refuses to start.
+  """
+  with checkpoint_lib.WorkdirLock(workdir):
+    return _train_and_evaluate(config, workdir)
+
+
+def _train_and_evaluate(config, workdir: str) -> dict:
   jax.config.update("jax_threefry_partitionable", True)
   is_main = jax.process_index() == 0
   if not config.data.data_dir:
@@ -287,6 +283,9 @@ def train_and_evaluate(config, workdir: str) -> dict:
   ckpt = checkpoint_lib.Checkpointer(workdir, keep=config.keep_checkpoints)
 
   # Resume order: this workdir's checkpoint, else the init checkpoint, else from scratch.
+  leftovers = ckpt.half_written()
+  if leftovers and is_main:
+    print(f"note: ignoring half-written checkpoint(s) {leftovers} in {ckpt.directory} (a killed save)", flush=True)
   if ckpt.latest_step() is not None:
     state, data_state, restored = ckpt.restore(abstract)
     pipeline.set_state(data_state)
@@ -295,7 +294,7 @@ def train_and_evaluate(config, workdir: str) -> dict:
     state = init_state(run, config.seed)
     if config.init_checkpoint:
       params = load_init_params(config.init_checkpoint, mcfg)
-      check_params_fit(params, abstract.params)
+      checkpoint_lib.check_params_fit(params, abstract.params)
       state = state_lib.with_params(state, params, tx, shardings, mesh, rules)
       logging.info("initialised params from %s", config.init_checkpoint)
   if is_main:

@@ -252,7 +252,7 @@ def test_checkpoint_of_another_model_is_refused(tmp_path, data_dir):
   params = train.load_init_params(str(tmp_path / "w"), mcfg)
   run = train.build(c, mcfg)
   with pytest.raises(checkpoint_lib.CheckpointError, match=r"wi.*kernel.*checkpoint \(2, 64, 128\), model \(2, 64, 256\)"):
-    train.check_params_fit(params, run.abstract.params)
+    checkpoint_lib.check_params_fit(params, run.abstract.params)
 
 
 def test_init_from_hf_checkpoint(tmp_path, data_dir):

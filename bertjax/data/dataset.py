@@ -53,7 +53,10 @@ class BertPretraining(tfds.core.GeneratorBasedBuilder):
 
   def _split_generators(self, dl_manager):
     del dl_manager
-    return {"train": self._generate_examples(heldout=False), "validation": self._generate_examples(heldout=True)}
+    splits = {"train": self._generate_examples(heldout=False)}
+    if self._creation.get("heldout_every", 20) > 0:
+      splits["validation"] = self._generate_examples(heldout=True)
+    return splits
 
   def _generate_examples(self, heldout: bool):
     c = self._creation
@@ -94,8 +97,14 @@ def create(input_files, tokenizer_path: str, out_dir: str, opts: pretraining.Cre
                             max_predictions_per_seq=opts.max_predictions_per_seq, creation=creation,
                             file_format="array_record")
   start = time.time()
-  builder.download_and_prepare(download_config=tfds.download.DownloadConfig(
-      download_mode=tfds.download.GenerateMode.REUSE_CACHE_IF_EXISTS))
+  try:
+    builder.download_and_prepare(download_config=tfds.download.DownloadConfig(
+        download_mode=tfds.download.GenerateMode.REUSE_CACHE_IF_EXISTS))
+  except AssertionError as e:
+    if "validation" in str(e) and "No examples" in str(e):
+      raise corpus_lib.CorpusError(f"the held-out split came out empty: {input_files} has too few documents for "
+                                   f"heldout_every={heldout_every}; lower it, or pass 0 for no held-out split") from None
+    raise
   creation["seconds"] = time.time() - start
   total = sum(r["examples"] for r in creation.get("report", {}).values())
   creation["examples_per_s"] = total / max(creation["seconds"], 1e-9)
@@ -104,12 +113,26 @@ def create(input_files, tokenizer_path: str, out_dir: str, opts: pretraining.Cre
   return creation
 
 
+class DataPathError(OSError):
+  """A data location that cannot be reached (remote storage offline, no credentials, no filesystem driver)."""
+
+
 def read_creation(data_dir: str) -> dict:
-  path = os.path.join(data_dir, "creation.json")
-  if not os.path.isfile(path):
+  from etils import epath  # pylint: disable=import-outside-toplevel
+  data_dir = os.fspath(data_dir)
+  path = epath.Path(data_dir) / "creation.json"
+  try:
+    exists = path.exists()
+    text = path.read_text() if exists else None
+  except Exception as e:  # pylint: disable=broad-except
+    raise DataPathError(f"{data_dir}: cannot be read ({type(e).__name__}: {str(e)[:200]}). Check the path, the network "
+                        "and credentials; gs:// paths need gcsfs (pip install gcsfs) or TensorFlow.") from None
+  if not exists:
     raise FileNotFoundError(f"{data_dir}: no creation.json; build the data with python -m bertjax.data.dataset")
-  with open(path, encoding="utf-8") as f:
-    return json.load(f)
+  try:
+    return json.loads(text)
+  except json.JSONDecodeError as e:
+    raise DataPathError(f"{path}: not valid JSON ({e}); rebuild the data with --overwrite") from None
 
 
 def load_source(data_dir: str, split: str):
