@@ -81,7 +81,7 @@ def test_resuming_with_another_model_names_the_mismatch(tmp_path, data_dir):
   c = tt.small_config(data_dir)
   c.model.intermediate_size = 256
   with pytest.raises(checkpoint_lib.CheckpointError,
-                     match=r"does not fit the model \(4 parameter\(s\)\): .*\['mlp'\]\['wi'\]\['bias'\]: checkpoint \(2, 128\), model \(2, 256\)"):
+                     match=r"does not fit the model \(3 parameter\(s\)\): .*\['mlp'\]\['wi'\]\['bias'\]: checkpoint \(2, 128\), model \(2, 256\)"):
     run(c, w)
 
 
