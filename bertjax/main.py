@@ -43,6 +43,15 @@ def main(argv):
   from bertjax import checkpoint, train  # pylint: disable=import-outside-toplevel
   # Library INFO logs (orbax writes several lines per save) are off; progress is printed by process 0.
   absl_logging.set_verbosity(absl_logging.WARNING if jax.process_index() == 0 else absl_logging.ERROR)
+  if FLAGS.config.get("mode") == "finetune":
+    from bertjax import finetune  # pylint: disable=import-outside-toplevel
+    from bertjax.data import tasks  # pylint: disable=import-outside-toplevel
+    try:
+      finetune.finetune(FLAGS.config, FLAGS.workdir)
+    except (tasks.TaskDataError, checkpoint.CheckpointError, OSError) as e:
+      print(f"error: {e}", file=sys.stderr)
+      sys.exit(2)
+    return
   try:
     summary = train.train_and_evaluate(FLAGS.config, FLAGS.workdir)
   except (train.ConfigError, train.NonFiniteError, checkpoint.CheckpointError, checkpoint.WorkdirLockedError,

@@ -71,11 +71,22 @@ def load(workdir: str):
 
 
 def main(argv=None):
-  p = argparse.ArgumentParser(description="Fill in [MASK] with a bertjax checkpoint.")
+  p = argparse.ArgumentParser(description="Predict with a bertjax workdir: fill in [MASK] (pre-training), or a "
+                              "label / tags / answer span (fine-tuning).")
   p.add_argument("--workdir", required=True)
   p.add_argument("--top_k", type=int, default=5)
-  p.add_argument("text", nargs="+", help='sentences containing [MASK], e.g. "the [MASK] sat on the mat ."')
+  p.add_argument("--pair", default="", help="fine-tuned sentence-pair tasks: the second sentence")
+  p.add_argument("--question", default="", help="fine-tuned QA: the question (the context is the text)")
+  p.add_argument("text", nargs="+", help='text; for pre-training, sentences containing [MASK]')
   args = p.parse_args(argv)
+  if os.path.exists(os.path.join(args.workdir, "finetune.json")):
+    from bertjax import finetune  # pylint: disable=import-outside-toplevel
+    for text in args.text:
+      if args.question:
+        print(json.dumps(finetune.predict_text(args.workdir, question=args.question, context=text)))
+      else:
+        print(json.dumps(finetune.predict_text(args.workdir, text=text, pair=args.pair)))
+    return 0
   module, params, tok = load(args.workdir)
   for text in args.text:
     print(text)

@@ -17,6 +17,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
                        ln="post", act="gelu", pos="learned", nsp=True, mask=0.15, wwm=False, dynamic=False,
                        dtype="float32", scan=True, remat="none", opt="adamw", vocab=30522)
   c = ml_collections.ConfigDict()
+  c.mode = "pretrain"  # dispatch in bertjax.main
   c.seed = 0  # parameter init, dropout and data order
 
   c.model = ml_collections.ConfigDict()

@@ -34,6 +34,7 @@ class Tokenizer:
   path: str
   _encode: object
   _decode: object
+  _offsets: object  # text -> (ids, [(char_start, char_end)] into the original text)
   pieces: list[str]
   continues_word: np.ndarray  # bool [vocab_size]
 
@@ -55,6 +56,11 @@ class Tokenizer:
 
   def encode(self, text: str) -> list[int]:
     return list(self._encode(text))
+
+  def encode_with_offsets(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
+    """Ids and, per id, the [start, end) character span of the original text it came from."""
+    ids, offsets = self._offsets(text)
+    return list(ids), [tuple(o) for o in offsets]
 
   def decode(self, ids: Sequence[int]) -> str:
     return self._decode([int(i) for i in ids])
@@ -98,8 +104,11 @@ def _load_wordpiece(path: str, do_lower_case: bool) -> Tokenizer:
   tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
   tok.decoder = decoders.WordPiece(prefix="##")
   continues = np.array([p.startswith("##") for p in pieces], bool)
+  def offsets(s):
+    enc = tok.encode(s, add_special_tokens=False)
+    return enc.ids, enc.offsets
   return Tokenizer("wordpiece", path, lambda s: tok.encode(s, add_special_tokens=False).ids,
-                   lambda ids: tok.decode(ids, skip_special_tokens=False), pieces, continues)
+                   lambda ids: tok.decode(ids, skip_special_tokens=False), offsets, pieces, continues)
 
 
 def _load_sentencepiece(path: str) -> Tokenizer:
@@ -118,7 +127,14 @@ def _load_sentencepiece(path: str) -> Tokenizer:
   # A piece continues a word unless it starts one ("▁...") or stands alone (special, control, byte).
   continues = np.array([not (p.startswith("\u2581") or p in specials or sp.IsControl(i) or sp.IsUnknown(i))
                         for i, p in enumerate(pieces)], bool)
-  return Tokenizer("sentencepiece", path, lambda s: sp.EncodeAsIds(s), lambda ids: sp.DecodeIds(ids),
+  def offsets(s):
+    proto = sp.encode(s, return_type="proto")
+    char_of_byte = []  # byte offset in UTF-8 -> character offset
+    for i, ch in enumerate(s):
+      char_of_byte += [i] * len(ch.encode("utf-8"))
+    char_of_byte.append(len(s))
+    return [p.id for p in proto.pieces], [(char_of_byte[p.begin], char_of_byte[p.end]) for p in proto.pieces]
+  return Tokenizer("sentencepiece", path, lambda s: sp.EncodeAsIds(s), lambda ids: sp.DecodeIds(ids), offsets,
                    pieces, continues)
 
 

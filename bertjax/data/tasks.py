@@ -1,0 +1,167 @@
+"""Fine-tuning tasks: the registry, GLUE through tfds, users' own CSV/TSV/JSONL files, and featurisation.
+
+Task names: `glue/{cola,sst2,mrpc,qqp,stsb,mnli,qnli,rte,wnli}`, `squad/v1.1`, `squad/v2.0`, `squad_json`
+(SQuAD-format files), `ner` (CoNLL files) and `local` (sentence(-pair) classification or regression from files).
+"""
+from __future__ import annotations
+
+import csv
+import dataclasses
+import json
+import os
+from typing import Sequence
+
+import numpy as np
+
+
+class TaskDataError(ValueError):
+  """Task data that cannot be used as given: names the file, line and what is wrong."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Task:
+  name: str
+  kind: str  # classification | regression | qa | tagging
+  text_keys: tuple[str, ...] = ()
+  labels: tuple[str, ...] = ()
+  metrics: tuple[str, ...] = ("accuracy",)
+  main_metric: str = "accuracy"
+  train_split: str = "train"
+  eval_splits: tuple[str, ...] = ("validation",)
+
+  @property
+  def num_labels(self) -> int:
+    return 1 if self.kind == "regression" else len(self.labels)
+
+
+GLUE = {
+    "cola": Task("glue/cola", "classification", ("sentence",), ("unacceptable", "acceptable"), ("mcc", "accuracy"), "mcc"),
+    "sst2": Task("glue/sst2", "classification", ("sentence",), ("negative", "positive")),
+    "mrpc": Task("glue/mrpc", "classification", ("sentence1", "sentence2"), ("not_equivalent", "equivalent"),
+                 ("f1", "accuracy"), "f1"),
+    "qqp": Task("glue/qqp", "classification", ("question1", "question2"), ("not_duplicate", "duplicate"),
+                ("f1", "accuracy"), "f1"),
+    "stsb": Task("glue/stsb", "regression", ("sentence1", "sentence2"), (), ("pearson", "spearman"), "pearson"),
+    "mnli": Task("glue/mnli", "classification", ("premise", "hypothesis"), ("entailment", "neutral", "contradiction"),
+                 eval_splits=("validation_matched", "validation_mismatched")),
+    "qnli": Task("glue/qnli", "classification", ("question", "sentence"), ("entailment", "not_entailment")),
+    "rte": Task("glue/rte", "classification", ("sentence1", "sentence2"), ("entailment", "not_entailment")),
+    "wnli": Task("glue/wnli", "classification", ("sentence1", "sentence2"), ("not_entailment", "entailment")),
+}
+
+
+def get(name: str, labels: Sequence[str] = (), regression: bool = False) -> Task:
+  """The task by name; `local` and `ner` take their label set from the config."""
+  if name.startswith("glue/") and name[5:] in GLUE:
+    return GLUE[name[5:]]
+  if name in ("squad/v1.1", "squad/v2.0", "squad_json"):
+    return Task(name, "qa", metrics=("exact_match", "f1"), main_metric="f1")
+  if name == "ner":
+    if not labels:
+      raise TaskDataError("task ner needs config.data.labels (e.g. O,B-PER,I-PER,...)")
+    return Task(name, "tagging", labels=tuple(labels), metrics=("f1", "precision", "recall"), main_metric="f1")
+  if name == "local":
+    if regression:
+      return Task(name, "regression", ("text_a", "text_b"), (), ("pearson", "spearman"), "pearson")
+    if not labels:
+      raise TaskDataError("task local needs config.data.labels (the declared label set) or data.regression=True")
+    metrics = ("accuracy", "f1") if len(labels) == 2 else ("accuracy",)
+    return Task(name, "classification", ("text_a", "text_b"), tuple(labels), metrics)
+  known = [f"glue/{k}" for k in GLUE] + ["squad/v1.1", "squad/v2.0", "squad_json", "ner", "local"]
+  raise TaskDataError(f"unknown task {name!r}; choose one of {known}")
+
+
+def _text(v) -> str:
+  return v.decode("utf-8", errors="replace") if isinstance(v, bytes) else str(v)
+
+
+def glue_examples(task: Task, split: str, data_dir: str | None = None) -> list[dict]:
+  """[{"text_a", "text_b", "label"}] from `tfds.data_source` (array_record; no TensorFlow needed)."""
+  import tensorflow_datasets as tfds  # pylint: disable=import-outside-toplevel
+  import tensorflow_datasets.text  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import  (registers glue)
+  src = tfds.data_source(task.name, split=split, data_dir=data_dir)
+  out = []
+  for i in range(len(src)):  # one by one: mocked sources support neither slicing nor __getitems__
+    ex = src[i]
+    out.append({"text_a": _text(ex[task.text_keys[0]]),
+                "text_b": _text(ex[task.text_keys[1]]) if len(task.text_keys) > 1 else "",
+                "label": float(ex["label"]) if task.kind == "regression" else int(ex["label"])})
+  return out
+
+
+def local_examples(path: str, task: Task, text_a: str, text_b: str = "", label: str = "label") -> list[dict]:
+  """Examples from a .csv, .tsv or .jsonl file with named columns; labels must be in the task's declared set."""
+  path = os.fspath(path)
+  if not os.path.isfile(path):
+    raise TaskDataError(f"{path}: file not found")
+  rows = list(_read_rows(path))
+  if not rows:
+    raise TaskDataError(f"{path}: no rows")
+  needed = [c for c in (text_a, text_b, label) if c]
+  first_line, first = rows[0]
+  missing = [c for c in needed if c not in first]
+  if missing:
+    raise TaskDataError(f"{path}: missing column(s) {missing}; the file has {sorted(first)}")
+  index = {name: i for i, name in enumerate(task.labels)}
+  out = []
+  for line, row in rows:
+    missing = [c for c in needed if c not in row or row[c] is None]
+    if missing:
+      raise TaskDataError(f"{path}:{line}: missing value(s) for {missing}")
+    value = row[label]
+    if task.kind == "regression":
+      try:
+        y = float(value)
+      except (TypeError, ValueError):
+        raise TaskDataError(f"{path}:{line}: label {value!r} is not a number") from None
+    else:
+      key = str(value)
+      if key not in index:
+        raise TaskDataError(f"{path}:{line}: label {key!r} is not in the declared set {list(task.labels)}")
+      y = index[key]
+    out.append({"text_a": str(row[text_a]), "text_b": str(row[text_b]) if text_b else "", "label": y})
+  return out
+
+
+def _read_rows(path: str):
+  if path.endswith(".jsonl"):
+    with open(path, encoding="utf-8", errors="replace") as f:
+      for n, line in enumerate(f, 1):
+        if line.strip():
+          try:
+            row = json.loads(line)
+          except json.JSONDecodeError as e:
+            raise TaskDataError(f"{path}:{n}: not JSON ({e})") from None
+          if not isinstance(row, dict):
+            raise TaskDataError(f"{path}:{n}: a JSON object per line is expected")
+          yield n, row
+    return
+  delimiter = "\t" if path.endswith(".tsv") else ","
+  with open(path, encoding="utf-8", errors="replace", newline="") as f:
+    reader = csv.DictReader(f, delimiter=delimiter, quoting=csv.QUOTE_MINIMAL)
+    for row in reader:
+      yield reader.line_num, row
+
+
+def truncate_pair(a: list, b: list, max_tokens: int) -> None:
+  """run_classifier's rule: pop from the end of the longer list until the pair fits (in place)."""
+  while len(a) + len(b) > max_tokens:
+    (a if len(a) > len(b) else b).pop()
+
+
+def encode_pairs(examples: Sequence[dict], tok, max_seq_length: int, regression: bool = False) -> dict[str, np.ndarray]:
+  """[CLS] a [SEP] (b [SEP]) with segment ids, zero-padded; labels int32 (float32 for regression)."""
+  n = len(examples)
+  ids = np.zeros((n, max_seq_length), np.int32)
+  seg = np.zeros_like(ids)
+  mask = np.zeros_like(ids)
+  for i, ex in enumerate(examples):
+    a = tok.encode(ex["text_a"])
+    b = tok.encode(ex["text_b"]) if ex.get("text_b") else []
+    truncate_pair(a, b, max_seq_length - (3 if b else 2))
+    row = [tok.cls_id] + a + [tok.sep_id] + (b + [tok.sep_id] if b else [])
+    ids[i, :len(row)] = row
+    seg[i, len(a) + 2:len(row)] = 1
+    mask[i, :len(row)] = 1
+  labels = np.array([ex["label"] for ex in examples], np.float32 if regression else np.int32)
+  return {"input_ids": ids, "input_mask": mask, "segment_ids": seg, "labels": labels}

@@ -1,0 +1,368 @@
+"""Fine-tuning on GLUE, SQuAD, NER or users' own files, with the paper's recipe, reusing the pre-training pieces.
+
+  python -m bertjax.main --config=configs/finetune.py:task=glue/mrpc,init=DIR_OR_HF_DIR --workdir=W
+
+`init` is a bertjax pre-training workdir or an HF safetensors folder (with its vocab.txt); the task head is
+fresh; the whole model is trained end to end. After each epoch every eval split is scored with the task's
+exact metrics; the best parameters by the main metric are kept in W/best; W/report.json and W/report.txt hold
+the results. Evaluation sees every example once: the last batch is padded with zero-weight rows.
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import optax
+import orbax.checkpoint as ocp
+
+from bertjax import checkpoint as checkpoint_lib, convert, losses, metrics as metrics_lib, model as model_lib
+from bertjax import optim, scores
+from bertjax import sharding as sharding_lib
+from bertjax import state as state_lib
+from bertjax.data import conll, dataset, squad, tasks, tokenizer as tokenizer_lib
+
+
+# ----------------------------------------------------------------------------- init: tokenizer, config, encoder
+def load_init(config):
+  """(tokenizer, BertConfig, encoder params or None) from config.init (bertjax workdir | HF folder | "")."""
+  init = config.init
+  model_over = {k: config.model[k] for k in ("dropout_rate", "attention_dropout_rate", "dtype", "scan_layers",
+                                              "remat", "attention_impl")}
+  tok_path, lower = config.data.tokenizer, config.data.do_lower_case
+  if init and os.path.isdir(os.path.join(init, "checkpoints")):
+    with open(os.path.join(init, "config.json"), encoding="utf-8") as f:
+      pre = ml_collections.ConfigDict(json.load(f))
+    mcfg = model_lib.BertConfig.from_dict({**pre.model.to_dict(), **model_over})
+    params = checkpoint_lib.Checkpointer(init).restore_params()["bert"]
+    if not tok_path:
+      creation = dataset.read_creation(pre.data.data_dir)
+      tok_path, lower = creation["tokenizer"], creation.get("do_lower_case", True)
+  elif init:
+    hf_cfg, state = convert.read_hf_dir(init)
+    mcfg = convert.hf_config_to_bert(hf_cfg, **model_over)
+    params = convert.from_state_dict(mcfg.replace(scan_layers=False), state, head="encoder")[1]
+    if not tok_path:
+      tok_path = os.path.join(init, "vocab.txt")
+      tc = os.path.join(init, "tokenizer_config.json")
+      if os.path.isfile(tc):
+        with open(tc, encoding="utf-8") as f:
+          lower = json.load(f).get("do_lower_case", lower)
+  else:
+    mcfg = model_lib.BertConfig.from_dict(config.model.to_dict())
+    params = None
+  if not tok_path:
+    raise tasks.TaskDataError("no tokenizer: set config.data.tokenizer (vocab.txt or .model) or an init with one")
+  tok = tokenizer_lib.load(tok_path, do_lower_case=lower)
+  if tok.vocab_size != mcfg.vocab_size:
+    raise tasks.TaskDataError(f"tokenizer {tok_path} has {tok.vocab_size} pieces, the model {mcfg.vocab_size}")
+  if params is not None:
+    encoder = params["encoder"]
+    if mcfg.scan_layers and "layers" not in encoder:
+      params = convert.stack_layers(params, mcfg.num_layers)
+    elif not mcfg.scan_layers and "layers" in encoder:
+      params = convert.unstack_layers(params, mcfg.num_layers)
+  return tok, mcfg, params, tok_path, lower
+
+
+def head_module(task: tasks.Task, mcfg):
+  if task.kind in ("classification", "regression"):
+    return model_lib.BertForSequenceClassification(mcfg, task.num_labels)
+  if task.kind == "tagging":
+    return model_lib.BertForTokenClassification(mcfg, task.num_labels)
+  return model_lib.BertForQuestionAnswering(mcfg)
+
+
+# ----------------------------------------------------------------------------- data
+class EvalSet:
+  """Features of one eval split and what scoring needs (examples, windows, word positions)."""
+
+  def __init__(self, name, feats, meta=None):
+    self.name, self.feats, self.meta = name, feats, meta or {}
+
+
+def load_data(config, task, tok):
+  d, seq = config.data, config.data.max_seq_length
+  stats: dict = {}
+  if task.kind in ("classification", "regression"):
+    reg = task.kind == "regression"
+    if task.name.startswith("glue/"):
+      tfds_dir = d.tfds_data_dir or None
+      train = tasks.encode_pairs(tasks.glue_examples(task, task.train_split, tfds_dir), tok, seq, reg)
+      evals = [EvalSet(s, tasks.encode_pairs(tasks.glue_examples(task, s, tfds_dir), tok, seq, reg))
+               for s in task.eval_splits]
+    else:
+      read = lambda p: tasks.local_examples(p, task, d.text_a_column, d.text_b_column, d.label_column)  # noqa: E731
+      train = tasks.encode_pairs(read(d.train_file), tok, seq, reg)
+      evals = [EvalSet("validation", tasks.encode_pairs(read(d.eval_file), tok, seq, reg))] if d.eval_file else []
+    return train, evals, stats
+  if task.kind == "tagging":
+    train_s = conll.read(d.train_file)
+    train, _ = conll.featurize(train_s, tok, task.labels, seq, stats)
+    evals = []
+    if d.eval_file:
+      ev = conll.read(d.eval_file)
+      feats, word_at = conll.featurize(ev, tok, task.labels, seq, stats)
+      evals.append(EvalSet("validation", feats, {"sentences": ev, "word_at": word_at}))
+    return train, evals, stats
+  # QA
+  if task.name == "squad_json":
+    train_ex = squad.json_examples(d.train_file)
+    eval_ex = squad.json_examples(d.eval_file) if d.eval_file else []
+  else:
+    tfds_dir = d.tfds_data_dir or None
+    train_ex = squad.tfds_examples(task.name, "train", tfds_dir)
+    eval_ex = squad.tfds_examples(task.name, "validation", tfds_dir)
+  kw = dict(max_seq_length=seq, doc_stride=d.doc_stride, max_query_length=d.max_query_length)
+  train, _ = squad.featurize(train_ex, tok, training=True, stats=stats, **kw)
+  evals = []
+  if eval_ex:
+    feats, windows = squad.featurize(eval_ex, tok, training=False, **kw)
+    evals.append(EvalSet("validation", feats, {"examples": eval_ex, "windows": windows}))
+  return train, evals, stats
+
+
+# ----------------------------------------------------------------------------- steps
+def task_loss(task: tasks.Task, out, batch):
+  w = batch["example_weights"]
+  if task.kind == "classification":
+    return jnp.sum(losses.cross_entropy(out["logits"], batch["labels"]) * w) / jnp.maximum(jnp.sum(w), 1e-5)
+  if task.kind == "regression":
+    return jnp.sum((out["logits"][:, 0] - batch["labels"]) ** 2 * w) / jnp.maximum(jnp.sum(w), 1e-5)
+  if task.kind == "tagging":
+    lw = batch["label_weights"] * w[:, None]
+    return jnp.sum(losses.cross_entropy(out["logits"], batch["labels"]) * lw) / jnp.maximum(jnp.sum(lw), 1e-5)
+  ce = (losses.cross_entropy(out["start_logits"], batch["start_positions"]) +
+        losses.cross_entropy(out["end_logits"], batch["end_positions"])) / 2
+  return jnp.sum(ce * w) / jnp.maximum(jnp.sum(w), 1e-5)
+
+
+def make_steps(module, task, tx, lr_fn, seed):
+  key = jax.random.fold_in(jax.random.key(seed), 2)
+
+  def train_step(state, batch):
+    def loss_fn(params):
+      out = module.apply({"params": params}, batch, deterministic=False,
+                         rngs={"dropout": jax.random.fold_in(key, state.step)})
+      return task_loss(task, out, batch)
+    loss, grads = jax.value_and_grad(loss_fn)(state.params)
+    updates, opt_state = tx.update(grads, state.opt_state, state.params)
+    new = state_lib.TrainState(step=state.step + 1, params=optax.apply_updates(state.params, updates),
+                               opt_state=opt_state)
+    return new, {"loss": loss, "grad_norm": optax.global_norm(grads), "learning_rate": lr_fn(state.step)}
+
+  def predict_step(params, batch):
+    out = module.apply({"params": params}, batch, deterministic=True)
+    if task.kind == "qa":
+      return {"start_logits": out["start_logits"], "end_logits": out["end_logits"]}
+    return {"logits": out["logits"]}
+
+  return train_step, predict_step
+
+
+def batches(feats, batch_size, order=None, pad=False):
+  """Row dicts of `batch_size`; with `pad` the last partial batch is filled with zero rows of weight 0."""
+  n = len(next(iter(feats.values())))
+  order = np.arange(n) if order is None else order
+  stop = n if pad else n - n % batch_size
+  for s in range(0, stop, batch_size):
+    idx = order[s:s + batch_size]
+    b = {k: v[idx] for k, v in feats.items()}
+    w = np.ones(len(idx), np.float32)
+    if len(idx) < batch_size:
+      extra = batch_size - len(idx)
+      b = {k: np.concatenate([v, np.zeros((extra,) + v.shape[1:], v.dtype)]) for k, v in b.items()}
+      w = np.concatenate([w, np.zeros(extra, np.float32)])
+    b["example_weights"] = w
+    yield b
+
+
+def predict_all(predict_step, params, feats, batch_size, batch_sharding):
+  n = len(feats["input_ids"])
+  outs = []
+  for b in batches(feats, batch_size, pad=True):
+    outs.append(jax.device_get(predict_step(params, jax.device_put(b, batch_sharding))))
+  return {k: np.concatenate([o[k] for o in outs])[:n] for k in outs[0]} if outs else {}
+
+
+def score(task: tasks.Task, ev: EvalSet, preds: dict, config) -> dict:
+  if task.kind == "classification":
+    p, g = preds["logits"].argmax(-1), ev.feats["labels"]
+    fns = {"accuracy": scores.accuracy, "f1": scores.f1_binary, "mcc": scores.matthews_corrcoef}
+    return {m: fns[m](p, g) for m in task.metrics}
+  if task.kind == "regression":
+    p, g = preds["logits"][:, 0], ev.feats["labels"]
+    return {"pearson": scores.pearson(p, g), "spearman": scores.spearman(p, g)}
+  if task.kind == "tagging":
+    pred_tags = conll.decode(preds["logits"].argmax(-1), ev.meta["word_at"], ev.meta["sentences"], task.labels)
+    return scores.span_f1(pred_tags, [t for _, t in ev.meta["sentences"]])
+  examples, windows = ev.meta["examples"], ev.meta["windows"]
+  answers = squad.best_answers(examples, windows, preds["start_logits"], preds["end_logits"], config.data.n_best,
+                               config.data.max_answer_length)
+  golds = {ex.qid: [a for a, _ in ex.answers] if not ex.is_impossible else [] for ex in examples}
+  result = {}
+  if task.name == "squad/v2.0" or any(ex.is_impossible for ex in examples):
+    one = lambda p, g: max(scores.squad_f1(p, a) for a in (g or [""]))  # noqa: E731
+    threshold, _ = squad.best_threshold(answers, golds, one)
+    result["null_threshold"] = threshold
+    predictions = squad.apply_null_threshold(answers, threshold)
+  else:
+    predictions = {q: t for q, (t, _, _) in answers.items()}
+  result.update(scores.squad_scores(predictions, golds))
+  return result
+
+
+# ----------------------------------------------------------------------------- the loop
+def finetune(config, workdir: str) -> dict:
+  jax.config.update("jax_threefry_partitionable", True)
+  is_main = jax.process_index() == 0
+  task = tasks.get(config.task, tuple(config.data.labels), config.data.regression)
+  tok, mcfg, encoder_params, tok_path, lower = load_init(config)
+  if config.data.max_seq_length > mcfg.max_position_embeddings:
+    raise tasks.TaskDataError(f"data.max_seq_length {config.data.max_seq_length} exceeds the model's "
+                              f"max_position_embeddings {mcfg.max_position_embeddings}")
+  train, evals, stats = load_data(config, task, tok)
+  n_train = len(train["input_ids"])
+  gbs = config.train.global_batch_size
+  steps_per_epoch = n_train // gbs
+  if steps_per_epoch == 0:
+    raise tasks.TaskDataError(f"{n_train} training examples is fewer than one batch of {gbs}")
+  total = steps_per_epoch * config.train.num_epochs
+  tcfg = ml_collections.ConfigDict(config.train.to_dict())
+  tcfg.num_steps, tcfg.warmup_steps = total, int(config.train.warmup_fraction * total)
+  tx, lr_fn = optim.make(tcfg)
+
+  mesh = sharding_lib.make_mesh(config)
+  rules = sharding_lib.rules(config)
+  batch_sharding = sharding_lib.batch_sharding(mesh)
+  if gbs % sharding_lib.data_parallel_size(mesh):
+    raise tasks.TaskDataError(f"global_batch_size {gbs} is not divisible by the data-parallel size "
+                              f"{sharding_lib.data_parallel_size(mesh)}")
+  module = head_module(task, mcfg)
+  dummy = next(batches({k: v[:gbs] for k, v in train.items()}, gbs))
+  abstract, shardings = state_lib.abstract_state(module, tx, dummy, mesh, rules)
+  state = state_lib.init_state(module, tx, dummy, mesh, rules, shardings, jax.random.key(config.seed))
+  if encoder_params is not None:
+    params = jax.device_get(state.params)
+    checkpoint_lib.check_params_fit(encoder_params, params["bert"])
+    params["bert"] = encoder_params
+    state = state_lib.with_params(state, params, tx, shardings, mesh, rules)
+  train_step_fn, predict_fn = make_steps(module, task, tx, lr_fn, config.seed)
+  train_step = jax.jit(train_step_fn, in_shardings=(shardings, batch_sharding), out_shardings=(shardings, None),
+                       donate_argnums=(0,))
+  predict_step = jax.jit(predict_fn, in_shardings=(shardings.params, batch_sharding))
+
+  os.makedirs(workdir, exist_ok=True)
+  meta = {"task": task.name, "kind": task.kind, "labels": list(task.labels), "tokenizer": os.path.abspath(tok_path),
+          "do_lower_case": lower, "model": mcfg.to_dict(), "max_seq_length": config.data.max_seq_length}
+  if is_main:
+    with open(os.path.join(workdir, "config.json"), "w", encoding="utf-8") as f:
+      f.write(config.to_json(indent=2))
+    with open(os.path.join(workdir, "finetune.json"), "w", encoding="utf-8") as f:
+      json.dump(meta, f, indent=2)
+    print(f"fine-tuning {task.name}: {n_train} training rows, {total} steps ({config.train.num_epochs} epochs of "
+          f"{steps_per_epoch}), lr {config.train.learning_rate}, batch {gbs}, warmup {tcfg.warmup_steps}"
+          + "".join(f"; {k}: {v}" for k, v in stats.items() if v), flush=True)
+  writer = metrics_lib.Writer(workdir)
+  best_dir = os.path.join(os.path.abspath(workdir), "best")
+  report = {"task": task.name, "main_metric": task.main_metric, "epochs": [], "best": None}
+  step = 0
+  t0 = time.time()
+  with sharding_lib.use_mesh(mesh, rules):
+    for epoch in range(1, config.train.num_epochs + 1):
+      order = np.random.default_rng([config.seed, epoch]).permutation(n_train)
+      for b in batches(train, gbs, order):
+        state, m = train_step(state, jax.device_put(b, batch_sharding))
+        step += 1
+        if metrics_lib.every(step, config.log_every, total):
+          m = {k: float(v) for k, v in jax.device_get(m).items()}
+          if not np.isfinite(m["loss"]):
+            raise FloatingPointError(f"non-finite loss at step {step}; lower train.learning_rate")
+          writer.write(step, m)
+          if is_main:
+            eta = (time.time() - t0) / step * (total - step)
+            print(f"epoch {epoch} step {step}/{total} | loss {m['loss']:.4f} | lr {m['learning_rate']:.2e} | "
+                  f"ETA {metrics_lib.format_duration(eta)}", flush=True)
+      row = {"epoch": epoch, "step": step}
+      for ev in evals:
+        preds = predict_all(predict_step, state.params, ev.feats, gbs, batch_sharding)
+        row[ev.name] = score(task, ev, preds, config)
+        writer.write(step, row[ev.name], f"eval_{ev.name}")
+      report["epochs"].append(row)
+      if evals:
+        main = row[evals[0].name][task.main_metric]
+        if is_main:
+          print(f"epoch {epoch}: " + "; ".join(f"{ev.name} " + ", ".join(f"{k} {v:.4f}" for k, v in row[ev.name].items())
+                                            for ev in evals), flush=True)
+        if report["best"] is None or main > report["best"]["value"]:
+          report["best"] = {"epoch": epoch, "value": main, "metrics": {ev.name: row[ev.name] for ev in evals}}
+          _save_params(best_dir, state.params)
+  if not evals:
+    _save_params(best_dir, state.params)
+  writer.close()
+  if is_main:
+    _write_report(workdir, report)
+  return {"report": report, "state": state, "task": task}
+
+
+def _save_params(path: str, params) -> None:
+  ckpt = ocp.StandardCheckpointer()
+  ckpt.save(path, params, force=True)
+  ckpt.wait_until_finished()
+
+
+def _write_report(workdir: str, report: dict) -> None:
+  with open(os.path.join(workdir, "report.json"), "w", encoding="utf-8") as f:
+    json.dump(report, f, indent=2)
+  lines = [f"task {report['task']} (main metric: {report['main_metric']})", ""]
+  for row in report["epochs"]:
+    for split, ms in row.items():
+      if isinstance(ms, dict):
+        lines.append(f"epoch {row['epoch']:>2}  {split:24s} " + "  ".join(f"{k} {v:8.4f}" for k, v in ms.items()))
+  if report["best"]:
+    lines += ["", f"best: epoch {report['best']['epoch']}, {report['main_metric']} {report['best']['value']:.4f}"]
+  with open(os.path.join(workdir, "report.txt"), "w", encoding="utf-8") as f:
+    f.write("\n".join(lines) + "\n")
+  print("\n".join(lines), flush=True)
+
+
+# ----------------------------------------------------------------------------- prediction from a fine-tuned workdir
+def load_finetuned(workdir: str):
+  with open(os.path.join(workdir, "finetune.json"), encoding="utf-8") as f:
+    meta = json.load(f)
+  mcfg = model_lib.BertConfig.from_dict(meta["model"])
+  task = tasks.Task(meta["task"], meta["kind"], labels=tuple(meta["labels"]))
+  tok = tokenizer_lib.load(meta["tokenizer"], do_lower_case=meta["do_lower_case"])
+  params = ocp.StandardCheckpointer().restore(os.path.join(os.path.abspath(workdir), "best"))
+  params = jax.tree_util.tree_map(np.asarray, params)
+  return meta, task, head_module(task, mcfg), params, tok
+
+
+def predict_text(workdir: str, text: str = "", pair: str = "", question: str = "", context: str = ""):
+  """A label (with probabilities), a value, per-word tags, or an answer span, by the task's kind."""
+  meta, task, module, params, tok = load_finetuned(workdir)
+  seq = meta["max_seq_length"]
+  if task.kind in ("classification", "regression"):
+    feats = tasks.encode_pairs([{"text_a": text, "text_b": pair, "label": 0}], tok, seq, task.kind == "regression")
+    logits = np.asarray(module.apply({"params": params}, feats)["logits"][0])
+    if task.kind == "regression":
+      return {"value": float(logits[0])}
+    probs = np.exp(logits - logits.max())
+    probs /= probs.sum()
+    return {"label": task.labels[int(probs.argmax())], "probabilities": dict(zip(task.labels, probs.round(4).tolist()))}
+  if task.kind == "tagging":
+    words = text.split()
+    sents = [(words, ["O"] * len(words))]
+    feats, word_at = conll.featurize(sents, tok, task.labels or ("O",), seq)
+    logits = np.asarray(module.apply({"params": params}, feats)["logits"])
+    return {"tags": list(zip(words, conll.decode(logits.argmax(-1), word_at, sents, task.labels)[0]))}
+  ex = [squad.QAExample("q", question, context, [])]
+  feats, windows = squad.featurize(ex, tok, max_seq_length=seq, training=False)
+  out = module.apply({"params": params}, feats)
+  (text_out, s, null), = squad.best_answers(ex, windows, np.asarray(out["start_logits"]),
+                                            np.asarray(out["end_logits"])).values()
+  return {"answer": text_out, "score": s, "null_score": null}

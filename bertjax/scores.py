@@ -1,0 +1,131 @@
+"""Task metrics exactly as the benchmarks define them (NumPy only, host side).
+
+GLUE: accuracy; F1 of the positive class (MRPC, QQP); Matthews correlation (CoLA); Pearson and Spearman
+(STS-B). SQuAD: the official v1.1/v2.0 answer normalisation, exact match and token F1 (max over gold answers).
+NER: entity-level span F1 with conlleval/seqeval semantics over BIO (IOB2) tags.
+"""
+from __future__ import annotations
+
+import collections
+import re
+import string
+from typing import Sequence
+
+import numpy as np
+
+
+def accuracy(pred, gold) -> float:
+  pred, gold = np.asarray(pred), np.asarray(gold)
+  return float(np.mean(pred == gold)) if len(gold) else 0.0
+
+
+def f1_binary(pred, gold, positive=1) -> float:
+  pred, gold = np.asarray(pred) == positive, np.asarray(gold) == positive
+  tp = np.sum(pred & gold)
+  p = tp / max(np.sum(pred), 1)
+  r = tp / max(np.sum(gold), 1)
+  return float(2 * p * r / (p + r)) if p + r else 0.0
+
+
+def matthews_corrcoef(pred, gold) -> float:
+  """Binary MCC = (tp·tn - fp·fn) / sqrt((tp+fp)(tp+fn)(tn+fp)(tn+fn)); 0 when a margin is empty."""
+  pred, gold = np.asarray(pred).astype(bool), np.asarray(gold).astype(bool)
+  tp, tn = float(np.sum(pred & gold)), float(np.sum(~pred & ~gold))
+  fp, fn = float(np.sum(pred & ~gold)), float(np.sum(~pred & gold))
+  den = np.sqrt((tp + fp) * (tp + fn) * (tn + fp) * (tn + fn))
+  return float((tp * tn - fp * fn) / den) if den else 0.0
+
+
+def pearson(x, y) -> float:
+  x, y = np.asarray(x, np.float64), np.asarray(y, np.float64)
+  xc, yc = x - x.mean(), y - y.mean()
+  den = np.sqrt(np.sum(xc * xc) * np.sum(yc * yc))
+  return float(np.sum(xc * yc) / den) if den else 0.0
+
+
+def _rank(x) -> np.ndarray:
+  """Ranks 1..n with ties given their average rank (as scipy.stats.rankdata)."""
+  x = np.asarray(x, np.float64)
+  order = np.argsort(x, kind="mergesort")
+  ranks = np.empty(len(x), np.float64)
+  sorted_x = x[order]
+  i = 0
+  while i < len(x):
+    j = i
+    while j + 1 < len(x) and sorted_x[j + 1] == sorted_x[i]:
+      j += 1
+    ranks[order[i:j + 1]] = (i + j) / 2.0 + 1.0
+    i = j + 1
+  return ranks
+
+
+def spearman(x, y) -> float:
+  return pearson(_rank(x), _rank(y))
+
+
+# ----------------------------------------------------------------------------- SQuAD (official script semantics)
+def normalize_answer(s: str) -> str:
+  """Lower case, drop punctuation, drop articles (a, an, the), squeeze whitespace."""
+  s = s.lower()
+  s = "".join(ch for ch in s if ch not in set(string.punctuation))
+  s = re.sub(r"\b(a|an|the)\b", " ", s)
+  return " ".join(s.split())
+
+
+def squad_exact(prediction: str, gold: str) -> float:
+  return float(normalize_answer(prediction) == normalize_answer(gold))
+
+
+def squad_f1(prediction: str, gold: str) -> float:
+  p, g = normalize_answer(prediction).split(), normalize_answer(gold).split()
+  if not p or not g:  # v2.0: an empty answer scores 1 only against an empty gold
+    return float(p == g)
+  common = collections.Counter(p) & collections.Counter(g)
+  same = sum(common.values())
+  if same == 0:
+    return 0.0
+  precision, recall = same / len(p), same / len(g)
+  return 2 * precision * recall / (precision + recall)
+
+
+def squad_scores(predictions: dict[str, str], golds: dict[str, Sequence[str]]) -> dict:
+  """{"exact_match", "f1"} in percent over every gold id (a missing prediction scores 0); [] gold = unanswerable."""
+  em = f1 = 0.0
+  for qid, answers in golds.items():
+    answers = [a for a in answers if normalize_answer(a)] or [""]
+    pred = predictions.get(qid)
+    if pred is None:
+      continue
+    em += max(squad_exact(pred, a) for a in answers)
+    f1 += max(squad_f1(pred, a) for a in answers)
+  n = max(len(golds), 1)
+  return {"exact_match": 100.0 * em / n, "f1": 100.0 * f1 / n}
+
+
+# ----------------------------------------------------------------------------- NER (seqeval default mode)
+def bio_spans(tags: Sequence[str]) -> set[tuple[str, int, int]]:
+  """(type, start, end) chunks: B-X starts X; I-X continues X, or starts one after O or another type."""
+  spans, start, kind = set(), None, None
+  for i, tag in enumerate(list(tags) + ["O"]):
+    prefix, _, label = tag.partition("-") if tag != "O" else ("O", "", "")
+    begins = prefix == "B" or (prefix == "I" and (kind is None or label != kind))
+    ends = prefix == "O" or begins or (prefix == "I" and label != kind)
+    if kind is not None and ends:
+      spans.add((kind, start, i - 1))
+      kind = None
+    if begins or (prefix == "I" and kind is None):
+      start, kind = i, label
+  return spans
+
+
+def span_f1(pred_sequences: Sequence[Sequence[str]], gold_sequences: Sequence[Sequence[str]]) -> dict:
+  tp = n_pred = n_gold = 0
+  for p, g in zip(pred_sequences, gold_sequences):
+    ps, gs = bio_spans(p), bio_spans(g)
+    tp += len(ps & gs)
+    n_pred += len(ps)
+    n_gold += len(gs)
+  precision = tp / n_pred if n_pred else 0.0
+  recall = tp / n_gold if n_gold else 0.0
+  f1 = 2 * precision * recall / (precision + recall) if precision + recall else 0.0
+  return {"precision": precision, "recall": recall, "f1": f1}

@@ -1,0 +1,69 @@
+"""Fine-tuning config (the paper's recipe by default). Usage:
+
+  python -m bertjax.main --config=configs/finetune.py:task=glue/mrpc,init=PRETRAIN_WORKDIR_OR_HF_DIR,lr=2e-5 --workdir=W
+
+Argument keys: task (glue/{cola,sst2,mrpc,qqp,stsb,mnli,qnli,rte,wnli} | squad/v1.1 | squad/v2.0 | squad_json |
+ner | local), init, lr, batch, epochs, seq (0 = 128, or 384 for SQuAD), seed, shard, variant (only without init).
+"""
+import ml_collections
+
+from configs import common
+
+
+def get_config(arg=None):
+  a = common.parse_arg(arg, task="glue/mrpc", init="", lr=2e-5, batch=32, epochs=3, seq=0, seed=0, shard="dp",
+                       variant="base", vocab=30522, dtype="float32", scan=False)
+  c = ml_collections.ConfigDict()
+  c.mode = "finetune"  # dispatch in bertjax.main
+  c.task = a.task
+  c.init = a.init  # bertjax pre-training workdir or HF safetensors folder; "" = random init of `model` (tests)
+  c.seed = a.seed  # head init, dropout and example order; sweeps vary it
+
+  c.model = ml_collections.ConfigDict()
+  c.model.variant = a.variant  # used only without init (the init's own architecture wins)
+  c.model.num_layers = 0  # 0 = from the variant (likewise the next three)
+  c.model.hidden_size = 0
+  c.model.num_heads = 0
+  c.model.intermediate_size = 0
+  c.model.vocab_size = a.vocab  # only without init
+  c.model.max_position_embeddings = 512  # only without init
+  c.model.dropout_rate = 0.1  # the paper's fine-tuning dropout
+  c.model.attention_dropout_rate = 0.1
+  c.model.dtype = a.dtype
+  c.model.scan_layers = a.scan
+  c.model.remat = "none"
+  c.model.attention_impl = "xla"
+
+  c.data = ml_collections.ConfigDict()
+  c.data.tfds_data_dir = ""  # where tfds keeps glue/squad ("" = tfds default)
+  c.data.train_file = ""  # local / squad_json / ner: training file (.csv .tsv .jsonl | SQuAD JSON | CoNLL)
+  c.data.eval_file = ""  # the same for evaluation
+  c.data.text_a_column = "text_a"  # local: column names
+  c.data.text_b_column = ""  # local: second sentence column ("" = single sentence)
+  c.data.label_column = "label"
+  c.data.labels = ("",)  # local / ner: the declared label set, e.g. ("neg", "pos") or ("O", "B-PER", "I-PER")
+  c.data.regression = False  # local: a float label (Pearson/Spearman)
+  c.data.max_seq_length = a.seq or (384 if a.task.startswith("squad") else 128)
+  c.data.doc_stride = 128  # SQuAD windows
+  c.data.max_query_length = 64
+  c.data.max_answer_length = 30
+  c.data.n_best = 20
+  c.data.tokenizer = ""  # override the init's tokenizer (vocab.txt or .model)
+  c.data.do_lower_case = True
+
+  c.train = ml_collections.ConfigDict()
+  c.train.learning_rate = a.lr  # 2e-5, 3e-5 or 5e-5
+  c.train.global_batch_size = a.batch  # 32 (16 allowed)
+  c.train.num_epochs = a.epochs  # 2 to 4
+  c.train.warmup_fraction = 0.1  # linear warmup over the first 10% of steps, then linear decay to 0
+  c.train.optimizer = "adamw"
+  c.train.b1 = 0.9
+  c.train.b2 = 0.999
+  c.train.eps = 1e-6
+  c.train.weight_decay = 0.01
+  c.train.grad_clip_norm = 1.0
+
+  c.log_every = 50
+  c.sharding = common.sharding(a.shard)
+  c.lock()
+  return c

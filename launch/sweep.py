@@ -1,0 +1,158 @@
+"""Sweeps: a grid of config overrides, run one after another here or printed for a TPU pod, then tabulated.
+
+  # fine-tuning: lr x seed (the convention is 5 seeds), median and best per setting
+  python launch/sweep.py run --config "configs/finetune.py:task=glue/mrpc,init=runs/pre" \
+      --grid lr=2e-5,3e-5,5e-5 --grid seed=0,1,2,3,4 --root runs/mrpc_sweep [--print] [-- --config.x=y ...]
+  # pre-training ablations: held-out MLM / NSP accuracy
+  python launch/sweep.py run --config "configs/pretrain.py:variant=mini" --grid ln=post,pre --grid act=gelu,relu \
+      --root runs/ablation -- --config.data.data_dir=data/
+  python launch/sweep.py table --root runs/mrpc_sweep     # table + sweep.json + sweep.png
+
+Grid keys are the config's argument keys (`configs/*.py:key=value`); `seed` is pooled (median and best).
+"""
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import shlex
+import statistics
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+
+def expand(grid: list[str]) -> list[dict]:
+  axes = []
+  for g in grid:
+    key, _, values = g.partition("=")
+    if not values:
+      raise SystemExit(f"--grid {g!r}: expected key=v1,v2,...")
+    axes.append([(key, v) for v in values.split(",")])
+  return [dict(c) for c in itertools.product(*axes)] if axes else [{}]
+
+
+def run_name(point: dict) -> str:
+  return "_".join(f"{k}-{v}" for k, v in point.items()).replace("/", "-") or "base"
+
+
+def commands(config: str, grid: list[str], root: str, extra: list[str]) -> list[tuple[str, dict, list[str]]]:
+  out = []
+  for point in expand(grid):
+    arg = ",".join(f"{k}={v}" for k, v in point.items())
+    cfg = config + ("," if ":" in config else ":") + arg if arg else config
+    name = run_name(point)
+    out.append((name, point, [sys.executable, "-m", "bertjax.main", f"--config={cfg}",
+                              f"--workdir={os.path.join(root, name)}", *extra]))
+  return out
+
+
+def result_of(workdir: str) -> dict:
+  """The run's numbers: a fine-tuning report's best metrics, or pre-training's last held-out evaluation."""
+  report = os.path.join(workdir, "report.json")
+  if os.path.exists(report):
+    with open(report, encoding="utf-8") as f:
+      r = json.load(f)
+    if not r.get("best"):
+      return {}
+    first_split = next(iter(r["best"]["metrics"].values()))
+    return {"main": r["best"]["value"], "main_metric": r["main_metric"], **first_split}
+  from bertjax import metrics  # pylint: disable=import-outside-toplevel
+  evals = [x for x in metrics.read_jsonl(os.path.join(workdir, "metrics.jsonl")) if x["split"] == "eval"]
+  if not evals:
+    return {}
+  last = max(evals, key=lambda x: x["step"])
+  return {"main": last.get("mlm_accuracy"), "main_metric": "mlm_accuracy",
+          **{k: v for k, v in last.items() if k not in ("step", "split")}}
+
+
+def tabulate(root: str) -> list[dict]:
+  with open(os.path.join(root, "sweep_runs.json"), encoding="utf-8") as f:
+    runs = json.load(f)
+  groups: dict = {}
+  for name, point in runs.items():
+    r = result_of(os.path.join(root, name))
+    if not r or r.get("main") is None:
+      continue
+    key = tuple((k, v) for k, v in point.items() if k != "seed")
+    groups.setdefault(key, []).append((point.get("seed", "0"), r))
+  rows = []
+  for key, results in sorted(groups.items()):
+    mains = [r["main"] for _, r in results]
+    rows.append({"setting": dict(key), "metric": results[0][1]["main_metric"], "runs": len(results),
+                 "median": statistics.median(mains), "best": max(mains), "worst": min(mains),
+                 "per_seed": {s: r["main"] for s, r in results}})
+  with open(os.path.join(root, "sweep.json"), "w", encoding="utf-8") as f:
+    json.dump(rows, f, indent=2)
+  if rows:
+    _plot(rows, os.path.join(root, "sweep.png"))
+  return rows
+
+
+def _plot(rows, path):
+  import matplotlib  # pylint: disable=import-outside-toplevel
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
+  labels = [",".join(f"{k}={v}" for k, v in r["setting"].items()) or "all" for r in rows]
+  fig, ax = plt.subplots(figsize=(max(4, 1.2 * len(rows)), 4))
+  x = range(len(rows))
+  ax.bar(x, [r["median"] for r in rows], color="tab:blue", label="median over seeds")
+  ax.scatter(x, [r["best"] for r in rows], color="tab:orange", zorder=3, label="best")
+  ax.set_xticks(list(x), labels, rotation=30, ha="right")
+  ax.set_ylabel(rows[0]["metric"])
+  ax.legend()
+  fig.savefig(path, dpi=100, bbox_inches="tight")
+  plt.close(fig)
+
+
+def print_table(rows):
+  if not rows:
+    print("no finished runs")
+    return
+  print(f"{'setting':40s} {'metric':14s} {'runs':>4s} {'median':>9s} {'best':>9s} {'worst':>9s}")
+  for r in rows:
+    setting = ",".join(f"{k}={v}" for k, v in r["setting"].items()) or "all"
+    print(f"{setting:40s} {r['metric']:14s} {r['runs']:4d} {r['median']:9.4f} {r['best']:9.4f} {r['worst']:9.4f}")
+
+
+def main(argv=None):
+  argv = sys.argv[1:] if argv is None else argv
+  extra = []
+  if "--" in argv:
+    i = argv.index("--")
+    argv, extra = argv[:i], argv[i + 1:]
+  p = argparse.ArgumentParser(description="Run or tabulate a grid of bertjax runs.")
+  sub = p.add_subparsers(dest="cmd", required=True)
+  r = sub.add_parser("run")
+  r.add_argument("--config", required=True)
+  r.add_argument("--grid", action="append", default=[])
+  r.add_argument("--root", required=True)
+  r.add_argument("--print", action="store_true", help="print the commands (e.g. for every TPU pod) instead of running")
+  t = sub.add_parser("table")
+  t.add_argument("--root", required=True)
+  args = p.parse_args(argv)
+  if args.cmd == "run":
+    cmds = commands(args.config, args.grid, args.root, extra)
+    os.makedirs(args.root, exist_ok=True)
+    with open(os.path.join(args.root, "sweep_runs.json"), "w", encoding="utf-8") as f:
+      json.dump({name: point for name, point, _ in cmds}, f, indent=2)
+    for name, _, cmd in cmds:
+      if args.print:
+        print(" ".join(shlex.quote(c) for c in cmd))
+        continue
+      print(f"== {name}", flush=True)
+      env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+      out = subprocess.run(cmd, cwd=ROOT, env=env)
+      if out.returncode != 0:
+        print(f"   run {name} failed with exit code {out.returncode}; continuing", flush=True)
+    if args.print:
+      return 0
+  print_table(tabulate(args.root))
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

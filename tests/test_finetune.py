@@ -1,0 +1,353 @@
+"""Fine-tuning: metrics against independent references, SQuAD windows, end to end on tiny configs, bad input."""
+import csv
+import json
+import os
+import random
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from bertjax import finetune, scores
+from bertjax.data import conll, squad, tasks, tokenizer
+from configs import finetune as finetune_config
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+# ------------------------------------------------------------------ metrics vs independent references
+def test_classification_metrics_match_sklearn():
+  from sklearn import metrics as skm
+  rng = np.random.default_rng(0)
+  for _ in range(20):
+    g = rng.integers(0, 2, 50)
+    p = np.where(rng.random(50) < 0.7, g, 1 - g)
+    assert abs(scores.accuracy(p, g) - skm.accuracy_score(g, p)) < 1e-12
+    assert abs(scores.f1_binary(p, g) - skm.f1_score(g, p)) < 1e-12
+    assert abs(scores.matthews_corrcoef(p, g) - skm.matthews_corrcoef(g, p)) < 1e-12
+  assert scores.matthews_corrcoef([1, 1, 1], [1, 0, 1]) == skm.matthews_corrcoef([1, 0, 1], [1, 1, 1]) == 0.0
+
+
+def test_correlations_match_scipy_with_ties():
+  from scipy import stats
+  rng = np.random.default_rng(1)
+  for _ in range(20):
+    x = rng.integers(0, 6, 40).astype(float)  # many ties, as STS-B's 0..5 scores have
+    y = x + rng.normal(0, 1.5, 40)
+    assert abs(scores.pearson(x, y) - stats.pearsonr(x, y)[0]) < 1e-10
+    assert abs(scores.spearman(x, y) - stats.spearmanr(x, y)[0]) < 1e-10
+
+
+def test_squad_metrics_hand_worked():
+  assert scores.normalize_answer("The  Eiffel Tower!") == "eiffel tower"
+  assert scores.normalize_answer("an apple, a pear and the fig.") == "apple pear and fig"
+  assert scores.normalize_answer("  théâtre  ") == "théâtre"
+  assert scores.squad_exact("the Denver Broncos", "Denver Broncos") == 1.0
+  # prediction "Denver Broncos won", gold "Broncos": overlap 1, precision 1/3, recall 1 -> F1 0.5
+  assert abs(scores.squad_f1("Denver Broncos won", "Broncos") - 0.5) < 1e-12
+  assert scores.squad_f1("", "") == 1.0 and scores.squad_f1("x", "") == 0.0 and scores.squad_f1("", "x") == 0.0
+  # max over golds; a missing prediction counts 0; an unanswerable question ([]) wants ""
+  r = scores.squad_scores({"a": "Broncos", "c": ""}, {"a": ["Denver Broncos", "Broncos"], "b": ["x"], "c": []})
+  assert abs(r["exact_match"] - 200 / 3) < 1e-9 and abs(r["f1"] - 200 / 3) < 1e-9
+
+
+def test_ner_span_f1_matches_seqeval():
+  seqeval = pytest.importorskip("seqeval.metrics")
+  rng = random.Random(0)
+  tags = ["O", "B-PER", "I-PER", "B-LOC", "I-LOC"]
+  for _ in range(200):
+    n = rng.randint(1, 12)
+    gold = [[rng.choice(tags) for _ in range(n)] for _ in range(3)]
+    pred = [[t if rng.random() < 0.7 else rng.choice(tags) for t in s] for s in gold]
+    ours = scores.span_f1(pred, gold)
+    assert abs(ours["f1"] - seqeval.f1_score(gold, pred)) < 1e-12, (gold, pred)
+    assert abs(ours["precision"] - seqeval.precision_score(gold, pred)) < 1e-12
+  assert scores.bio_spans(["I-PER", "I-PER", "O", "B-LOC", "I-PER"]) == {("PER", 0, 1), ("LOC", 3, 3), ("PER", 4, 4)}
+
+
+# ------------------------------------------------------------------ SQuAD windows and post-processing
+@pytest.fixture(scope="module")
+def vocab(tmp_path_factory):
+  d = tmp_path_factory.mktemp("ft_tok")
+  rng = random.Random(0)
+  words = ("alpha beta gamma delta river mountain city island harbour north south east west old new great small "
+           "good bad fine poor nice awful Zanzibar Pemba Island king queen John Smith Paris London").split()
+  lines = [" ".join(rng.choice(words) for _ in range(12)) for _ in range(400)]
+  (d / "t.txt").write_text("\n".join(lines))
+  return tokenizer.train([d / "t.txt"], d / "tok", vocab_size=200)
+
+
+def planted_example(qid="q1", seed=0):
+  rng = random.Random(seed)
+  filler = "alpha beta gamma delta river mountain city harbour north south east west".split()
+  before = " ".join(rng.choice(filler) for _ in range(150))
+  after = " ".join(rng.choice(filler) for _ in range(150))
+  context = f"{before} the old harbour of Zanzibar Pemba Island lies {after}."
+  answer = "Zanzibar Pemba Island"
+  return squad.QAExample(qid, "which island has the old harbour", context, [(answer, context.index(answer))])
+
+
+def perfect_logits(feats, windows, null_bias=0.0):
+  s = np.full(feats["input_ids"].shape, -10.0)
+  e = np.full(feats["input_ids"].shape, -10.0)
+  for i in range(len(windows)):
+    s[i, feats["start_positions"][i]] = 10.0
+    e[i, feats["end_positions"][i]] = 10.0
+    s[i, 0] += null_bias
+    e[i, 0] += null_bias
+  return s, e
+
+
+def test_planted_answer_across_windows_is_recovered_exactly(vocab):
+  tok = tokenizer.load(vocab)
+  ex = planted_example()
+  feats, windows = squad.featurize([ex], tok, max_seq_length=64, doc_stride=16, max_query_length=16, training=True)
+  assert len(windows) > 5  # the context is split into many windows
+  inside = [i for i in range(len(windows)) if feats["start_positions"][i] > 0]
+  assert inside and all(feats["end_positions"][i] >= feats["start_positions"][i] for i in inside)
+  s, e = perfect_logits(feats, windows)
+  (text, score, null), = squad.best_answers([ex], windows, s, e).values()
+  assert text == "Zanzibar Pemba Island"  # the original casing, from the original context
+  assert score > null
+
+
+def test_v2_null_answer_when_the_null_score_wins(vocab):
+  tok = tokenizer.load(vocab)
+  ex = planted_example()
+  feats, windows = squad.featurize([ex], tok, max_seq_length=64, doc_stride=16, max_query_length=16, training=True)
+  s, e = perfect_logits(feats, windows, null_bias=30.0)
+  answers = squad.best_answers([ex], windows, s, e)
+  assert squad.apply_null_threshold(answers, 0.0) == {"q1": ""}
+  assert squad.apply_null_threshold(answers, 1e9) == {"q1": "Zanzibar Pemba Island"}
+  # The dev threshold: q1 answerable (span wins by 40), q2 unanswerable (null wins by 5) -> one in between.
+  answers = squad.best_answers([ex], windows, *perfect_logits(feats, windows))
+  answers["q2"] = ("Paris", 1.0, 6.0)
+  golds = {"q1": ["Zanzibar Pemba Island"], "q2": []}
+  one = lambda p, g: max(scores.squad_f1(p, a) for a in (g or [""]))  # noqa: E731
+  t, best = squad.best_threshold(answers, golds, one)
+  assert best == 1.0
+  assert squad.apply_null_threshold(answers, t) == {"q1": "Zanzibar Pemba Island", "q2": ""}
+
+
+def test_answer_not_in_context_is_a_counted_skip(vocab):
+  tok = tokenizer.load(vocab)
+  ex = planted_example()
+  bad = squad.QAExample("q2", "where", "alpha beta gamma", [("Paris", 3)])
+  stats = {}
+  feats, windows = squad.featurize([ex, bad], tok, max_seq_length=64, doc_stride=16, max_query_length=16,
+                                   training=True, stats=stats)
+  assert stats["answer_not_found"] == 1 and all(w.example == 0 for w in windows)
+
+
+def test_squad_json_reader_and_errors(tmp_path):
+  ex = planted_example()
+  (tmp_path / "s.json").write_text(json.dumps({"data": [{"title": "t", "paragraphs": [{"context": ex.context, "qas": [
+      {"id": "q1", "question": ex.question, "answers": [{"text": ex.answers[0][0], "answer_start": ex.answers[0][1]}]},
+      {"id": "q2", "question": "none?", "answers": [], "is_impossible": True}]}]}]}))
+  got = squad.json_examples(tmp_path / "s.json")
+  assert [g.qid for g in got] == ["q1", "q2"] and got[1].is_impossible and got[0].answers == ex.answers
+  (tmp_path / "bad.json").write_text('{"version": 1}')
+  with pytest.raises(tasks.TaskDataError, match="not SQuAD-format JSON"):
+    squad.json_examples(tmp_path / "bad.json")
+
+
+def test_tfds_readers_under_mock_data():
+  tfds = pytest.importorskip("tensorflow_datasets")
+  import tensorflow_datasets.text  # noqa: F401
+  import tensorflow_datasets.question_answering  # noqa: F401
+  with tfds.testing.mock_data(num_examples=7):
+    glue = tasks.glue_examples(tasks.get("glue/mnli"), "validation_matched")
+    assert len(glue) == 7 and all(isinstance(g["text_a"], str) and g["label"] in (0, 1, 2) for g in glue)
+    stsb = tasks.glue_examples(tasks.get("glue/stsb"), "train")
+    assert all(isinstance(g["label"], float) for g in stsb)
+    qa = squad.tfds_examples("squad/v2.0", "validation")
+    assert len(qa) == 7 and all(isinstance(q.context, str) for q in qa)
+
+
+# ------------------------------------------------------------------ end to end on tiny configs
+def tiny_config(task, vocab_path, **data):
+  c = finetune_config.get_config(f"task={task},variant=tiny,lr=1e-3,batch=16,epochs=3,seq=32")
+  c.model.num_layers, c.model.hidden_size, c.model.num_heads, c.model.intermediate_size = 2, 64, 4, 128
+  c.model.vocab_size = tokenizer.load(vocab_path).vocab_size
+  c.model.max_position_embeddings = 64
+  c.data.tokenizer = str(vocab_path)
+  c.log_every = 10
+  for k, v in data.items():
+    c.data[k] = v
+  return c
+
+
+def write_sentiment(path, n, seed):
+  rng = random.Random(seed)
+  pos, neg = ["good", "fine", "nice"], ["bad", "poor", "awful"]
+  filler = "alpha beta gamma delta river mountain city island".split()
+  with open(path, "w", newline="") as f:
+    w = csv.writer(f)
+    w.writerow(["sentence", "sentiment"])
+    for _ in range(n):
+      label = rng.choice(["pos", "neg"])
+      words = [rng.choice(filler) for _ in range(rng.randint(4, 10))]
+      words.insert(rng.randrange(len(words) + 1), rng.choice(pos if label == "pos" else neg))
+      w.writerow([" ".join(words), label])
+
+
+def test_learnable_local_classification_above_90_percent(tmp_path, vocab):
+  write_sentiment(tmp_path / "train.csv", 480, 0)
+  write_sentiment(tmp_path / "dev.csv", 200, 1)
+  c = tiny_config("local", vocab, train_file=str(tmp_path / "train.csv"), eval_file=str(tmp_path / "dev.csv"),
+                  text_a_column="sentence", label_column="sentiment", labels=("neg", "pos"))
+  out = finetune.finetune(c, str(tmp_path / "w"))
+  best = out["report"]["best"]
+  assert best["metrics"]["validation"]["accuracy"] > 0.9, out["report"]
+  assert (tmp_path / "w" / "report.json").exists() and "best: epoch" in (tmp_path / "w" / "report.txt").read_text()
+  pred = finetune.predict_text(str(tmp_path / "w"), text="alpha river good city")
+  assert pred["label"] == "pos"
+
+
+def test_sharded_finetune_equals_data_parallel(tmp_path, vocab):
+  write_sentiment(tmp_path / "train.csv", 64, 0)
+  losses = {}
+  for shard in ("dp", "fsdp"):
+    c = tiny_config("local", vocab, train_file=str(tmp_path / "train.csv"), text_a_column="sentence",
+                    label_column="sentiment", labels=("neg", "pos"))
+    c.sharding = __import__("configs.common", fromlist=["x"]).sharding(shard)
+    c.train.num_epochs, c.log_every = 1, 1
+    finetune.finetune(c, str(tmp_path / shard))
+    rows = [json.loads(x) for x in (tmp_path / shard / "metrics.jsonl").read_text().splitlines()]
+    losses[shard] = [r["loss"] for r in rows if r["split"] == "train"]
+  assert len(losses["dp"]) == 4
+  np.testing.assert_allclose(losses["fsdp"], losses["dp"], atol=1e-5)
+
+
+def test_glue_end_to_end_under_tfds_mocks(tmp_path, vocab):
+  tfds = pytest.importorskip("tensorflow_datasets")
+  import tensorflow_datasets.text  # noqa: F401
+  c = tiny_config("glue/mrpc", vocab)
+  c.train.num_epochs = 1
+  with tfds.testing.mock_data(num_examples=40):
+    out = finetune.finetune(c, str(tmp_path / "w"))
+  m = out["report"]["epochs"][0]["validation"]
+  assert set(m) == {"f1", "accuracy"} and 0 <= m["accuracy"] <= 1
+
+
+def test_squad_json_and_ner_end_to_end(tmp_path, vocab):
+  examples = [planted_example(f"q{i}", seed=i) for i in range(32)]
+  data = {"data": [{"title": "t", "paragraphs": [{"context": ex.context, "qas": [
+      {"id": ex.qid, "question": ex.question,
+       "answers": [{"text": ex.answers[0][0], "answer_start": ex.answers[0][1]}]}]} for ex in examples]}]}
+  (tmp_path / "squad.json").write_text(json.dumps(data))
+  c = tiny_config("squad_json", vocab, train_file=str(tmp_path / "squad.json"), eval_file=str(tmp_path / "squad.json"),
+                  max_seq_length=64, doc_stride=32, max_query_length=16)
+  c.train.num_epochs = 1
+  out = finetune.finetune(c, str(tmp_path / "qa"))
+  assert set(out["report"]["epochs"][0]["validation"]) == {"exact_match", "f1"}
+  ans = finetune.predict_text(str(tmp_path / "qa"), question=examples[0].question, context=examples[0].context)
+  assert isinstance(ans["answer"], str) and ans["answer"] in examples[0].context
+  rng = random.Random(0)
+  lines = []
+  for _ in range(48):
+    for w in rng.sample(["John", "Smith", "went", "to", "Paris", "and", "London"], 5):
+      tag = {"John": "B-PER", "Smith": "I-PER", "Paris": "B-LOC", "London": "B-LOC"}.get(w, "O")
+      lines.append(f"{w} {tag}")
+    lines.append("")
+  (tmp_path / "ner.txt").write_text("-DOCSTART- O\n\n" + "\n".join(lines))
+  c = tiny_config("ner", vocab, train_file=str(tmp_path / "ner.txt"), eval_file=str(tmp_path / "ner.txt"),
+                  labels=("O", "B-PER", "I-PER", "B-LOC", "I-LOC"))
+  c.train.num_epochs = 1
+  out = finetune.finetune(c, str(tmp_path / "ner"))
+  assert set(out["report"]["epochs"][0]["validation"]) == {"f1", "precision", "recall"}
+  tags = finetune.predict_text(str(tmp_path / "ner"), text="John went to Paris")["tags"]
+  assert [w for w, _ in tags] == ["John", "went", "to", "Paris"]
+
+
+@pytest.mark.slow
+@pytest.mark.ci
+def test_finetune_from_an_hf_folder_through_main(tmp_path, vocab):
+  torch = pytest.importorskip("torch")
+  transformers = pytest.importorskip("transformers")
+  import shutil
+  n = tokenizer.load(vocab).vocab_size
+  torch.manual_seed(0)
+  hm = transformers.BertModel(transformers.BertConfig(vocab_size=n, hidden_size=64, num_hidden_layers=2,
+                                                      num_attention_heads=4, intermediate_size=128,
+                                                      max_position_embeddings=64))
+  hm.save_pretrained(tmp_path / "hf")
+  shutil.copy(vocab, tmp_path / "hf" / "vocab.txt")
+  write_sentiment(tmp_path / "train.csv", 64, 0)
+  write_sentiment(tmp_path / "dev.csv", 20, 1)
+  cmd = [sys.executable, "-m", "bertjax.main",
+         f"--config={ROOT}/configs/finetune.py:task=local,init={tmp_path / 'hf'},batch=16,epochs=1,seq=32",
+         f"--workdir={tmp_path / 'w'}", f"--config.data.train_file={tmp_path / 'train.csv'}",
+         f"--config.data.eval_file={tmp_path / 'dev.csv'}", "--config.data.text_a_column=sentence",
+         "--config.data.label_column=sentiment", "--config.data.labels=('neg','pos')"]
+  env = dict(os.environ, PYTHONPATH=ROOT)
+  out = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
+  assert out.returncode == 0, out.stderr[-3000:]
+  assert "best: epoch 1" in out.stdout
+  pred = subprocess.run([sys.executable, "-m", "bertjax.predict", "--workdir", str(tmp_path / "w"), "a good river"],
+                        capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
+  assert pred.returncode == 0 and json.loads(pred.stdout.splitlines()[-1])["label"] in ("neg", "pos")
+
+
+# ------------------------------------------------------------------ bad input
+def test_bad_task_files(tmp_path, vocab):
+  task = tasks.get("local", ("neg", "pos"))
+  (tmp_path / "a.csv").write_text("text,label\nhello,pos\n")
+  with pytest.raises(tasks.TaskDataError, match=r"missing column\(s\) \['sentence'\]; the file has \['label', 'text'\]"):
+    tasks.local_examples(tmp_path / "a.csv", task, "sentence")
+  (tmp_path / "b.tsv").write_text("text\tlabel\nhello\tpos\nbye\tmaybe\n")
+  with pytest.raises(tasks.TaskDataError, match=r"b.tsv:3: label 'maybe' is not in the declared set \['neg', 'pos'\]"):
+    tasks.local_examples(tmp_path / "b.tsv", task, "text")
+  (tmp_path / "c.jsonl").write_text('{"text": "x", "label": "pos"}\n[1, 2]\n')
+  with pytest.raises(tasks.TaskDataError, match="c.jsonl:2: a JSON object per line"):
+    tasks.local_examples(tmp_path / "c.jsonl", task, "text")
+  (tmp_path / "ner.txt").write_text("John B-PER\nSmith\n")
+  with pytest.raises(tasks.TaskDataError, match=r"ner.txt:2: 'Smith' has no tag"):
+    conll.read(tmp_path / "ner.txt")
+  tok = tokenizer.load(vocab)
+  with pytest.raises(tasks.TaskDataError, match="tag 'B-ORG' is not in the declared labels"):
+    conll.featurize([(["x"], ["B-ORG"])], tok, ("O", "B-PER"), 16)
+  with pytest.raises(tasks.TaskDataError, match="unknown task 'glue/mrcp'"):
+    tasks.get("glue/mrcp")
+  with pytest.raises(tasks.TaskDataError, match="needs config.data.labels"):
+    tasks.get("local")
+
+
+def test_classification_features_follow_run_classifier(vocab):
+  tok = tokenizer.load(vocab)
+  f = tasks.encode_pairs([{"text_a": "alpha beta gamma delta river", "text_b": "city island", "label": 1}], tok, 8)
+  a, b = tok.encode("alpha beta gamma delta river"), tok.encode("city island")
+  tasks.truncate_pair(a, b, 5)
+  assert f["input_ids"][0].tolist() == [tok.cls_id] + a + [tok.sep_id] + b + [tok.sep_id]
+  assert f["segment_ids"][0].tolist() == [0] * (len(a) + 2) + [1] * (len(b) + 1)
+  assert len(a) + len(b) == 5 and len(a) >= len(b)  # popped from the end of the longer side
+
+
+@pytest.mark.slow
+@pytest.mark.ci
+def test_sweep_runs_a_grid_and_tabulates_median_and_best(tmp_path, vocab):
+  write_sentiment(tmp_path / "train.csv", 48, 0)
+  write_sentiment(tmp_path / "dev.csv", 16, 1)
+  n = tokenizer.load(vocab).vocab_size
+  base = "configs/finetune.py:task=local,variant=tiny,batch=16,epochs=1,seq=32,vocab=" + str(n)
+  extra = ["--", f"--config.data.train_file={tmp_path / 'train.csv'}", f"--config.data.eval_file={tmp_path / 'dev.csv'}",
+           "--config.data.text_a_column=sentence", "--config.data.label_column=sentiment",
+           "--config.data.labels=('neg','pos')", f"--config.data.tokenizer={vocab}",
+           "--config.model.max_position_embeddings=64"]
+  root = tmp_path / "sweep"
+  env = dict(os.environ, PYTHONPATH=ROOT)
+  printed = subprocess.run([sys.executable, "launch/sweep.py", "run", "--config", base, "--grid", "lr=1e-3,3e-4",
+                            "--grid", "seed=0,1", "--root", str(root), "--print", *extra],
+                           capture_output=True, text=True, cwd=ROOT, env=env, timeout=120)
+  assert printed.returncode == 0 and len(printed.stdout.strip().splitlines()) == 4
+  out = subprocess.run([sys.executable, "launch/sweep.py", "run", "--config", base, "--grid", "lr=1e-3,3e-4",
+                        "--grid", "seed=0,1", "--root", str(root), *extra],
+                       capture_output=True, text=True, cwd=ROOT, env=env, timeout=900)
+  assert out.returncode == 0, out.stderr[-3000:]
+  rows = json.loads((root / "sweep.json").read_text())
+  assert [r["setting"] for r in rows] == [{"lr": "1e-3"}, {"lr": "3e-4"}]
+  for r in rows:
+    seeds = list(r["per_seed"].values())
+    assert r["runs"] == 2 and r["median"] == pytest.approx(np.median(seeds)) and r["best"] == max(seeds)
+  assert (root / "sweep.png").read_bytes()[:4] == b"\x89PNG"
