@@ -25,8 +25,9 @@ def _init_boxed(model, tx, batch, rng):
 
 def abstract_state(model, tx, batch, mesh, rules):
   """(abstract unboxed state with shardings, state shardings). Nothing is allocated."""
+  key = jax.eval_shape(lambda: jax.random.key(0))  # abstract: nothing is created on any device
   with sharding_lib.use_mesh(mesh, rules):
-    boxed = jax.eval_shape(lambda r: _init_boxed(model, tx, batch, r), jax.random.key(0))
+    boxed = jax.eval_shape(lambda r: _init_boxed(model, tx, batch, r), key)
     shardings = sharding_lib.logical_to_shardings(boxed, mesh, rules)
   abstract = nn.meta.unbox(boxed)
   abstract = jax.tree_util.tree_map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),

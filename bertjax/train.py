@@ -22,7 +22,7 @@ from bertjax import checkpoint as checkpoint_lib
 from bertjax import convert, losses, metrics as metrics_lib, model as model_lib, optim
 from bertjax import sharding as sharding_lib
 from bertjax import state as state_lib
-from bertjax.data import dataset, input_pipeline, pretraining, tokenizer as tokenizer_lib
+from bertjax.data import dataset, input_pipeline, packing, pretraining, tokenizer as tokenizer_lib
 
 
 class ConfigError(ValueError):
@@ -83,6 +83,9 @@ def validate(config, num_devices: int, creation: dict | None = None, tokenizer_v
     if mcfg is not None and creation.get("vocab_size") not in (None, mcfg.vocab_size):
       errors.append(f"model.vocab_size {mcfg.vocab_size} does not match the data's tokenizer vocabulary "
                     f"{creation['vocab_size']} ({creation.get('tokenizer')})")
+  if config.data.get("packing") and config.data.dynamic_masking:
+    errors.append("data.packing with data.dynamic_masking is not supported: masks are drawn per example before "
+                  "packing; use static masking with packing")
   if tokenizer_vocab is not None and mcfg is not None and tokenizer_vocab != mcfg.vocab_size:
     errors.append(f"model.vocab_size {mcfg.vocab_size} does not match the tokenizer's {tokenizer_vocab}")
   if errors:
@@ -98,10 +101,10 @@ def make_train_step(model, tx, lr_fn, config):
   """state, batch -> state, metrics. L = L_MLM + L_NSP; micro-batches sum to the full batch's exact gradient."""
   accum = config.train.grad_accum_steps
   use_nsp = config.train.use_nsp
-  dropout_key = jax.random.fold_in(jax.random.key(config.seed), 1)
+  seed = config.seed
 
   def step_fn(state, batch):
-    rng = jax.random.fold_in(dropout_key, state.step)
+    rng = jax.random.fold_in(jax.random.fold_in(jax.random.key(seed), 1), state.step)
     mlm_den = jnp.sum(batch["masked_lm_weights"].astype(jnp.float32)) + 1e-5
     nsp_den = jnp.maximum(jnp.sum(batch["next_sentence_weights"].astype(jnp.float32)), 1e-5)
 
@@ -237,13 +240,20 @@ def build(config, mcfg: model_lib.BertConfig, devices=None) -> Run:
   model = model_lib.BertForPreTraining(mcfg)
   tx, lr_fn = optim.make(config.train)
   micro = config.train.global_batch_size // config.train.grad_accum_steps
-  dummy = model_lib.dummy_batch(mcfg, micro, config.data.max_seq_length, config.data.max_predictions_per_seq)
-  dummy["next_sentence_weights"] = np.ones((micro,), np.float32)
+  if config.data.get("packing"):
+    dummy = packing.dummy_row(config.data.max_seq_length, row_predictions(config), config.data.pack_max_per_row, micro)
+  else:
+    dummy = model_lib.dummy_batch(mcfg, micro, config.data.max_seq_length, config.data.max_predictions_per_seq)
+    dummy["next_sentence_weights"] = np.ones((micro,), np.float32)
   abstract, shardings = state_lib.abstract_state(model, tx, dummy, mesh, rules)
   train_step = jax.jit(make_train_step(model, tx, lr_fn, config), in_shardings=(shardings, batch_sharding),
                        out_shardings=(shardings, None), donate_argnums=(0,))
   eval_step = jax.jit(make_eval_step(model), in_shardings=(shardings.params, batch_sharding))
   return Run(mesh, rules, batch_sharding, model, tx, lr_fn, dummy, abstract, shardings, train_step, eval_step)
+
+
+def row_predictions(config) -> int:
+  return config.data.pack_row_predictions or config.data.max_predictions_per_seq + config.data.pack_max_per_row
 
 
 def init_state(run: Run, seed: int):
@@ -278,6 +288,15 @@ def _train_and_evaluate(config, workdir: str) -> dict:
                                           "whole_word_mask": config.data.whole_word_mask})
     transform = input_pipeline.dynamic_masking(pretraining.Vocab.of(tok), opts, config.seed)
   train_source = dataset.load_source(config.data.data_dir, config.data.train_split)
+  if config.data.get("packing"):
+    cache = os.path.join(config.data.data_dir, f"packing_{config.data.train_split}_{seq}_{row_predictions(config)}_"
+                         f"{config.data.pack_max_per_row}.npz") if "://" not in config.data.data_dir else None
+    n_examples = len(train_source)
+    train_source = packing.PackedSource(train_source, seq, row_predictions(config), config.data.pack_max_per_row,
+                                        cache=cache)
+    if is_main:
+      print(f"packing: {n_examples} examples in {len(train_source)} rows "
+            f"({n_examples / max(len(train_source), 1):.2f} per row)", flush=True)
   pipeline = input_pipeline.Pipeline(train_source, gbs, seed=config.seed, sharding=batch_sharding,
                                      transform=transform, prefetch=config.data.prefetch)
   ckpt = checkpoint_lib.Checkpointer(workdir, keep=config.keep_checkpoints)

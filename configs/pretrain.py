@@ -49,6 +49,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.data.whole_word_mask = a.wwm  # used when the data is made, and by dynamic masking
   c.data.dynamic_masking = a.dynamic  # redraw masks in the pipeline each time an example is read
   c.data.prefetch = 2  # batches prepared ahead in a background thread
+  c.data.packing = False  # pack several examples per row (block-diagonal attention, per-example NSP)
+  c.data.pack_max_per_row = 4  # examples per packed row at most
+  c.data.pack_row_predictions = 0  # masked positions per packed row; 0 = max_predictions_per_seq + pack_max_per_row
 
   c.train = ml_collections.ConfigDict()
   c.train.global_batch_size = a.batch  # sequences per optimizer step, over all devices

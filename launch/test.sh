@@ -4,7 +4,7 @@
 # e.g. `bash launch/test.sh -m slow` for every heavier check.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash launch/setup.sh test
+bash launch/setup.sh test,tpu
 export JAX_PLATFORMS=cpu
 args=("$@")
 [ ${#args[@]} -eq 0 ] && args=(-m "not slow or ci")

@@ -155,7 +155,7 @@ def test_squad_json_reader_and_errors(tmp_path):
 def test_tfds_readers_under_mock_data():
   tfds = pytest.importorskip("tensorflow_datasets")
   import tensorflow_datasets.text  # noqa: F401
-  import tensorflow_datasets.question_answering  # noqa: F401
+  import tensorflow_datasets.question_answering  # noqa: F401  (registers squad)
   with tfds.testing.mock_data(num_examples=7):
     glue = tasks.glue_examples(tasks.get("glue/mnli"), "validation_matched")
     assert len(glue) == 7 and all(isinstance(g["text_a"], str) and g["label"] in (0, 1, 2) for g in glue)

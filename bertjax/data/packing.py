@@ -1,0 +1,126 @@
+"""Sequence packing: several examples per row, with no attention across them.
+
+A packed row carries, besides the usual features:
+  position_ids           positions restarting at 0 for each example
+  attention_segment_ids  1..k for the row's examples, 0 for padding (the model's block-diagonal mask)
+  cls_positions [K]      where each example's [CLS] is (NSP and pooling per example)
+  next_sentence_labels / next_sentence_weights [K]   one per example slot (weight 0 for empty slots)
+  masked_lm_*            every example's predictions, positions shifted to the row
+
+`plan` is first-fit-decreasing over (tokens, predictions), deterministic; `PackedSource` serves packed rows by
+index, so the index-based pipeline (shuffling, host sharding, resumable state) works on it unchanged.
+"""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+
+def plan(lengths, predictions, row_length: int, row_predictions: int, max_per_row: int) -> list[list[int]]:
+  """Rows of example indices: first-fit-decreasing by length, within both capacities. Deterministic."""
+  lengths = np.asarray(lengths)
+  predictions = np.asarray(predictions)
+  if np.any(lengths > row_length):
+    raise ValueError(f"an example of {int(lengths.max())} tokens does not fit a row of {row_length}")
+  if np.any(predictions > row_predictions):
+    raise ValueError(f"an example with {int(predictions.max())} masked positions does not fit a row's "
+                     f"{row_predictions}; raise data.pack_row_predictions")
+  order = np.lexsort((np.arange(len(lengths)), -lengths))  # longest first, ties by index
+  rows: list[list[int]] = []
+  free_tok: list[int] = []
+  free_pred: list[int] = []
+  # Bins bucketed by free tokens so first-fit stays fast: scan rows in creation order among candidates.
+  for i in order:
+    n, p = int(lengths[i]), int(predictions[i])
+    placed = False
+    for r in range(max(0, len(rows) - 4096), len(rows)):  # first fit among the most recent rows
+      if free_tok[r] >= n and free_pred[r] >= p and len(rows[r]) < max_per_row:
+        rows[r].append(int(i))
+        free_tok[r] -= n
+        free_pred[r] -= p
+        placed = True
+        break
+    if not placed:
+      rows.append([int(i)])
+      free_tok.append(row_length - n)
+      free_pred.append(row_predictions - p)
+  return rows
+
+
+def pack_row(examples: list[dict], row_length: int, row_predictions: int, max_per_row: int) -> dict:
+  """One packed row from feature dicts (each zero-padded as made by the data creation)."""
+  ids = np.zeros(row_length, np.int32)
+  mask, seg, pos, att = (np.zeros(row_length, np.int32) for _ in range(4))
+  cls = np.zeros(max_per_row, np.int32)
+  nsl = np.zeros(max_per_row, np.int32)
+  nsw = np.zeros(max_per_row, np.float32)
+  mpos = np.zeros(row_predictions, np.int32)
+  mids = np.zeros(row_predictions, np.int32)
+  mw = np.zeros(row_predictions, np.float32)
+  t = q = 0
+  for k, ex in enumerate(examples):
+    n = int(np.sum(ex["input_mask"]))
+    ids[t:t + n] = ex["input_ids"][:n]
+    mask[t:t + n] = 1
+    seg[t:t + n] = ex["segment_ids"][:n]
+    pos[t:t + n] = np.arange(n)
+    att[t:t + n] = k + 1
+    cls[k] = t
+    if "next_sentence_labels" in ex:
+      nsl[k] = ex["next_sentence_labels"]
+    nsw[k] = ex.get("next_sentence_weights", 1.0)
+    if "masked_lm_weights" in ex:
+      w = np.asarray(ex["masked_lm_weights"]) > 0
+      p = int(w.sum())
+      mpos[q:q + p] = np.asarray(ex["masked_lm_positions"])[w] + t
+      mids[q:q + p] = np.asarray(ex["masked_lm_ids"])[w]
+      mw[q:q + p] = 1.0
+      q += p
+    t += n
+  return {"input_ids": ids, "input_mask": mask, "segment_ids": seg, "position_ids": pos,
+          "attention_segment_ids": att, "cls_positions": cls, "next_sentence_labels": nsl,
+          "next_sentence_weights": nsw, "masked_lm_positions": mpos, "masked_lm_ids": mids, "masked_lm_weights": mw}
+
+
+def dummy_row(row_length: int, row_predictions: int, max_per_row: int, batch: int) -> dict:
+  """A zero batch of packed rows (shapes and dtypes for init and compile)."""
+  row = pack_row([], row_length, row_predictions, max_per_row)
+  return {k: np.stack([v] * batch) for k, v in row.items()}
+
+
+def example_sizes(source) -> tuple[np.ndarray, np.ndarray]:
+  lengths = np.zeros(len(source), np.int32)
+  preds = np.zeros(len(source), np.int32)
+  for i in range(len(source)):
+    ex = source[i]
+    lengths[i] = int(np.sum(ex["input_mask"]))
+    preds[i] = int(np.sum(np.asarray(ex["masked_lm_weights"]) > 0))
+  return lengths, preds
+
+
+class PackedSource:
+  """Random access to packed rows of a source (the plan is computed once and cached beside the data)."""
+
+  def __init__(self, source, row_length: int, row_predictions: int, max_per_row: int, cache: str | None = None):
+    self.source, self.row_length, self.row_predictions, self.max_per_row = source, row_length, row_predictions, max_per_row
+    if cache and os.path.exists(cache):
+      data = np.load(cache)
+      flat, starts = data["flat"], data["starts"]
+      self.rows = [flat[starts[i]:starts[i + 1]].tolist() for i in range(len(starts) - 1)]
+    else:
+      lengths, preds = example_sizes(source)
+      self.rows = plan(lengths, preds, row_length, row_predictions, max_per_row)
+      if cache:
+        flat = np.concatenate([np.asarray(r, np.int64) for r in self.rows]) if self.rows else np.zeros(0, np.int64)
+        starts = np.cumsum([0] + [len(r) for r in self.rows])
+        tmp = cache + ".tmp.npz"
+        np.savez(tmp, flat=flat, starts=starts)
+        os.replace(tmp, cache)
+
+  def __len__(self):
+    return len(self.rows)
+
+  def __getitem__(self, i):
+    examples = [dict(self.source[j]) for j in self.rows[i]]
+    return pack_row(examples, self.row_length, self.row_predictions, self.max_per_row)

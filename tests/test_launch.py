@@ -1,0 +1,47 @@
+"""Launch scripts parse (and pass shellcheck where installed); the train step compiles for a TPU topology here."""
+import glob
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SCRIPTS = sorted(glob.glob(os.path.join(ROOT, "launch", "*.sh")) + [os.path.join(ROOT, "launch", "slurm_gpu.sbatch"),
+                                                                     os.path.join(ROOT, ".ci", "run")])
+
+
+@pytest.mark.parametrize("script", SCRIPTS, ids=os.path.basename)
+def test_shell_scripts_parse(script):
+  out = subprocess.run(["bash", "-n", script], capture_output=True, text=True)
+  assert out.returncode == 0, out.stderr
+  if shutil.which("shellcheck"):
+    out = subprocess.run(["shellcheck", script], capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout
+
+
+def test_tpu_vm_script_refuses_unknown_commands():
+  out = subprocess.run(["bash", os.path.join(ROOT, "launch", "tpu_vm.sh"), "explode", "n", "z"],
+                       capture_output=True, text=True)
+  assert out.returncode == 2 and "unknown command explode" in out.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.ci
+def test_aot_compile_for_a_tpu_topology():
+  pytest.importorskip("libtpu")
+  code = ("import json; from bertjax import aot; from configs import pretrain\n"
+          "c = pretrain.get_config('variant=tiny,seq=64,preds=8,shard=fsdp')\n"
+          "ok = aot.compile_step(c, 'v5e:2x2', 8)\n"
+          "c = pretrain.get_config('variant=large,seq=512,preds=80,shard=dp')\n"
+          "big = aot.compile_step(c, 'v5e:2x2', 64)\n"
+          "print(json.dumps([ok, big]))")
+  env = dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu")
+  out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=ROOT, timeout=900)
+  assert out.returncode == 0, out.stderr[-3000:]
+  import json
+  ok, big = json.loads(out.stdout.strip().splitlines()[-1])
+  assert ok["fits"] and ok["chips"] == 4 and ok["mesh"] == {"data": 1, "fsdp": 4, "tensor": 1}
+  assert 0 < ok["total_gib"] < ok["hbm_gib"] and ok["temporaries_gib"] > 0
+  assert not big["fits"] and "RESOURCE_EXHAUSTED" in big["error"]  # BERT-large, 64 x 512 per 16 GiB chip: no

@@ -1,0 +1,68 @@
+"""The multi-host path with real processes: 2 processes x 4 fake CPU devices == 1 process x 8 devices."""
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from bertjax import checkpoint as checkpoint_lib, metrics
+import test_train as tt
+
+ROOT = tt.ROOT
+data_dir = tt.data_dir
+
+
+def main_args(workdir, data_dir, steps, *extra):
+  return tt.main_cmd(f"variant=tiny,seq=32,preds=5,batch=16,steps=6,shard=fsdp", workdir, data_dir,
+                     "--config.log_every=1", "--config.eval_every=3", "--config.eval_batches=2",
+                     "--config.checkpoint_every=3", f"--config.train.stop_after_steps={steps}", *extra)[3:]
+
+
+def single(workdir, data_dir, steps):
+  env = dict(tt.env(), XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu")
+  out = subprocess.run([sys.executable, "-m", "bertjax.main", *main_args(workdir, data_dir, steps)],
+                       capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
+  assert out.returncode == 0, out.stderr[-3000:]
+  return out.stdout
+
+
+def cluster(workdir, data_dir, steps):
+  out = subprocess.run([sys.executable, "launch/local_cluster.py", "--processes", "2", "--devices_per_process", "4",
+                        "--", *main_args(workdir, data_dir, steps)],
+                       capture_output=True, text=True, env=tt.env(), cwd=ROOT, timeout=900)
+  assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-4000:]
+  return out.stdout
+
+
+def losses(workdir, split="train"):
+  rows = {}
+  for r in metrics.read_jsonl(os.path.join(workdir, "metrics.jsonl")):
+    if r["split"] == split:
+      rows[r["step"]] = r
+  return rows
+
+
+@pytest.mark.slow
+@pytest.mark.ci
+def test_two_processes_equal_one_and_checkpoints_cross_over(tmp_path, data_dir):
+  one, two = tmp_path / "one", tmp_path / "two"
+  single(one, data_dir, 0)
+  out = cluster(two, data_dir, 0)
+  assert "mesh {'data': 1, 'fsdp': 8, 'tensor': 1}" in out and "8 cpu device(s)" in out
+  a, b = losses(one), losses(two)
+  assert sorted(a) == sorted(b) == list(range(1, 7))
+  np.testing.assert_allclose([b[s]["loss"] for s in range(1, 7)], [a[s]["loss"] for s in range(1, 7)], atol=1e-5)
+  ea, eb = losses(one, "eval"), losses(two, "eval")
+  assert sorted(ea) == sorted(eb) and abs(ea[6]["mlm_loss"] - eb[6]["mlm_loss"]) < 1e-5
+  # Only process 0 wrote the shared files; every process took part in the checkpoint.
+  assert checkpoint_lib.Checkpointer(str(two)).steps() == [3, 6]
+  # A 2-process checkpoint continues in 1 process, and the reverse, with the same batch sequence.
+  cross1, cross2 = tmp_path / "c1", tmp_path / "c2"
+  cluster(cross1, data_dir, 3)
+  single(cross1, data_dir, 0)
+  single(cross2, data_dir, 3)
+  cluster(cross2, data_dir, 0)
+  for w in (cross1, cross2):
+    c = losses(w)
+    np.testing.assert_allclose([c[s]["loss"] for s in range(1, 7)], [a[s]["loss"] for s in range(1, 7)], atol=1e-5)
