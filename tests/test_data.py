@@ -403,3 +403,16 @@ def test_dynamic_masking_in_pipeline_differs_per_epoch(built):
   np.testing.assert_array_equal(e0["input_ids"], again["input_ids"])
   np.testing.assert_array_equal(pretraining.unmask(e0), pretraining.unmask(e1))
   assert not np.array_equal(e0["masked_lm_positions"], e1["masked_lm_positions"])
+
+
+@pytest.mark.slow
+def test_a_50mb_single_line_is_read_in_pieces(tmp_path):
+  p = tmp_path / "huge.txt"
+  with open(p, "wb") as f:
+    f.write(b"First document line.\n\n")
+    f.write(b"lorem ipsum dolor " * (50 * 1024 * 1024 // 18))
+    f.write(b"\n")
+  stats = corpus.CorpusStats()
+  docs = list(corpus.read_documents([p], stats=stats))
+  assert len(docs) == 2 and stats.split_long_lines >= 49
+  assert max(len(s.encode()) for s in docs[1]) <= corpus.MAX_LINE_BYTES

@@ -76,10 +76,11 @@ def _read_lines(path: str, stats: CorpusStats) -> Iterator[str]:
   with open(path, "rb") as f:
     pending = b""
     while True:
-      chunk = f.readline(MAX_LINE_BYTES)
+      limit = max(1, MAX_LINE_BYTES - len(pending))  # the carried-over tail + this chunk stay within the cap
+      chunk = f.readline(limit)
       if not chunk:
         break
-      if not chunk.endswith(b"\n") and len(chunk) >= MAX_LINE_BYTES:
+      if not chunk.endswith(b"\n") and len(chunk) >= limit:
         # Cut a huge line at its last whitespace so no word is broken; the rest starts the next piece.
         stats.split_long_lines += 1
         cut = max(chunk.rfind(b" "), chunk.rfind(b"\t"))

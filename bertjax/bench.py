@@ -1,0 +1,224 @@
+"""Train-step benchmark, side by side with HF transformers' PyTorch BERT in the same run.
+
+  python -m bertjax.bench --variant base --seq 128 --batch 8 --regime fixed [--regime pretrain --regime glue]
+      [--dtype float32] [--shard dp] [--steps 10] [--peer hf|none] [--out bench.json]
+
+Regimes: `fixed` (every row full), `pretrain` (lengths as data creation makes them with short_seq_prob 0.1),
+`glue` (short sentence pairs). In the variable regimes the peer pads every example to the sequence length and
+bertjax packs examples into rows; both are credited with real (non-padding) tokens only.
+
+Model FLOPs per sequence: 3·[L·(24·S·d² + 4·S²·d) + 2·P·(d² + d·V) + 2·d²] (S² -> Σ nᵢ² for packed rows).
+MFU is model FLOP/s over the peak: on CPU the best `jnp.dot` FLOP/s measured in this run, on GPU/TPU the chip's
+dense bf16 peak. Timings go to the table and JSON only; tests check correctness, not speed.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import time
+
+import numpy as np
+
+REGIMES = ("fixed", "pretrain", "glue")
+
+
+def sample_lengths(regime: str, n: int, seq: int, rng: np.random.Generator) -> np.ndarray:
+  if regime == "fixed":
+    return np.full(n, seq)
+  if regime == "pretrain":  # target length drawn per document: 10% short (uniform), else full
+    short = rng.random(n) < 0.1
+    return np.where(short, rng.integers(5, seq + 1, n), seq)
+  # GLUE-like sentence pairs: [CLS] a [SEP] b [SEP], mostly 20-60 tokens
+  return np.clip(rng.lognormal(np.log(38), 0.45, n).astype(int), 8, seq)
+
+
+def make_examples(lengths, seq, preds, vocab, rng):
+  out = []
+  for n in lengths:
+    n = int(n)
+    ids = np.zeros(seq, np.int32)
+    ids[:n] = rng.integers(1000, vocab, n)
+    ids[0], ids[n - 1] = 101, 102
+    p = min(preds, max(1, int(round(n * 0.15))))
+    pos = np.zeros(preds, np.int32)
+    pos[:p] = np.sort(rng.choice(np.arange(1, max(n - 1, 2)), p, replace=False)) if n > 2 else 1
+    w = np.zeros(preds, np.float32)
+    w[:p] = 1
+    seg = np.zeros(seq, np.int32)
+    seg[n // 2:n] = 1
+    out.append({"input_ids": ids, "input_mask": (np.arange(seq) < n).astype(np.int32), "segment_ids": seg,
+                "masked_lm_positions": pos, "masked_lm_ids": rng.integers(1000, vocab, preds).astype(np.int32),
+                "masked_lm_weights": w, "next_sentence_labels": np.int32(rng.integers(0, 2))})
+  return out
+
+
+def stack(rows):
+  return {k: np.stack([r[k] for r in rows]) for k in rows[0]}
+
+
+def bertjax_batches(examples, batch, seq, preds, pack, per_row=8):
+  """Batches of `batch` rows; with `pack`, examples packed into rows (plan over all examples, in order)."""
+  from bertjax.data import packing  # pylint: disable=import-outside-toplevel
+  if not pack:
+    rows = examples
+    for r in rows:
+      r["next_sentence_weights"] = np.float32(1.0)
+    sq = [[int(r["input_mask"].sum()) ** 2] for r in rows]
+  else:
+    lengths = [int(e["input_mask"].sum()) for e in examples]
+    npred = [int(e["masked_lm_weights"].sum()) for e in examples]
+    row_preds = preds + per_row * 2
+    plan = packing.plan(lengths, npred, seq, row_preds, per_row)
+    rows = [packing.pack_row([examples[i] for i in r], seq, row_preds, per_row) for r in plan]
+    sq = [[lengths[i] ** 2 for i in r] for r in plan]
+  out = []
+  for s in range(0, len(rows) - batch + 1, batch):
+    out.append((stack(rows[s:s + batch]), sum(sum(x) for x in sq[s:s + batch])))
+  return out
+
+
+def run_bertjax(variant, seq, batch, preds, dtype, shard, steps, regime, examples, warmup=2):
+  import jax  # pylint: disable=import-outside-toplevel
+  from bertjax import model as model_lib, sharding as sharding_lib, train  # pylint: disable=import-outside-toplevel
+  from configs import pretrain  # pylint: disable=import-outside-toplevel
+  pack = regime != "fixed"
+  c = pretrain.get_config(f"variant={variant},seq={seq},preds={preds},batch={batch},shard={shard},dtype={dtype},"
+                          f"steps=1000")
+  c.train.warmup_steps = 10
+  c.data.packing = pack
+  c.data.pack_max_per_row = 8
+  c.data.pack_row_predictions = preds + 16
+  mcfg = model_lib.BertConfig.from_dict(c.model.to_dict())
+  batches = bertjax_batches(examples, batch, seq, preds, pack)
+  need = warmup + steps
+  if len(batches) < need:
+    raise ValueError(f"{len(batches)} batches, need {need}: raise --examples")
+  run = train.build(c, mcfg)
+  state = train.init_state(run, 0)
+  times, tokens, flops, seqs = [], [], [], []
+  with sharding_lib.use_mesh(run.mesh, run.rules):
+    t = time.perf_counter()
+    compiled = run.train_step.lower(state, jax.device_put(batches[0][0], run.batch_sharding)).compile()
+    compile_s = time.perf_counter() - t
+    for i in range(need):
+      b, s2 = batches[i]
+      b = jax.device_put(b, run.batch_sharding)
+      t = time.perf_counter()
+      state, m = compiled(state, b)
+      jax.block_until_ready(m["loss"])
+      if i >= warmup:
+        times.append(time.perf_counter() - t)
+        tokens.append(float(b["input_mask"].sum()))
+        seqs.append(float(np.asarray(b["next_sentence_weights"]).sum()))
+        per_pos = model_lib.model_flops_per_sequence(mcfg, seq, 0, seq_len_squared=0.0)
+        attn = 3 * mcfg.num_layers * 4 * s2 * mcfg.hidden_size
+        npred = float(np.asarray(b["masked_lm_weights"]).sum())  # real predictions only (conservative)
+        head = 3 * 2 * npred * (mcfg.hidden_size ** 2 + mcfg.hidden_size * mcfg.vocab_size)
+        flops.append(batch * per_pos + attn + head)
+  step = statistics.median(times)
+  return {"compile_s": compile_s, "step_time_s": step, "tokens_per_s": statistics.median(tokens) / step,
+          "model_flops_per_step": statistics.median(flops), "sequences_per_s": statistics.median(seqs) / step}
+
+
+def run_hf(variant, seq, batch, preds, steps, examples, warmup=2):
+  import torch  # pylint: disable=import-outside-toplevel
+  import transformers  # pylint: disable=import-outside-toplevel
+  from bertjax import model as model_lib  # pylint: disable=import-outside-toplevel
+  torch.set_num_threads(os.cpu_count() or 1)
+  layers, hidden, heads, ffn = model_lib.VARIANTS[variant]
+  cfg = transformers.BertConfig(hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
+                                intermediate_size=ffn, max_position_embeddings=max(512, seq))
+  m = transformers.BertForPreTraining(cfg).train()
+  opt = torch.optim.AdamW(m.parameters(), lr=1e-4, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.01)
+  need = warmup + steps
+  if len(examples) < need * batch:
+    raise ValueError("not enough examples for the peer")
+  times, tokens = [], []
+  for i in range(need):
+    rows = examples[i * batch:(i + 1) * batch]
+    b = stack(rows)
+    labels = np.full(b["input_ids"].shape, -100, np.int64)
+    for r in range(batch):
+      w = b["masked_lm_weights"][r] > 0
+      labels[r, b["masked_lm_positions"][r][w]] = b["masked_lm_ids"][r][w]
+    args = dict(input_ids=torch.tensor(b["input_ids"], dtype=torch.long),
+                attention_mask=torch.tensor(b["input_mask"], dtype=torch.long),
+                token_type_ids=torch.tensor(b["segment_ids"], dtype=torch.long), labels=torch.tensor(labels),
+                next_sentence_label=torch.tensor(b["next_sentence_labels"].astype(np.int64)))
+    t = time.perf_counter()
+    opt.zero_grad(set_to_none=True)
+    out = m(**args)
+    out.loss.backward()
+    torch.nn.utils.clip_grad_norm_(m.parameters(), 1.0)
+    opt.step()
+    if i >= warmup:
+      times.append(time.perf_counter() - t)
+      tokens.append(float(b["input_mask"].sum()))
+  step = statistics.median(times)
+  return {"step_time_s": step, "tokens_per_s": statistics.median(tokens) / step, "version": transformers.__version__,
+          "torch": torch.__version__, "threads": torch.get_num_threads()}
+
+
+def main(argv=None):
+  p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  p.add_argument("--variant", default="base")
+  p.add_argument("--seq", type=int, default=128)
+  p.add_argument("--batch", type=int, default=8)
+  p.add_argument("--preds", type=int, default=20)
+  p.add_argument("--dtype", default="float32")
+  p.add_argument("--shard", default="dp")
+  p.add_argument("--steps", type=int, default=10)
+  p.add_argument("--regime", action="append", choices=REGIMES)
+  p.add_argument("--peer", default="hf", choices=["hf", "none"])
+  p.add_argument("--examples", type=int, default=0, help="examples per regime (default: enough for the steps)")
+  p.add_argument("--out", default="bench.json")
+  args = p.parse_args(argv)
+  import jax  # pylint: disable=import-outside-toplevel
+  from bertjax import metrics  # pylint: disable=import-outside-toplevel
+  regimes = args.regime or ["fixed"]
+  platform = jax.devices()[0].platform
+  if platform == "cpu":
+    peak = max(metrics.measure_matmul_tflops(n) for n in (1024, 2048, 3072))
+    peak_source = "best jnp.dot float32 on this CPU, this run"
+  else:
+    peak, peak_source = metrics.peak_tflops_per_device()
+  peak *= jax.device_count()
+  rows = []
+  for regime in regimes:
+    rng = np.random.default_rng(0)
+    n = args.examples or (args.steps + 2) * args.batch * (8 if regime != "fixed" else 1)
+    examples = make_examples(sample_lengths(regime, n, args.seq, rng), args.seq, args.preds, 30522, rng)
+    ours = run_bertjax(args.variant, args.seq, args.batch, args.preds, args.dtype, args.shard, args.steps, regime,
+                       [dict(e) for e in examples])
+    row = {"config": f"{args.variant} seq {args.seq} batch {args.batch} {args.dtype} {args.shard} {regime}",
+           "regime": regime, "device": f"{jax.device_count()} x {jax.devices()[0].device_kind}",
+           "tokens_per_s": ours["tokens_per_s"], "sequences_per_s": ours["sequences_per_s"],
+           "step_time_s": ours["step_time_s"], "compile_s": ours["compile_s"],
+           "model_tflops_per_s": ours["model_flops_per_step"] / ours["step_time_s"] / 1e12,
+           "matmul_peak_tflops_per_s": peak, "peak_source": peak_source}
+    row["mfu"] = row["model_tflops_per_s"] / peak
+    row["peer"] = None
+    row["peer_tokens_per_s"] = None
+    row["ratio"] = None
+    if args.peer == "hf" and platform == "cpu":
+      theirs = run_hf(args.variant, args.seq, args.batch, args.preds, args.steps, examples)
+      row.update(peer=f"HF transformers {theirs['version']} BertForPreTraining (PyTorch {theirs['torch']}, "
+                      f"{theirs['threads']} threads, padded)", peer_tokens_per_s=theirs["tokens_per_s"],
+                 peer_step_time_s=theirs["step_time_s"], ratio=row["tokens_per_s"] / theirs["tokens_per_s"])
+    rows.append(row)
+    print(json.dumps(row), flush=True)
+  print(f"\n{'regime':10s} {'tok/s':>9s} {'step s':>8s} {'compile s':>9s} {'TFLOP/s':>8s} {'peak':>7s} {'MFU':>6s} "
+        f"{'peer tok/s':>10s} {'ratio':>6s}")
+  for r in rows:
+    peer = f"{r['peer_tokens_per_s']:10.0f}" if r["peer_tokens_per_s"] else f"{'-':>10s}"
+    ratio = f"{r['ratio']:6.2f}" if r["ratio"] else f"{'-':>6s}"
+    print(f"{r['regime']:10s} {r['tokens_per_s']:9.0f} {r['step_time_s']:8.3f} {r['compile_s']:9.1f} "
+          f"{r['model_tflops_per_s']:8.3f} {r['matmul_peak_tflops_per_s']:7.3f} {r['mfu']:6.2f} {peer} {ratio}")
+  with open(args.out, "w", encoding="utf-8") as f:
+    json.dump(rows, f, indent=2)
+
+
+if __name__ == "__main__":
+  main()
