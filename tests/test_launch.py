@@ -45,3 +45,18 @@ def test_aot_compile_for_a_tpu_topology():
   assert ok["fits"] and ok["chips"] == 4 and ok["mesh"] == {"data": 1, "fsdp": 4, "tensor": 1}
   assert 0 < ok["total_gib"] < ok["hbm_gib"] and ok["temporaries_gib"] > 0
   assert not big["fits"] and "RESOURCE_EXHAUSTED" in big["error"]  # BERT-large, 64 x 512 per 16 GiB chip: no
+
+
+def test_bench_writes_the_agreed_fields(tmp_path):
+  """Only the output's shape is checked here: timings belong to the benchmark, never to assertions."""
+  env = dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu")
+  out = subprocess.run([sys.executable, "-m", "bertjax.bench", "--variant", "tiny", "--seq", "32", "--batch", "4",
+                        "--preds", "5", "--steps", "1", "--regime", "glue", "--peer", "hf", "--out",
+                        str(tmp_path / "b.json")], capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
+  assert out.returncode == 0, out.stderr[-3000:]
+  import json
+  (row,) = json.loads((tmp_path / "b.json").read_text())
+  for key in ("config", "tokens_per_s", "step_time_s", "compile_s", "model_tflops_per_s", "matmul_peak_tflops_per_s",
+              "mfu", "peer", "peer_tokens_per_s", "ratio"):
+    assert key in row, key
+  assert row["ratio"] == pytest.approx(row["tokens_per_s"] / row["peer_tokens_per_s"])
