@@ -90,7 +90,7 @@ def run_bertjax(variant, seq, batch, preds, dtype, shard, steps, regime, example
   c.data.packing = pack
   c.data.pack_max_per_row = 8
   c.data.pack_row_predictions = preds + 16
-  mcfg = model_lib.BertConfig.from_dict(c.model.to_dict())
+  mcfg = train.validate(c, jax.device_count())
   batches = bertjax_batches(examples, batch, seq, preds, pack)
   need = warmup + steps
   if len(batches) < need:

@@ -50,7 +50,7 @@ def test_aot_compile_for_a_tpu_topology():
 def test_bench_writes_the_agreed_fields(tmp_path):
   """Only the output's shape is checked here: timings belong to the benchmark, never to assertions."""
   env = dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu")
-  out = subprocess.run([sys.executable, "-m", "bertjax.bench", "--variant", "tiny", "--seq", "32", "--batch", "4",
+  out = subprocess.run([sys.executable, "-m", "bertjax.bench", "--variant", "tiny", "--seq", "32", "--batch", "8",
                         "--preds", "5", "--steps", "1", "--regime", "glue", "--peer", "hf", "--out",
                         str(tmp_path / "b.json")], capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
   assert out.returncode == 0, out.stderr[-3000:]
