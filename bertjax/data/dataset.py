@@ -15,6 +15,7 @@ import logging
 import os
 import shutil
 import sys
+import threading
 import time
 
 import numpy as np
@@ -121,9 +122,35 @@ def read_creation(data_dir: str) -> dict:
   from etils import epath  # pylint: disable=import-outside-toplevel
   data_dir = os.fspath(data_dir)
   path = epath.Path(data_dir) / "creation.json"
-  try:
+
+  def read():
     exists = path.exists()
-    text = path.read_text() if exists else None
+    return exists, (path.read_text() if exists else None)
+
+  try:
+    if "://" in data_dir:  # remote stores retry for minutes when unreachable: bound the wait
+      timeout = float(os.environ.get("BERTJAX_REMOTE_TIMEOUT_S", "30"))
+      box: dict = {}
+
+      def target():
+        try:
+          box["value"] = read()
+        except Exception as e:  # pylint: disable=broad-except
+          box["error"] = e
+
+      worker = threading.Thread(target=target, daemon=True)  # a daemon: never holds up the exit
+      worker.start()
+      worker.join(timeout)
+      if worker.is_alive():
+        raise DataPathError(f"{data_dir}: no answer within {timeout:.0f}s (BERTJAX_REMOTE_TIMEOUT_S). Check the path, "
+                            "the network and credentials.")
+      if "error" in box:
+        raise box["error"]
+      exists, text = box["value"]
+    else:
+      exists, text = read()
+  except DataPathError:
+    raise
   except Exception as e:  # pylint: disable=broad-except
     raise DataPathError(f"{data_dir}: cannot be read ({type(e).__name__}: {str(e)[:200]}). Check the path, the network "
                         "and credentials; gs:// paths need gcsfs (pip install gcsfs) or TensorFlow.") from None
