@@ -184,8 +184,11 @@ def batches(feats, batch_size, order=None, pad=False):
 def predict_all(predict_step, params, feats, batch_size, batch_sharding):
   n = len(feats["input_ids"])
   outs = []
+  from jax.experimental import multihost_utils  # pylint: disable=import-outside-toplevel
   for b in batches(feats, batch_size, pad=True):
-    outs.append(jax.device_get(predict_step(params, jax.device_put(b, batch_sharding))))
+    out = predict_step(params, jax.device_put(b, batch_sharding))
+    # Rows live on every process's devices: gather them everywhere (a plain copy in one process).
+    outs.append(jax.tree_util.tree_map(np.asarray, multihost_utils.process_allgather(out, tiled=True)))
   return {k: np.concatenate([o[k] for o in outs])[:n] for k in outs[0]} if outs else {}
 
 

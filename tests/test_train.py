@@ -321,7 +321,8 @@ def test_main_entry_point_end_to_end(tmp_path, data_dir):
 
 @pytest.mark.slow
 @pytest.mark.ci
-def test_sigterm_saves_and_exits_cleanly(tmp_path, data_dir):
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_signal_saves_and_exits_cleanly(tmp_path, data_dir, sig):
   w = tmp_path / "w"
   cmd = main_cmd("variant=tiny,seq=32,preds=5,batch=16,steps=100000,shard=dp", w, data_dir,
                  "--config.log_every=1", "--config.checkpoint_every=100000", "--config.eval_every=0")
@@ -331,10 +332,10 @@ def test_sigterm_saves_and_exits_cleanly(tmp_path, data_dir):
     if line.startswith("step 3/"):
       break
     assert time.time() < deadline
-  proc.send_signal(signal.SIGTERM)
+  proc.send_signal(sig)
   out, err = proc.communicate(timeout=300)
   assert proc.returncode == 0, err[-3000:]
-  assert "SIGTERM: saved a checkpoint at step" in out
+  assert f"{sig.name}: saved a checkpoint at step" in out
   steps = checkpoint_lib.Checkpointer(str(w)).steps()
   assert len(steps) == 1 and steps[0] >= 3
   # The next start resumes from it.
