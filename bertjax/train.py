@@ -359,7 +359,10 @@ def _train_and_evaluate(config, workdir: str) -> dict:
       log_now = metrics_lib.every(step, config.log_every, total)
       if config.train.stop_after_steps and step - start >= config.train.stop_after_steps and stop.signal is None:
         stop.signal = "stop_after_steps"
-      save_now = metrics_lib.every(step, config.checkpoint_every, total) or stop.signal is not None
+      # Read the flag once per step: a signal arriving later in this step is acted on after the next one, never
+      # between deciding to save and deciding to stop.
+      stopping = stop.signal
+      save_now = metrics_lib.every(step, config.checkpoint_every, total) or stopping is not None
       if log_now or save_now:
         host = _check_finite(pending)
         now = time.time()
@@ -381,9 +384,9 @@ def _train_and_evaluate(config, workdir: str) -> dict:
           print(f"eval at step {step}: {_fmt(eval_metrics)}", flush=True)
       if save_now:
         ckpt.save(step, state, pipeline.get_state())
-      if stop.signal is not None:
+      if stopping is not None:
         if is_main:
-          print(f"{stop.signal}: saved a checkpoint at step {step}; exiting", flush=True)
+          print(f"{stopping}: saved a checkpoint at step {step}; exiting", flush=True)
         summary["preempted"] = True
         break
   ckpt.close()
