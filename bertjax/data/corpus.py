@@ -110,16 +110,21 @@ def _decode(raw: bytes, stats: CorpusStats) -> str:
     return raw.decode("utf-8", errors="replace")
 
 
+def _file_lines(path, stats: CorpusStats) -> Iterator[str]:
+  """The decoded lines of one corpus file, after checking it exists and is text."""
+  path = os.fspath(path)
+  if not os.path.isfile(path):
+    raise CorpusError(f"{path}: corpus file not found")
+  _check_not_binary(path)
+  stats.files += 1
+  yield from _read_lines(path, stats)
+
+
 def iter_lines(paths: Sequence[str], stats: CorpusStats | None = None) -> Iterator[str]:
   """Every line of the files, decoded as `read_documents` does (for tokenizer training)."""
   stats = stats if stats is not None else CorpusStats()
   for path in paths:
-    path = os.fspath(path)
-    if not os.path.isfile(path):
-      raise CorpusError(f"{path}: corpus file not found")
-    _check_not_binary(path)
-    stats.files += 1
-    yield from _read_lines(path, stats)
+    yield from _file_lines(path, stats)
 
 
 def read_documents(paths: Sequence[str], fmt: str = "lines", stats: CorpusStats | None = None
@@ -131,13 +136,8 @@ def read_documents(paths: Sequence[str], fmt: str = "lines", stats: CorpusStats 
   if not paths:
     raise CorpusError("no corpus files given")
   for path in paths:
-    path = os.fspath(path)
-    if not os.path.isfile(path):
-      raise CorpusError(f"{path}: corpus file not found")
-    _check_not_binary(path)
-    stats.files += 1
     doc: list[str] = []
-    for line in _read_lines(path, stats):
+    for line in _file_lines(path, stats):
       line = line.strip()
       if not line:
         if doc:
