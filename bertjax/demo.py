@@ -71,7 +71,7 @@ def main(argv=None) -> int:
   module, params, tok = predict.load(run_dir)
   for sentence in config.predict_examples:
     for _, cands in predict.fill_mask(module, params, tok, sentence, 5, config.model.max_position_embeddings):
-      print(f"  {sentence}\n     [MASK] -> " + ", ".join(f"{t} ({p:.2f})" for t, p in cands), flush=True)
+      print(f"  {sentence}\n     [MASK] -> " + ", ".join(f"{t} ({p:.3f})" for t, p in cands), flush=True)
   print(f"\ndone in {time.time() - t0:.0f}s. Outputs in {w}:\n"
         f"  TensorBoard logs  {run_dir}/tensorboard   (tensorboard --logdir {run_dir}/tensorboard)\n"
         f"  checkpoints       {run_dir}/checkpoints\n"
