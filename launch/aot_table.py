@@ -35,8 +35,12 @@ def main():
   p.add_argument("--seqs", default="128,512")
   p.add_argument("--presets", default="dp,fsdp,fsdp_tp")
   p.add_argument("--tpus", default="v5e-16,v4-8,v5p-8,v6e-8")
+  p.add_argument("--markdown_only", action="store_true", help="print the table from --out without compiling")
   args = p.parse_args()
   rows = json.load(open(args.out)) if os.path.exists(args.out) else []
+  if args.markdown_only:
+    print(markdown(rows))
+    return
   done = {(r["variant"], r["seq"], r["preset"], r["name"]) for r in rows}
   for variant in args.variants.split(","):
     for seq in map(int, args.seqs.split(",")):
