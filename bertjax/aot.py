@@ -109,15 +109,19 @@ def fit_batch(config, topology: str, num_slices: int = 1, headroom: float = 0.95
   guess = int((a["hbm_gib"] * headroom - fixed) / slope) // 8 * 8
   if not verify:
     return {**b, "per_chip_batch": max(guess, 16), "total_gib": fixed + slope * max(guess, 16), "predicted": True}
-  best = b
+  return verify_batch(config, topology, guess, b, num_slices)
+
+
+def verify_batch(config, topology: str, guess: int, floor: dict, num_slices: int = 1) -> dict:
+  """Compiles the predicted per-chip batch `guess`, stepping down by 8 (twice at most) while it does not fit;
+  `floor` (a fitting compile at a smaller batch) is the answer when none of them fits."""
   for cand in (guess, guess - 8, guess - 16):
-    if cand <= 16:
+    if cand <= floor["per_chip_batch"]:
       break
     r = compile_step(config, topology, cand, num_slices)
     if r["fits"]:
-      best = r
-      break
-  return best
+      return r
+  return floor
 
 
 def search_batch(config, topology: str, num_slices: int = 1, start: int = 8, limit: int = 1024) -> dict:

@@ -7,7 +7,7 @@ A packed row carries, besides the usual features:
   next_sentence_labels / next_sentence_weights [K]   one per example slot (weight 0 for empty slots)
   masked_lm_*            every example's predictions, positions shifted to the row
 
-`plan` is first-fit-decreasing over (tokens, predictions), deterministic; `PackedSource` serves packed rows by
+`plan` is best-fit-decreasing over (tokens, predictions), deterministic; `PackedSource` serves packed rows by
 index, so the index-based pipeline (shuffling, host sharding, resumable state) works on it unchanged.
 """
 from __future__ import annotations
@@ -18,7 +18,12 @@ import numpy as np
 
 
 def plan(lengths, predictions, row_length: int, row_predictions: int, max_per_row: int) -> list[list[int]]:
-  """Rows of example indices: first-fit-decreasing by length, within both capacities. Deterministic."""
+  """Rows of example indices: best-fit-decreasing by length, within both capacities. Deterministic.
+
+  Examples go longest first (ties by index) into the open row with the least free tokens that still holds them
+  (and their masked positions); open rows are kept in buckets by free tokens, so an example costs at most
+  `row_length` bucket lookups, not a scan of all rows: 400k GLUE-sized examples plan in seconds.
+  """
   lengths = np.asarray(lengths)
   predictions = np.asarray(predictions)
   if np.any(lengths > row_length):
@@ -28,23 +33,27 @@ def plan(lengths, predictions, row_length: int, row_predictions: int, max_per_ro
                      f"{row_predictions}; raise data.pack_row_predictions")
   order = np.lexsort((np.arange(len(lengths)), -lengths))  # longest first, ties by index
   rows: list[list[int]] = []
-  free_tok: list[int] = []
   free_pred: list[int] = []
-  # Bins bucketed by free tokens so first-fit stays fast: scan rows in creation order among candidates.
+  buckets: list[list[int]] = [[] for _ in range(row_length + 1)]  # open rows by free tokens, oldest first
   for i in order:
     n, p = int(lengths[i]), int(predictions[i])
-    placed = False
-    for r in range(max(0, len(rows) - 4096), len(rows)):  # first fit among the most recent rows
-      if free_tok[r] >= n and free_pred[r] >= p and len(rows[r]) < max_per_row:
-        rows[r].append(int(i))
-        free_tok[r] -= n
-        free_pred[r] -= p
-        placed = True
+    target = -1
+    for f in range(n, row_length + 1):
+      for j, r in enumerate(buckets[f]):
+        if free_pred[r] >= p:
+          target = r
+          del buckets[f][j]
+          break
+      if target >= 0:
         break
-    if not placed:
-      rows.append([int(i)])
-      free_tok.append(row_length - n)
-      free_pred.append(row_predictions - p)
+    if target < 0:
+      target, f = len(rows), row_length
+      rows.append([])
+      free_pred.append(row_predictions)
+    rows[target].append(int(i))
+    free_pred[target] -= p
+    if len(rows[target]) < max_per_row and f - n > 0:
+      buckets[f - n].append(target)
   return rows
 
 
