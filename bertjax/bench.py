@@ -4,8 +4,10 @@
       [--dtype float32] [--shard dp] [--steps 10] [--peer hf|none] [--out bench.json]
 
 Regimes: `fixed` (every row full), `pretrain` (lengths as data creation makes them with short_seq_prob 0.1),
-`glue` (short sentence pairs). In the variable regimes the peer pads every example to the sequence length and
-bertjax packs examples into rows; both are credited with real (non-padding) tokens only.
+`glue` (short sentence pairs, pre-training step), `glue_finetune` (the same pairs through the fine-tuning step
+of a sentence classifier, against HF `BertForSequenceClassification`). In the variable regimes the peer pads
+every example to the sequence length and bertjax packs examples into rows; both are credited with real
+(non-padding) tokens only.
 
 Model FLOPs per sequence: 3·[L·(24·S·d² + 4·S²·d) + 2·P·(d² + d·V) + 2·d²] (S² -> Σ nᵢ² for packed rows).
 MFU is model FLOP/s over the peak: on CPU the best `jnp.dot` FLOP/s measured in this run, on GPU/TPU the chip's
@@ -21,7 +23,7 @@ import time
 
 import numpy as np
 
-REGIMES = ("fixed", "pretrain", "glue")
+REGIMES = ("fixed", "pretrain", "glue", "glue_finetune")
 
 
 def sample_lengths(regime: str, n: int, seq: int, rng: np.random.Generator) -> np.ndarray:
@@ -71,6 +73,8 @@ def bertjax_batches(examples, batch, seq, preds, pack, per_row=8):
     npred = [int(e["masked_lm_weights"].sum()) for e in examples]
     row_preds = preds + per_row * 2
     plan = packing.plan(lengths, npred, seq, row_preds, per_row)
+    # The plan lists the longest examples first: time rows in a shuffled order, as training sees them.
+    plan = [plan[i] for i in np.random.default_rng(1).permutation(len(plan))]
     rows = [packing.pack_row([examples[i] for i in r], seq, row_preds, per_row) for r in plan]
     sq = [[lengths[i] ** 2 for i in r] for r in plan]
   out = []
@@ -120,6 +124,99 @@ def run_bertjax(variant, seq, batch, preds, dtype, shard, steps, regime, example
   step = statistics.median(times)
   return {"compile_s": compile_s, "step_time_s": step, "tokens_per_s": statistics.median(tokens) / step,
           "model_flops_per_step": statistics.median(flops), "sequences_per_s": statistics.median(seqs) / step}
+
+
+def _timed(step_fn, state, batches, warmup, steps, sharding):
+  """(compile s, per-step times, batches timed) of a jitted `step_fn(state, batch) -> (state, metrics)`."""
+  import jax  # pylint: disable=import-outside-toplevel
+  t = time.perf_counter()
+  compiled = step_fn.lower(state, jax.device_put(batches[0], sharding)).compile()
+  compile_s = time.perf_counter() - t
+  times = []
+  for i in range(warmup + steps):
+    b = jax.device_put(batches[i], sharding)
+    t = time.perf_counter()
+    state, m = compiled(state, b)
+    jax.block_until_ready(m["loss"])
+    if i >= warmup:
+      times.append(time.perf_counter() - t)
+  return compile_s, times, batches[warmup:warmup + steps]
+
+
+def run_bertjax_finetune(variant, seq, batch, dtype, shard, steps, examples, warmup=2):
+  """The fine-tuning step of `finetune.py` (sentence classifier, AdamW, clipping) on packed rows."""
+  import jax  # pylint: disable=import-outside-toplevel
+  import ml_collections  # pylint: disable=import-outside-toplevel
+  from bertjax import finetune, model as model_lib, optim, sharding as sharding_lib  # pylint: disable=import-outside-toplevel
+  from bertjax import state as state_lib  # pylint: disable=import-outside-toplevel
+  from bertjax.data import packing, tasks  # pylint: disable=import-outside-toplevel
+  from configs import finetune as ft_config  # pylint: disable=import-outside-toplevel
+  c = ft_config.get_config(f"task=local,variant={variant},batch={batch},seq={seq},dtype={dtype}")
+  c.sharding = __import__("configs.common", fromlist=["x"]).sharding(shard)
+  mcfg = model_lib.BertConfig.from_dict(c.model.to_dict())
+  task = tasks.Task(name="glue_like", kind="classification", labels=("0", "1"))
+  feats = stack([{k: e[k] for k in ("input_ids", "input_mask", "segment_ids")} for e in examples])
+  feats["labels"] = np.asarray([e["next_sentence_labels"] for e in examples], np.int32)
+  packed, plan = packing.pack_features(feats, seq, 8)
+  # The plan lists the longest examples first: time rows in a shuffled order, as training sees them.
+  perm = np.random.default_rng(1).permutation(len(plan))
+  packed, plan = {k: v[perm] for k, v in packed.items()}, [plan[i] for i in perm]
+  lengths = feats["input_mask"].sum(1)
+  need = warmup + steps
+  if len(plan) < need * batch:
+    raise ValueError(f"{len(plan)} packed rows, need {need * batch}: raise --examples")
+  rows = list(finetune.batches(packed, batch))
+  sq = [sum(int(lengths[j]) ** 2 for r in plan[s:s + batch] for j in r) for s in range(0, len(plan), batch)]
+  tcfg = ml_collections.ConfigDict(c.train.to_dict())
+  tcfg.num_steps, tcfg.warmup_steps = 1000, 100
+  tx, lr_fn = optim.make(tcfg)
+  mesh, rules = sharding_lib.make_mesh(c), sharding_lib.rules(c)
+  bsh = sharding_lib.batch_sharding(mesh)
+  module = finetune.head_module(task, mcfg)
+  _, shardings = state_lib.abstract_state(module, tx, rows[0], mesh, rules)
+  state = state_lib.init_state(module, tx, rows[0], mesh, rules, shardings, jax.random.key(0))
+  train_fn, _ = finetune.make_steps(module, task, tx, lr_fn, 0)
+  step_fn = jax.jit(train_fn, in_shardings=(shardings, bsh), out_shardings=(shardings, None), donate_argnums=(0,))
+  with sharding_lib.use_mesh(mesh, rules):
+    compile_s, times, timed = _timed(step_fn, state, rows, warmup, steps, bsh)
+  step = statistics.median(times)
+  per_pos = model_lib.model_flops_per_sequence(mcfg, seq, 0, seq_len_squared=0.0)
+  flops = [batch * per_pos + 3 * mcfg.num_layers * 4 * sq[warmup + i] * mcfg.hidden_size for i in range(steps)]
+  tokens = [float(b["input_mask"].sum()) for b in timed]
+  seqs = [float(b["example_weights"].sum()) for b in timed]
+  return {"compile_s": compile_s, "step_time_s": step, "tokens_per_s": statistics.median(tokens) / step,
+          "model_flops_per_step": statistics.median(flops), "sequences_per_s": statistics.median(seqs) / step}
+
+
+def run_hf_finetune(variant, seq, batch, steps, examples, warmup=2):
+  """HF `BertForSequenceClassification`, each example padded to `seq`, AdamW and clipping."""
+  import torch  # pylint: disable=import-outside-toplevel
+  import transformers  # pylint: disable=import-outside-toplevel
+  from bertjax import model as model_lib  # pylint: disable=import-outside-toplevel
+  torch.set_num_threads(os.cpu_count() or 1)
+  layers, hidden, heads, ffn = model_lib.VARIANTS[variant]
+  cfg = transformers.BertConfig(hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
+                                intermediate_size=ffn, max_position_embeddings=max(512, seq), num_labels=2)
+  m = transformers.BertForSequenceClassification(cfg).train()
+  opt = torch.optim.AdamW(m.parameters(), lr=2e-5, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.01)
+  times, tokens = [], []
+  for i in range(warmup + steps):
+    b = stack(examples[i * batch:(i + 1) * batch])
+    args = dict(input_ids=torch.tensor(b["input_ids"], dtype=torch.long),
+                attention_mask=torch.tensor(b["input_mask"], dtype=torch.long),
+                token_type_ids=torch.tensor(b["segment_ids"], dtype=torch.long),
+                labels=torch.tensor(b["next_sentence_labels"].astype(np.int64)))
+    t = time.perf_counter()
+    opt.zero_grad(set_to_none=True)
+    m(**args).loss.backward()
+    torch.nn.utils.clip_grad_norm_(m.parameters(), 1.0)
+    opt.step()
+    if i >= warmup:
+      times.append(time.perf_counter() - t)
+      tokens.append(float(b["input_mask"].sum()))
+  step = statistics.median(times)
+  return {"step_time_s": step, "tokens_per_s": statistics.median(tokens) / step, "version": transformers.__version__,
+          "torch": torch.__version__, "threads": torch.get_num_threads(), "sequences_per_s": batch / step}
 
 
 def run_hf(variant, seq, batch, preds, steps, examples, warmup=2):
@@ -190,8 +287,12 @@ def main(argv=None):
     rng = np.random.default_rng(0)
     n = args.examples or (args.steps + 2) * args.batch * (8 if regime != "fixed" else 1)
     examples = make_examples(sample_lengths(regime, n, args.seq, rng), args.seq, args.preds, 30522, rng)
-    ours = run_bertjax(args.variant, args.seq, args.batch, args.preds, args.dtype, args.shard, args.steps, regime,
-                       [dict(e) for e in examples])
+    finetuning = regime == "glue_finetune"
+    if finetuning:
+      ours = run_bertjax_finetune(args.variant, args.seq, args.batch, args.dtype, args.shard, args.steps, examples)
+    else:
+      ours = run_bertjax(args.variant, args.seq, args.batch, args.preds, args.dtype, args.shard, args.steps, regime,
+                         [dict(e) for e in examples])
     row = {"config": f"{args.variant} seq {args.seq} batch {args.batch} {args.dtype} {args.shard} {regime}",
            "regime": regime, "device": f"{jax.device_count()} x {jax.devices()[0].device_kind}",
            "tokens_per_s": ours["tokens_per_s"], "sequences_per_s": ours["sequences_per_s"],
@@ -203,18 +304,20 @@ def main(argv=None):
     row["peer_tokens_per_s"] = None
     row["ratio"] = None
     if args.peer == "hf" and platform == "cpu":
-      theirs = run_hf(args.variant, args.seq, args.batch, args.preds, args.steps, examples)
-      row.update(peer=f"HF transformers {theirs['version']} BertForPreTraining (PyTorch {theirs['torch']}, "
+      theirs = (run_hf_finetune(args.variant, args.seq, args.batch, args.steps, examples) if finetuning else
+                run_hf(args.variant, args.seq, args.batch, args.preds, args.steps, examples))
+      head = "BertForSequenceClassification" if finetuning else "BertForPreTraining"
+      row.update(peer=f"HF transformers {theirs['version']} {head} (PyTorch {theirs['torch']}, "
                       f"{theirs['threads']} threads, padded)", peer_tokens_per_s=theirs["tokens_per_s"],
                  peer_step_time_s=theirs["step_time_s"], ratio=row["tokens_per_s"] / theirs["tokens_per_s"])
     rows.append(row)
     print(json.dumps(row), flush=True)
-  print(f"\n{'regime':10s} {'tok/s':>9s} {'step s':>8s} {'compile s':>9s} {'TFLOP/s':>8s} {'peak':>7s} {'MFU':>6s} "
+  print(f"\n{'regime':13s} {'tok/s':>9s} {'step s':>8s} {'compile s':>9s} {'TFLOP/s':>8s} {'peak':>7s} {'MFU':>6s} "
         f"{'peer tok/s':>10s} {'ratio':>6s}")
   for r in rows:
     peer = f"{r['peer_tokens_per_s']:10.0f}" if r["peer_tokens_per_s"] else f"{'-':>10s}"
     ratio = f"{r['ratio']:6.2f}" if r["ratio"] else f"{'-':>6s}"
-    print(f"{r['regime']:10s} {r['tokens_per_s']:9.0f} {r['step_time_s']:8.3f} {r['compile_s']:9.1f} "
+    print(f"{r['regime']:13s} {r['tokens_per_s']:9.0f} {r['step_time_s']:8.3f} {r['compile_s']:9.1f} "
           f"{r['model_tflops_per_s']:8.3f} {r['matmul_peak_tflops_per_s']:7.3f} {r['mfu']:6.2f} {peer} {ratio}")
   with open(args.out, "w", encoding="utf-8") as f:
     json.dump(rows, f, indent=2)

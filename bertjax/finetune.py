@@ -24,7 +24,7 @@ from bertjax import checkpoint as checkpoint_lib, convert, losses, metrics as me
 from bertjax import optim, scores
 from bertjax import sharding as sharding_lib
 from bertjax import state as state_lib
-from bertjax.data import conll, dataset, squad, tasks, tokenizer as tokenizer_lib
+from bertjax.data import conll, dataset, packing, squad, tasks, tokenizer as tokenizer_lib
 
 
 # ----------------------------------------------------------------------------- init: tokenizer, config, encoder
@@ -126,13 +126,38 @@ def load_data(config, task, tok):
   return train, evals, stats
 
 
+def pack_train(train: dict, task: tasks.Task, config, dp: int) -> tuple[dict, int, str]:
+  """Packs the training features (`data.packing`) and picks the rows per step that carry, on average, the
+  recipe's `global_batch_size` examples (a multiple of the data-parallel size). Evaluation stays unpacked."""
+  if task.kind == "qa":
+    raise tasks.TaskDataError("data.packing is for classification, regression and tagging; SQuAD windows are "
+                              "already full (doc_stride), so there is nothing to pack")
+  keys = dict(token_keys=("labels", "label_weights"), example_keys=()) if task.kind == "tagging" else {}
+  seq, gbs = config.data.max_seq_length, config.train.global_batch_size
+  # A step holds a multiple of `dp` rows: more than global_batch_size / dp examples per row would make the
+  # step's batch larger than the recipe's, so the row's capacity is capped there.
+  k = min(config.data.pack_max_per_row, max(1, gbs // dp))
+  packed, rows = packing.pack_features(train, seq, k, **keys)
+  if task.kind == "tagging":
+    del packed["example_slot_weights"]  # the loss is per token: label_weights already mark the real ones
+  n, r = len(train["input_ids"]), len(rows)
+  per_row = n / r
+  rows_per_step = max(dp, int(round(gbs / per_row / dp)) * dp)
+  real = float(np.sum(train["input_mask"])) / (r * seq)
+  note = (f"packing: {n} examples in {r} rows of {seq} (at most {k}, on average {per_row:.2f} per row, "
+          f"{real:.1%} of tokens real; "
+          f"unpacked {float(np.sum(train['input_mask'])) / (n * seq):.1%}); {rows_per_step} rows per step "
+          f"= {rows_per_step * per_row:.1f} examples on average (global_batch_size {gbs})")
+  return packed, rows_per_step, note
+
+
 # ----------------------------------------------------------------------------- steps
 def task_loss(task: tasks.Task, out, batch):
   w = batch["example_weights"]
   if task.kind == "classification":
     return jnp.sum(losses.cross_entropy(out["logits"], batch["labels"]) * w) / jnp.maximum(jnp.sum(w), 1e-5)
   if task.kind == "regression":
-    return jnp.sum((out["logits"][:, 0] - batch["labels"]) ** 2 * w) / jnp.maximum(jnp.sum(w), 1e-5)
+    return jnp.sum((out["logits"][..., 0] - batch["labels"]) ** 2 * w) / jnp.maximum(jnp.sum(w), 1e-5)
   if task.kind == "tagging":
     lw = batch["label_weights"] * w[:, None]
     return jnp.sum(losses.cross_entropy(out["logits"], batch["labels"]) * lw) / jnp.maximum(jnp.sum(lw), 1e-5)
@@ -177,7 +202,9 @@ def batches(feats, batch_size, order=None, pad=False):
       extra = batch_size - len(idx)
       b = {k: np.concatenate([v, np.zeros((extra,) + v.shape[1:], v.dtype)]) for k, v in b.items()}
       w = np.concatenate([w, np.zeros(extra, np.float32)])
-    b["example_weights"] = w
+    # Packed rows carry one weight per example slot (0 for an empty slot): scaled by the row's weight.
+    slots = b.pop("example_slot_weights", None)
+    b["example_weights"] = w if slots is None else slots * w[:, None]
     yield b
 
 
@@ -231,7 +258,18 @@ def finetune(config, workdir: str) -> dict:
   train, evals, stats = load_data(config, task, tok)
   n_train = len(train["input_ids"])
   gbs = config.train.global_batch_size
-  steps_per_epoch = n_train // gbs
+
+  mesh = sharding_lib.make_mesh(config)
+  rules = sharding_lib.rules(config)
+  batch_sharding = sharding_lib.batch_sharding(mesh)
+  dp = sharding_lib.data_parallel_size(mesh)
+  if gbs % dp:
+    raise tasks.TaskDataError(f"global_batch_size {gbs} is not divisible by the data-parallel size {dp}")
+  rows_per_step, pack_note = gbs, ""
+  if config.data.packing:
+    train, rows_per_step, pack_note = pack_train(train, task, config, dp)
+  n_rows = len(train["input_ids"])
+  steps_per_epoch = n_rows // rows_per_step
   if steps_per_epoch == 0:
     raise tasks.TaskDataError(f"{n_train} training examples is fewer than one batch of {gbs}")
   total = steps_per_epoch * config.train.num_epochs
@@ -239,14 +277,8 @@ def finetune(config, workdir: str) -> dict:
   tcfg.num_steps, tcfg.warmup_steps = total, int(config.train.warmup_fraction * total)
   tx, lr_fn = optim.make(tcfg)
 
-  mesh = sharding_lib.make_mesh(config)
-  rules = sharding_lib.rules(config)
-  batch_sharding = sharding_lib.batch_sharding(mesh)
-  if gbs % sharding_lib.data_parallel_size(mesh):
-    raise tasks.TaskDataError(f"global_batch_size {gbs} is not divisible by the data-parallel size "
-                              f"{sharding_lib.data_parallel_size(mesh)}")
   module = head_module(task, mcfg)
-  dummy = next(batches({k: v[:gbs] for k, v in train.items()}, gbs))
+  dummy = next(batches({k: v[:rows_per_step] for k, v in train.items()}, rows_per_step))
   abstract, shardings = state_lib.abstract_state(module, tx, dummy, mesh, rules)
   state = state_lib.init_state(module, tx, dummy, mesh, rules, shardings, jax.random.key(config.seed))
   if encoder_params is not None:
@@ -267,9 +299,11 @@ def finetune(config, workdir: str) -> dict:
       f.write(config.to_json(indent=2))
     with open(os.path.join(workdir, "finetune.json"), "w", encoding="utf-8") as f:
       json.dump(meta, f, indent=2)
-    print(f"fine-tuning {task.name}: {n_train} training rows, {total} steps ({config.train.num_epochs} epochs of "
+    print(f"fine-tuning {task.name}: {n_train} training examples, {total} steps ({config.train.num_epochs} epochs of "
           f"{steps_per_epoch}), lr {config.train.learning_rate}, batch {gbs}, warmup {tcfg.warmup_steps}"
           + "".join(f"; {k}: {v}" for k, v in stats.items() if v), flush=True)
+    if pack_note:
+      print(pack_note, flush=True)
   writer = metrics_lib.Writer(workdir)
   best_dir = os.path.join(os.path.abspath(workdir), "best")
   report = {"task": task.name, "main_metric": task.main_metric, "epochs": [], "best": None}
@@ -277,8 +311,8 @@ def finetune(config, workdir: str) -> dict:
   t0 = time.time()
   with sharding_lib.use_mesh(mesh, rules):
     for epoch in range(1, config.train.num_epochs + 1):
-      order = np.random.default_rng([config.seed, epoch]).permutation(n_train)
-      for b in batches(train, gbs, order):
+      order = np.random.default_rng([config.seed, epoch]).permutation(n_rows)
+      for b in batches(train, rows_per_step, order):
         state, m = train_step(state, jax.device_put(b, batch_sharding))
         step += 1
         if metrics_lib.every(step, config.log_every, total):

@@ -50,6 +50,8 @@ def get_config(arg=None):
   c.data.n_best = 20
   c.data.tokenizer = ""  # override the init's tokenizer (vocab.txt or .model)
   c.data.do_lower_case = True
+  c.data.packing = False  # pack short training examples into full rows (block-diagonal attention; GLUE-sized text)
+  c.data.pack_max_per_row = 8  # examples per packed row at most
 
   c.train = ml_collections.ConfigDict()
   c.train.learning_rate = a.lr  # 2e-5, 3e-5 or 5e-5

@@ -205,6 +205,73 @@ def test_learnable_local_classification_above_90_percent(tmp_path, vocab):
   assert pred["label"] == "pos"
 
 
+def test_packed_finetune_rows_equal_unpacked_examples():
+  """Each example's logits in a packed row equal its unpacked logits, and the packed loss equals the unpacked one
+  (classification, regression and tagging), with the same parameters."""
+  import flax.linen as nn
+  import jax
+  from bertjax import model as model_lib
+  from bertjax.data import packing
+  cfg = model_lib.BertConfig.from_variant("tiny", vocab_size=101, max_position_embeddings=64)
+  rng = np.random.default_rng(0)
+  n, seq = 11, 24
+  lengths = rng.integers(3, seq + 1, n)
+  feats = {"input_ids": np.zeros((n, seq), np.int32), "segment_ids": np.zeros((n, seq), np.int32),
+           "input_mask": (np.arange(seq)[None] < lengths[:, None]).astype(np.int32),
+           "tags": np.zeros((n, seq), np.int32), "tag_weights": np.zeros((n, seq), np.float32)}
+  for i, L in enumerate(lengths):
+    feats["input_ids"][i, :L] = rng.integers(5, 101, L)
+    feats["segment_ids"][i, L // 2:L] = 1
+    feats["tags"][i, :L] = rng.integers(0, 5, L)
+    feats["tag_weights"][i, 1:L - 1] = rng.random(L - 2) < 0.7
+  cases = [("classification", 3, rng.integers(0, 3, n).astype(np.int32)),
+           ("regression", 1, rng.random(n).astype(np.float32) * 5), ("tagging", 5, None)]
+  for kind, num_labels, labels in cases:
+    task = tasks.Task(name="t", kind=kind, labels=tuple(map(str, range(num_labels))))
+    base = dict(feats)
+    if kind == "tagging":
+      base["labels"], base["label_weights"] = base.pop("tags"), base.pop("tag_weights")
+      keys = dict(token_keys=("labels", "label_weights"), example_keys=())
+    else:
+      base = {k: v for k, v in base.items() if not k.startswith("tag")}
+      base["labels"], keys = labels, {}
+    packed, rows = packing.pack_features(base, 64, 4, **keys)
+    assert sorted(j for r in rows for j in r) == list(range(n)) and all(len(r) <= 4 for r in rows)
+    assert len(rows) < n  # something was packed
+    if kind == "tagging":
+      del packed["example_slot_weights"]
+    module = finetune.head_module(task, cfg)
+    ub = next(finetune.batches(base, n))
+    pb = next(finetune.batches(packed, len(rows)))
+    params = nn.meta.unbox(module.init(jax.random.key(0), ub)["params"])
+    uo = module.apply({"params": params}, ub)
+    po = module.apply({"params": params}, pb)
+    for r, members in enumerate(rows):
+      t = 0
+      for slot, j in enumerate(members):
+        L = int(lengths[j])
+        if kind == "tagging":
+          np.testing.assert_allclose(po["logits"][r, t:t + L], uo["logits"][j, :L], atol=1e-5)
+        else:
+          np.testing.assert_allclose(po["logits"][r, slot], uo["logits"][j], atol=1e-5)
+        t += L
+    lu, lp = finetune.task_loss(task, uo, ub), finetune.task_loss(task, po, pb)
+    assert abs(float(lu) - float(lp)) < 1e-5, (kind, lu, lp)
+
+
+def test_learnable_classification_with_packing(tmp_path, vocab, capsys):
+  write_sentiment(tmp_path / "train.csv", 480, 0)
+  write_sentiment(tmp_path / "dev.csv", 200, 1)
+  c = tiny_config("local", vocab, train_file=str(tmp_path / "train.csv"), eval_file=str(tmp_path / "dev.csv"),
+                  text_a_column="sentence", label_column="sentiment", labels=("neg", "pos"), packing=True,
+                  max_seq_length=64)
+  c.train.num_epochs = 4  # ~6 examples per row: 4 epochs of packed rows are ~100 steps, like 3 unpacked epochs
+  out = finetune.finetune(c, str(tmp_path / "w"))
+  log = capsys.readouterr().out
+  assert "packing: 480 examples in" in log, log
+  assert out["report"]["best"]["metrics"]["validation"]["accuracy"] > 0.9, out["report"]
+
+
 def test_sharded_finetune_equals_data_parallel(tmp_path, vocab):
   write_sentiment(tmp_path / "train.csv", 64, 0)
   losses = {}
@@ -244,6 +311,9 @@ def test_squad_json_and_ner_end_to_end(tmp_path, vocab):
   assert set(out["report"]["epochs"][0]["validation"]) == {"exact_match", "f1"}
   ans = finetune.predict_text(str(tmp_path / "qa"), question=examples[0].question, context=examples[0].context)
   assert isinstance(ans["answer"], str) and ans["answer"] in examples[0].context
+  c.data.packing = True
+  with pytest.raises(tasks.TaskDataError, match="SQuAD windows are already full"):
+    finetune.finetune(c, str(tmp_path / "qa_packed"))
   rng = random.Random(0)
   lines = []
   for _ in range(48):
@@ -253,7 +323,7 @@ def test_squad_json_and_ner_end_to_end(tmp_path, vocab):
     lines.append("")
   (tmp_path / "ner.txt").write_text("-DOCSTART- O\n\n" + "\n".join(lines))
   c = tiny_config("ner", vocab, train_file=str(tmp_path / "ner.txt"), eval_file=str(tmp_path / "ner.txt"),
-                  labels=("O", "B-PER", "I-PER", "B-LOC", "I-LOC"))
+                  labels=("O", "B-PER", "I-PER", "B-LOC", "I-LOC"), packing=True)  # tagging trains on packed rows
   c.train.num_epochs = 1
   out = finetune.finetune(c, str(tmp_path / "ner"))
   assert set(out["report"]["epochs"][0]["validation"]) == {"f1", "precision", "recall"}

@@ -133,3 +133,41 @@ class PackedSource:
   def __getitem__(self, i):
     examples = [dict(self.source[j]) for j in self.rows[i]]
     return pack_row(examples, self.row_length, self.row_predictions, self.max_per_row)
+
+
+def pack_features(feats: dict, row_length: int, max_per_row: int, example_keys=("labels",),
+                  token_keys=()) -> tuple[dict, list[list[int]]]:
+  """Packs fine-tuning features ([N, S] token arrays, [N] example arrays) into rows of `row_length`.
+
+  Returns (packed features, the plan). Token arrays (`token_keys`, e.g. a tagger's labels and label_weights) are
+  laid end to end like the input ids; example arrays (`example_keys`, e.g. a classifier's labels) become [R, K]
+  slots read at each example's [CLS] (`cls_positions`), with `example_slot_weights` 1 for a filled slot, 0 for
+  an empty one. Rows come in plan order; the caller shuffles rows, not examples.
+  """
+  mask = np.asarray(feats["input_mask"])
+  lengths = mask.sum(axis=1).astype(np.int64)
+  rows = plan(lengths, np.zeros_like(lengths), row_length, 0, max_per_row)
+  r = len(rows)
+  out = {k: np.zeros((r, row_length), np.int32) for k in
+         ("input_ids", "input_mask", "segment_ids", "position_ids", "attention_segment_ids")}
+  for k in token_keys:
+    out[k] = np.zeros((r, row_length), feats[k].dtype)
+  out["cls_positions"] = np.zeros((r, max_per_row), np.int32)
+  out["example_slot_weights"] = np.zeros((r, max_per_row), np.float32)
+  for k in example_keys:
+    out[k] = np.zeros((r, max_per_row), feats[k].dtype)
+  for i, members in enumerate(rows):
+    t = 0
+    for slot, j in enumerate(members):
+      n = int(lengths[j])
+      for k in ("input_ids", "segment_ids", *token_keys):
+        out[k][i, t:t + n] = feats[k][j, :n]
+      out["input_mask"][i, t:t + n] = 1
+      out["position_ids"][i, t:t + n] = np.arange(n)
+      out["attention_segment_ids"][i, t:t + n] = slot + 1
+      out["cls_positions"][i, slot] = t
+      out["example_slot_weights"][i, slot] = 1.0
+      for k in example_keys:
+        out[k][i, slot] = feats[k][j]
+      t += n
+  return out, rows
