@@ -1,4 +1,5 @@
 """The multi-host path with real processes: 2 processes x 4 fake CPU devices == 1 process x 8 devices."""
+import json
 import os
 import subprocess
 import sys
@@ -66,3 +67,48 @@ def test_two_processes_equal_one_and_checkpoints_cross_over(tmp_path, data_dir):
   for w in (cross1, cross2):
     c = losses(w)
     np.testing.assert_allclose([c[s]["loss"] for s in range(1, 7)], [a[s]["loss"] for s in range(1, 7)], atol=1e-5)
+
+
+def finetune_args(tmp_path, workdir):
+  """A tiny sentence-classification fine-tuning run (local CSV) through bertjax.main, fsdp over 8 devices."""
+  import random
+  from bertjax.data import tokenizer
+  import test_finetune as tf
+  if not (tmp_path / "train.csv").exists():
+    rng = random.Random(0)
+    words = "alpha beta gamma delta river mountain city island good bad fine poor nice awful".split()
+    (tmp_path / "t.txt").write_text("\n".join(" ".join(rng.choice(words) for _ in range(12)) for _ in range(300)))
+    tokenizer.train([tmp_path / "t.txt"], tmp_path / "tok", vocab_size=120)
+    tf.write_sentiment(tmp_path / "train.csv", 64, 0)
+    tf.write_sentiment(tmp_path / "dev.csv", 40, 1)
+  vocab = next((tmp_path / "tok").glob("vocab.txt"))
+  return [f"--config={ROOT}/configs/finetune.py:task=local,variant=tiny,lr=1e-3,batch=16,epochs=2,seq=32,shard=fsdp",
+          f"--workdir={workdir}", f"--config.data.tokenizer={vocab}",
+          f"--config.model.vocab_size={tokenizer.load(str(vocab)).vocab_size}",
+          f"--config.data.train_file={tmp_path / 'train.csv'}", f"--config.data.eval_file={tmp_path / 'dev.csv'}",
+          "--config.data.text_a_column=sentence", "--config.data.label_column=sentiment",
+          "--config.data.labels=('neg', 'pos')", "--config.log_every=1"]
+
+
+@pytest.mark.slow
+@pytest.mark.ci
+def test_two_process_finetuning_equals_one(tmp_path):
+  """Fine-tuning on 2 processes x 4 devices: the same per-step losses and eval predictions as 1 x 8 (every
+  process takes part in the prediction gather and the best-params save; process 0 writes the report)."""
+  one, two = tmp_path / "one", tmp_path / "two"
+  env = dict(tt.env(), XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu")
+  out = subprocess.run([sys.executable, "-m", "bertjax.main", *finetune_args(tmp_path, one)],
+                       capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
+  assert out.returncode == 0, out.stderr[-3000:]
+  out = subprocess.run([sys.executable, "launch/local_cluster.py", "--processes", "2", "--devices_per_process", "4",
+                        "--", *finetune_args(tmp_path, two)], capture_output=True, text=True, env=tt.env(), cwd=ROOT,
+                       timeout=900)
+  assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-4000:]
+  a, b = losses(one), losses(two)
+  assert sorted(a) == sorted(b) == list(range(1, 9))
+  np.testing.assert_allclose([b[s]["loss"] for s in a], [a[s]["loss"] for s in a], atol=1e-5)
+  ra = json.loads((one / "report.json").read_text())
+  rb = json.loads((two / "report.json").read_text())
+  for ea, eb in zip(ra["epochs"], rb["epochs"]):
+    assert abs(ea["validation"]["accuracy"] - eb["validation"]["accuracy"]) < 1e-9
+  assert (two / "best").is_dir()
