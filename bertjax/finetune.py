@@ -34,7 +34,13 @@ def load_init(config):
   model_over = {k: config.model[k] for k in ("dropout_rate", "attention_dropout_rate", "dtype", "scan_layers",
                                               "remat", "attention_impl")}
   tok_path, lower = config.data.tokenizer, config.data.do_lower_case
-  if init and os.path.isdir(os.path.join(init, "checkpoints")):
+  if init and os.path.exists(os.path.join(init, "finetune.json")):  # a fine-tuned encoder (e.g. MNLI before RTE)
+    meta, _, _, head_params, _ = load_finetuned(init)
+    mcfg = model_lib.BertConfig.from_dict({**meta["model"], **model_over})
+    params = head_params["bert"]
+    if not tok_path:
+      tok_path, lower = meta["tokenizer"], meta["do_lower_case"]
+  elif init and os.path.isdir(os.path.join(init, "checkpoints")):
     with open(os.path.join(init, "config.json"), encoding="utf-8") as f:
       pre = ml_collections.ConfigDict(json.load(f))
     mcfg = model_lib.BertConfig.from_dict({**pre.model.to_dict(), **model_over})
@@ -248,6 +254,14 @@ def score(task: tasks.Task, ev: EvalSet, preds: dict, config) -> dict:
 
 # ----------------------------------------------------------------------------- the loop
 def finetune(config, workdir: str) -> dict:
+  """Fine-tune per `config` in `workdir`, resuming from its checkpoint if a run was stopped there. The workdir
+  is locked for the run."""
+  with checkpoint_lib.WorkdirLock(workdir):
+    return _finetune(config, workdir)
+
+
+def _finetune(config, workdir: str) -> dict:
+  from bertjax import train as train_lib  # pylint: disable=import-outside-toplevel
   jax.config.update("jax_threefry_partitionable", True)
   is_main = jax.process_index() == 0
   task = tasks.get(config.task, tuple(config.data.labels), config.data.regression)
@@ -280,12 +294,24 @@ def finetune(config, workdir: str) -> dict:
   module = head_module(task, mcfg)
   dummy = next(batches({k: v[:rows_per_step] for k, v in train.items()}, rows_per_step))
   abstract, shardings = state_lib.abstract_state(module, tx, dummy, mesh, rules)
-  state = state_lib.init_state(module, tx, dummy, mesh, rules, shardings, jax.random.key(config.seed))
-  if encoder_params is not None:
-    params = jax.device_get(state.params)
-    checkpoint_lib.check_params_fit(encoder_params, params["bert"])
-    params["bert"] = encoder_params
-    state = state_lib.with_params(state, params, tx, shardings, mesh, rules)
+  ckpt = checkpoint_lib.Checkpointer(workdir, keep=config.keep_checkpoints)
+  report = {"task": task.name, "main_metric": task.main_metric, "epochs": [], "best": None}
+  start = 0
+  if ckpt.latest_step() is not None:  # a stopped run: continue it exactly (same order, same dropout)
+    state, saved, start = ckpt.restore(abstract)
+    if saved.get("total_steps") != total:
+      raise tasks.TaskDataError(f"{workdir} holds a fine-tuning run of {saved.get('total_steps')} steps; this config "
+                                f"makes {total}: use a new --workdir")
+    report = saved["report"]
+    if is_main:
+      print(f"resuming the fine-tuning run in {workdir} at step {start}/{total}", flush=True)
+  else:
+    state = state_lib.init_state(module, tx, dummy, mesh, rules, shardings, jax.random.key(config.seed))
+    if encoder_params is not None:
+      params = jax.device_get(state.params)
+      checkpoint_lib.check_params_fit(encoder_params, params["bert"])
+      params["bert"] = encoder_params
+      state = state_lib.with_params(state, params, tx, shardings, mesh, rules)
   train_step_fn, predict_fn = make_steps(module, task, tx, lr_fn, config.seed)
   train_step = jax.jit(train_step_fn, in_shardings=(shardings, batch_sharding), out_shardings=(shardings, None),
                        donate_argnums=(0,))
@@ -306,13 +332,21 @@ def finetune(config, workdir: str) -> dict:
       print(pack_note, flush=True)
   writer = metrics_lib.Writer(workdir)
   best_dir = os.path.join(os.path.abspath(workdir), "best")
-  report = {"task": task.name, "main_metric": task.main_metric, "epochs": [], "best": None}
-  step = 0
+  step = start
   t0 = time.time()
-  with sharding_lib.use_mesh(mesh, rules):
+  stopped = None
+
+  def save(step):
+    ckpt.save(step, state, {"report": report, "total_steps": total})
+
+  with train_lib._StopFlag() as stop, sharding_lib.use_mesh(mesh, rules):  # pylint: disable=protected-access
     for epoch in range(1, config.train.num_epochs + 1):
+      if epoch * steps_per_epoch <= start and any(r["epoch"] == epoch for r in report["epochs"]):
+        continue  # finished (and evaluated) before the resume
       order = np.random.default_rng([config.seed, epoch]).permutation(n_rows)
-      for b in batches(train, rows_per_step, order):
+      for i, b in enumerate(batches(train, rows_per_step, order)):
+        if (epoch - 1) * steps_per_epoch + i < start:
+          continue  # done before the resume: the order is a function of (seed, epoch)
         state, m = train_step(state, jax.device_put(b, batch_sharding))
         step += 1
         if metrics_lib.every(step, config.log_every, total):
@@ -321,9 +355,20 @@ def finetune(config, workdir: str) -> dict:
             raise FloatingPointError(f"non-finite loss at step {step}; lower train.learning_rate")
           writer.write(step, m)
           if is_main:
-            eta = (time.time() - t0) / step * (total - step)
+            eta = (time.time() - t0) / (step - start) * (total - step)
             print(f"epoch {epoch} step {step}/{total} | loss {m['loss']:.4f} | lr {m['learning_rate']:.2e} | "
                   f"ETA {metrics_lib.format_duration(eta)}", flush=True)
+        if config.train.stop_after_steps and step - start >= config.train.stop_after_steps and stop.signal is None:
+          stop.signal = "stop_after_steps"
+        stopping = stop.signal  # read once: a later signal is acted on at the next step, never half-way
+        if stopping is not None and step < epoch * steps_per_epoch:
+          save(step)
+          stopped = stopping
+          break
+        if config.checkpoint_every and step % config.checkpoint_every == 0 and step < epoch * steps_per_epoch:
+          save(step)
+      if stopped is not None:
+        break
       row = {"epoch": epoch, "step": step}
       for ev in evals:
         preds = predict_all(predict_step, state.params, ev.feats, gbs, batch_sharding)
@@ -338,12 +383,21 @@ def finetune(config, workdir: str) -> dict:
         if report["best"] is None or main > report["best"]["value"]:
           report["best"] = {"epoch": epoch, "value": main, "metrics": {ev.name: row[ev.name] for ev in evals}}
           _save_params(best_dir, state.params)
+      save(step)  # after the epoch's evaluation: a resume starts the next epoch
+      if stop.signal is not None:
+        stopped = stop.signal
+        break
+  ckpt.close()
+  writer.close()
+  if stopped is not None:
+    if is_main:
+      print(f"{stopped}: saved a checkpoint at step {step}/{total}; run the same command to continue", flush=True)
+    return {"report": report, "state": state, "task": task, "preempted": True, "step": step}
   if not evals:
     _save_params(best_dir, state.params)
-  writer.close()
   if is_main:
     _write_report(workdir, report)
-  return {"report": report, "state": state, "task": task}
+  return {"report": report, "state": state, "task": task, "preempted": False, "step": step}
 
 
 def _save_params(path: str, params) -> None:

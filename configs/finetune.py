@@ -64,8 +64,11 @@ def get_config(arg=None):
   c.train.eps = 1e-6
   c.train.weight_decay = 0.01
   c.train.grad_clip_norm = 1.0
+  c.train.stop_after_steps = 0  # stop (with a checkpoint) after this many steps in this run; 0 = run to the end
 
   c.log_every = 50
+  c.checkpoint_every = 1000  # steps between resumable checkpoints (also at each epoch's end and on SIGTERM/SIGINT)
+  c.keep_checkpoints = 2  # most recent resumable checkpoints kept (the best params live apart, in WORKDIR/best)
   c.sharding = common.sharding(a.shard)
   c.lock()
   return c

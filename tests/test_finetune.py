@@ -272,6 +272,43 @@ def test_learnable_classification_with_packing(tmp_path, vocab, capsys):
   assert out["report"]["best"]["metrics"]["validation"]["accuracy"] > 0.9, out["report"]
 
 
+def test_stopped_finetuning_resumes_exactly(tmp_path, vocab, capsys):
+  """Stopped mid-epoch and again across an epoch's end, then continued with the same command: the same per-step
+  losses, evaluations and best epoch as one uninterrupted run."""
+  write_sentiment(tmp_path / "train.csv", 128, 0)
+  write_sentiment(tmp_path / "dev.csv", 40, 1)
+
+  def config(stop=0):
+    c = tiny_config("local", vocab, train_file=str(tmp_path / "train.csv"), eval_file=str(tmp_path / "dev.csv"),
+                    text_a_column="sentence", label_column="sentiment", labels=("neg", "pos"))
+    c.log_every, c.checkpoint_every, c.train.stop_after_steps = 1, 3, stop
+    return c
+
+  whole = finetune.finetune(config(), str(tmp_path / "a"))
+  assert whole["step"] == 24 and not whole["preempted"]  # 8 steps per epoch, 3 epochs
+  parts = [finetune.finetune(config(5), str(tmp_path / "b")), finetune.finetune(config(7), str(tmp_path / "b"))]
+  assert [p["step"] for p in parts] == [5, 12] and all(p["preempted"] for p in parts)
+  assert len(parts[1]["report"]["epochs"]) == 1  # epoch 1 was evaluated once, before the second stop
+  rest = finetune.finetune(config(), str(tmp_path / "b"))
+  assert "resuming the fine-tuning run" in capsys.readouterr().out and rest["step"] == 24
+
+  def train_losses(w):
+    rows = [json.loads(x) for x in (tmp_path / w / "metrics.jsonl").read_text().splitlines()]
+    return {r["step"]: r["loss"] for r in rows if r["split"] == "train"}
+  a, b = train_losses("a"), train_losses("b")
+  assert sorted(a) == sorted(b) == list(range(1, 25))
+  np.testing.assert_allclose([b[s] for s in a], [a[s] for s in a], atol=1e-6)
+  ra, rb = json.loads((tmp_path / "a" / "report.json").read_text()), json.loads((tmp_path / "b" / "report.json").read_text())
+  assert ra["epochs"] == rb["epochs"] and ra["best"] == rb["best"]
+  # A fine-tuned workdir initialises a further fine-tuning (intermediate-task training): its best encoder.
+  c = config()
+  c.init, c.data.tokenizer, c.train.learning_rate, c.train.num_epochs = str(tmp_path / "a"), "", 0.0, 1
+  out = finetune.finetune(c, str(tmp_path / "c"))
+  _, _, _, best, _ = finetune.load_finetuned(str(tmp_path / "a"))
+  import jax
+  jax.tree_util.tree_map(np.testing.assert_array_equal, jax.device_get(out["state"].params["bert"]), best["bert"])
+
+
 def test_sharded_finetune_equals_data_parallel(tmp_path, vocab):
   write_sentiment(tmp_path / "train.csv", 64, 0)
   losses = {}
