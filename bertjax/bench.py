@@ -188,24 +188,30 @@ def run_bertjax_finetune(variant, seq, batch, dtype, shard, steps, examples, war
           "model_flops_per_step": statistics.median(flops), "sequences_per_s": statistics.median(seqs) / step}
 
 
-def run_hf_finetune(variant, seq, batch, steps, examples, warmup=2):
-  """HF `BertForSequenceClassification`, each example padded to `seq`, AdamW and clipping."""
-  import torch  # pylint: disable=import-outside-toplevel
+def _hf_config(variant, seq, **kw):
   import transformers  # pylint: disable=import-outside-toplevel
   from bertjax import model as model_lib  # pylint: disable=import-outside-toplevel
-  torch.set_num_threads(os.cpu_count() or 1)
   layers, hidden, heads, ffn = model_lib.VARIANTS[variant]
-  cfg = transformers.BertConfig(hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
-                                intermediate_size=ffn, max_position_embeddings=max(512, seq), num_labels=2)
-  m = transformers.BertForSequenceClassification(cfg).train()
-  opt = torch.optim.AdamW(m.parameters(), lr=2e-5, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.01)
+  return transformers.BertConfig(hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
+                                 intermediate_size=ffn, max_position_embeddings=max(512, seq), **kw)
+
+
+def _time_torch(m, lr, examples, batch, steps, warmup, labels_fn):
+  """Times full PyTorch train steps (forward, backward, clipping, AdamW) on `batch`-sized slices of `examples`;
+  `labels_fn(stacked_batch)` gives the loss's keyword arguments."""
+  import torch  # pylint: disable=import-outside-toplevel
+  import transformers  # pylint: disable=import-outside-toplevel
+  torch.set_num_threads(os.cpu_count() or 1)
+  if len(examples) < (warmup + steps) * batch:
+    raise ValueError("not enough examples for the peer")
+  opt = torch.optim.AdamW(m.parameters(), lr=lr, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.01)
   times, tokens = [], []
   for i in range(warmup + steps):
     b = stack(examples[i * batch:(i + 1) * batch])
     args = dict(input_ids=torch.tensor(b["input_ids"], dtype=torch.long),
                 attention_mask=torch.tensor(b["input_mask"], dtype=torch.long),
                 token_type_ids=torch.tensor(b["segment_ids"], dtype=torch.long),
-                labels=torch.tensor(b["next_sentence_labels"].astype(np.int64)))
+                **{k: torch.tensor(v) for k, v in labels_fn(b).items()})
     t = time.perf_counter()
     opt.zero_grad(set_to_none=True)
     m(**args).loss.backward()
@@ -215,47 +221,32 @@ def run_hf_finetune(variant, seq, batch, steps, examples, warmup=2):
       times.append(time.perf_counter() - t)
       tokens.append(float(b["input_mask"].sum()))
   step = statistics.median(times)
-  return {"step_time_s": step, "tokens_per_s": statistics.median(tokens) / step, "version": transformers.__version__,
-          "torch": torch.__version__, "threads": torch.get_num_threads(), "sequences_per_s": batch / step}
+  return {"step_time_s": step, "tokens_per_s": statistics.median(tokens) / step, "sequences_per_s": batch / step,
+          "version": transformers.__version__, "torch": torch.__version__, "threads": torch.get_num_threads()}
+
+
+def run_hf_finetune(variant, seq, batch, steps, examples, warmup=2):
+  """HF `BertForSequenceClassification`, each example padded to `seq`, AdamW and clipping."""
+  import transformers  # pylint: disable=import-outside-toplevel
+  m = transformers.BertForSequenceClassification(_hf_config(variant, seq, num_labels=2)).train()
+  return _time_torch(m, 2e-5, examples, batch, steps, warmup,
+                     lambda b: {"labels": b["next_sentence_labels"].astype(np.int64)})
 
 
 def run_hf(variant, seq, batch, preds, steps, examples, warmup=2):
-  import torch  # pylint: disable=import-outside-toplevel
+  """HF `BertForPreTraining` (MLM over the full sequence with -100 labels off the masked positions, NSP)."""
+  del preds  # the peer's MLM head runs over every position; labels select the masked ones
   import transformers  # pylint: disable=import-outside-toplevel
-  from bertjax import model as model_lib  # pylint: disable=import-outside-toplevel
-  torch.set_num_threads(os.cpu_count() or 1)
-  layers, hidden, heads, ffn = model_lib.VARIANTS[variant]
-  cfg = transformers.BertConfig(hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
-                                intermediate_size=ffn, max_position_embeddings=max(512, seq))
-  m = transformers.BertForPreTraining(cfg).train()
-  opt = torch.optim.AdamW(m.parameters(), lr=1e-4, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.01)
-  need = warmup + steps
-  if len(examples) < need * batch:
-    raise ValueError("not enough examples for the peer")
-  times, tokens = [], []
-  for i in range(need):
-    rows = examples[i * batch:(i + 1) * batch]
-    b = stack(rows)
+  m = transformers.BertForPreTraining(_hf_config(variant, seq)).train()
+
+  def labels_fn(b):
     labels = np.full(b["input_ids"].shape, -100, np.int64)
-    for r in range(batch):
+    for r in range(len(labels)):
       w = b["masked_lm_weights"][r] > 0
       labels[r, b["masked_lm_positions"][r][w]] = b["masked_lm_ids"][r][w]
-    args = dict(input_ids=torch.tensor(b["input_ids"], dtype=torch.long),
-                attention_mask=torch.tensor(b["input_mask"], dtype=torch.long),
-                token_type_ids=torch.tensor(b["segment_ids"], dtype=torch.long), labels=torch.tensor(labels),
-                next_sentence_label=torch.tensor(b["next_sentence_labels"].astype(np.int64)))
-    t = time.perf_counter()
-    opt.zero_grad(set_to_none=True)
-    out = m(**args)
-    out.loss.backward()
-    torch.nn.utils.clip_grad_norm_(m.parameters(), 1.0)
-    opt.step()
-    if i >= warmup:
-      times.append(time.perf_counter() - t)
-      tokens.append(float(b["input_mask"].sum()))
-  step = statistics.median(times)
-  return {"step_time_s": step, "tokens_per_s": statistics.median(tokens) / step, "version": transformers.__version__,
-          "torch": torch.__version__, "threads": torch.get_num_threads()}
+    return {"labels": labels, "next_sentence_label": b["next_sentence_labels"].astype(np.int64)}
+
+  return _time_torch(m, 1e-4, examples, batch, steps, warmup, labels_fn)
 
 
 def main(argv=None):
