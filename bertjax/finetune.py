@@ -197,8 +197,8 @@ def make_steps(module, task, tx, lr_fn, seed):
 
 def batches(feats, batch_size, order=None, pad=False):
   """Row dicts of `batch_size`; with `pad` the last partial batch is filled with zero rows of weight 0."""
-  n = len(next(iter(feats.values())))
-  order = np.arange(n) if order is None else order
+  order = np.arange(len(next(iter(feats.values())))) if order is None else order
+  n = len(order)
   stop = n if pad else n - n % batch_size
   for s in range(0, stop, batch_size):
     idx = order[s:s + batch_size]
@@ -339,14 +339,13 @@ def _finetune(config, workdir: str) -> dict:
   def save(step):
     ckpt.save(step, state, {"report": report, "total_steps": total})
 
-  with train_lib._StopFlag() as stop, sharding_lib.use_mesh(mesh, rules):  # pylint: disable=protected-access
+  with train_lib.StopFlag() as stop, sharding_lib.use_mesh(mesh, rules):
     for epoch in range(1, config.train.num_epochs + 1):
       if epoch * steps_per_epoch <= start and any(r["epoch"] == epoch for r in report["epochs"]):
         continue  # finished (and evaluated) before the resume
       order = np.random.default_rng([config.seed, epoch]).permutation(n_rows)
-      for i, b in enumerate(batches(train, rows_per_step, order)):
-        if (epoch - 1) * steps_per_epoch + i < start:
-          continue  # done before the resume: the order is a function of (seed, epoch)
+      done = max(0, start - (epoch - 1) * steps_per_epoch)  # steps of this epoch run before the resume
+      for b in batches(train, rows_per_step, order[done * rows_per_step:steps_per_epoch * rows_per_step]):
         state, m = train_step(state, jax.device_put(b, batch_sharding))
         step += 1
         if metrics_lib.every(step, config.log_every, total):

@@ -181,7 +181,7 @@ def load_init_params(path: str, mcfg: model_lib.BertConfig):
                                        "HF model folder (config.json + model.safetensors)")
 
 
-class _StopFlag:
+class StopFlag:
   """Set by SIGTERM (TPU preemption) or SIGINT: save at the current step and exit cleanly."""
 
   def __init__(self):
@@ -344,7 +344,7 @@ def _train_and_evaluate(config, workdir: str) -> dict:
   pending: list = []
   last_log = (time.time(), start)
   eval_metrics: dict = {}
-  with _StopFlag() as stop, sharding_lib.use_mesh(mesh, rules):
+  with StopFlag() as stop, sharding_lib.use_mesh(mesh, rules):
     if start == 0 and eval_source is not None and config.eval_every > 0:
       eval_metrics = evaluate(eval_step, state.params, eval_source, config, batch_sharding)
       writer.write(0, eval_metrics, "eval")
