@@ -101,27 +101,19 @@ def run_bertjax(variant, seq, batch, preds, dtype, shard, steps, regime, example
     raise ValueError(f"{len(batches)} batches, need {need}: raise --examples")
   run = train.build(c, mcfg)
   state = train.init_state(run, 0)
-  times, tokens, flops, seqs = [], [], [], []
   with sharding_lib.use_mesh(run.mesh, run.rules):
-    t = time.perf_counter()
-    compiled = run.train_step.lower(state, jax.device_put(batches[0][0], run.batch_sharding)).compile()
-    compile_s = time.perf_counter() - t
-    for i in range(need):
-      b, s2 = batches[i]
-      b = jax.device_put(b, run.batch_sharding)
-      t = time.perf_counter()
-      state, m = compiled(state, b)
-      jax.block_until_ready(m["loss"])
-      if i >= warmup:
-        times.append(time.perf_counter() - t)
-        tokens.append(float(b["input_mask"].sum()))
-        seqs.append(float(np.asarray(b["next_sentence_weights"]).sum()))
-        per_pos = model_lib.model_flops_per_sequence(mcfg, seq, 0, seq_len_squared=0.0)
-        attn = 3 * mcfg.num_layers * 4 * s2 * mcfg.hidden_size
-        npred = float(np.asarray(b["masked_lm_weights"]).sum())  # real predictions only (conservative)
-        head = 3 * 2 * npred * (mcfg.hidden_size ** 2 + mcfg.hidden_size * mcfg.vocab_size)
-        flops.append(batch * per_pos + attn + head)
+    compile_s, times, timed = _timed(run.train_step, state, [b for b, _ in batches], warmup, steps,
+                                     run.batch_sharding)
+  per_pos = model_lib.model_flops_per_sequence(mcfg, seq, 0, seq_len_squared=0.0)
+  flops = []
+  for b, s2 in batches[warmup:warmup + steps]:
+    attn = 3 * mcfg.num_layers * 4 * s2 * mcfg.hidden_size
+    npred = float(np.asarray(b["masked_lm_weights"]).sum())  # real predictions only (conservative)
+    head = 3 * 2 * npred * (mcfg.hidden_size ** 2 + mcfg.hidden_size * mcfg.vocab_size)
+    flops.append(batch * per_pos + attn + head)
   step = statistics.median(times)
+  tokens = [float(np.asarray(b["input_mask"]).sum()) for b in timed]
+  seqs = [float(np.asarray(b["next_sentence_weights"]).sum()) for b in timed]
   return {"compile_s": compile_s, "step_time_s": step, "tokens_per_s": statistics.median(tokens) / step,
           "model_flops_per_step": statistics.median(flops), "sequences_per_s": statistics.median(seqs) / step}
 
@@ -150,9 +142,9 @@ def run_bertjax_finetune(variant, seq, batch, dtype, shard, steps, examples, war
   from bertjax import finetune, model as model_lib, optim, sharding as sharding_lib  # pylint: disable=import-outside-toplevel
   from bertjax import state as state_lib  # pylint: disable=import-outside-toplevel
   from bertjax.data import packing, tasks  # pylint: disable=import-outside-toplevel
-  from configs import finetune as ft_config  # pylint: disable=import-outside-toplevel
+  from configs import common, finetune as ft_config  # pylint: disable=import-outside-toplevel
   c = ft_config.get_config(f"task=local,variant={variant},batch={batch},seq={seq},dtype={dtype}")
-  c.sharding = __import__("configs.common", fromlist=["x"]).sharding(shard)
+  c.sharding = common.sharding(shard)
   mcfg = model_lib.BertConfig.from_dict(c.model.to_dict())
   task = tasks.Task(name="glue_like", kind="classification", labels=("0", "1"))
   feats = stack([{k: e[k] for k in ("input_ids", "input_mask", "segment_ids")} for e in examples])
