@@ -458,3 +458,40 @@ def test_sweep_runs_a_grid_and_tabulates_median_and_best(tmp_path, vocab):
     seeds = list(r["per_seed"].values())
     assert r["runs"] == 2 and r["median"] == pytest.approx(np.median(seeds)) and r["best"] == max(seeds)
   assert (root / "sweep.png").read_bytes()[:4] == b"\x89PNG"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGINT"])
+def test_signal_stops_finetuning_with_a_checkpoint(tmp_path, vocab, sig):
+  """A preempted fine-tuning run (through the real entry point) saves at the current step, exits 0, and the same
+  command resumes from that step."""
+  import re
+  import signal
+  write_sentiment(tmp_path / "train.csv", 2000, 0)
+  n = tokenizer.load(vocab).vocab_size
+
+  def cmd(*extra):
+    return [sys.executable, "-m", "bertjax.main",
+            f"--config={ROOT}/configs/finetune.py:task=local,batch=16,epochs=3,seq=32", f"--workdir={tmp_path / 'w'}",
+            f"--config.data.tokenizer={vocab}", f"--config.data.train_file={tmp_path / 'train.csv'}",
+            "--config.data.text_a_column=sentence", "--config.data.label_column=sentiment",
+            "--config.data.labels=('neg','pos')", "--config.model.num_layers=2", "--config.model.hidden_size=64",
+            "--config.model.num_heads=4", "--config.model.intermediate_size=128", f"--config.model.vocab_size={n}",
+            "--config.model.max_position_embeddings=64", "--config.log_every=1", *extra]
+
+  env = dict(os.environ, PYTHONPATH=ROOT)
+  proc = subprocess.Popen(cmd(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
+  for line in proc.stdout:
+    if line.startswith("epoch 1 step 3/"):
+      break
+  proc.send_signal(getattr(signal, sig))
+  out, err = proc.communicate(timeout=300)
+  assert proc.returncode == 0, err[-3000:]
+  said = re.search(rf"{sig}: saved a checkpoint at step (\d+)/375", out)
+  assert said, out[-2000:]
+  step = int(said.group(1))
+  assert 3 <= step < 375 and (tmp_path / "w" / "checkpoints" / str(step)).is_dir()
+  again = subprocess.run(cmd("--config.train.stop_after_steps=1"), capture_output=True, text=True, env=env, cwd=ROOT,
+                         timeout=300)
+  assert again.returncode == 0, again.stderr[-3000:]
+  assert f"at step {step}/375" in again.stdout and f"step {step + 1}/375" in again.stdout, again.stdout[-2000:]
