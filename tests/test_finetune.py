@@ -11,7 +11,7 @@ import pytest
 
 from bertjax import finetune, scores
 from bertjax.data import conll, squad, tasks, tokenizer
-from configs import finetune as finetune_config
+from configs import common, finetune as finetune_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -315,7 +315,7 @@ def test_sharded_finetune_equals_data_parallel(tmp_path, vocab):
   for shard in ("dp", "fsdp"):
     c = tiny_config("local", vocab, train_file=str(tmp_path / "train.csv"), text_a_column="sentence",
                     label_column="sentiment", labels=("neg", "pos"))
-    c.sharding = __import__("configs.common", fromlist=["x"]).sharding(shard)
+    c.sharding = common.sharding(shard)
     c.train.num_epochs, c.log_every = 1, 1
     finetune.finetune(c, str(tmp_path / shard))
     rows = [json.loads(x) for x in (tmp_path / shard / "metrics.jsonl").read_text().splitlines()]
