@@ -24,6 +24,7 @@ import time
 import numpy as np
 
 REGIMES = ("fixed", "pretrain", "glue", "glue_finetune")
+PROFILE_DIR = ""  # --profile: a jax.profiler trace (with a Perfetto JSON) of three extra steps per regime
 
 
 def sample_lengths(regime: str, n: int, seq: int, rng: np.random.Generator) -> np.ndarray:
@@ -83,10 +84,10 @@ def bertjax_batches(examples, batch, seq, preds, pack, per_row=8):
   return out
 
 
-def run_bertjax(variant, seq, batch, preds, dtype, shard, steps, regime, examples, warmup=2):
+def run_bertjax(variant, seq, batch, preds, dtype, shard, steps, regime, examples, overrides=(), warmup=2):
   import jax  # pylint: disable=import-outside-toplevel
   from bertjax import model as model_lib, sharding as sharding_lib, train  # pylint: disable=import-outside-toplevel
-  from configs import pretrain  # pylint: disable=import-outside-toplevel
+  from configs import common, pretrain  # pylint: disable=import-outside-toplevel
   pack = regime != "fixed"
   c = pretrain.get_config(f"variant={variant},seq={seq},preds={preds},batch={batch},shard={shard},dtype={dtype},"
                           f"steps=1000")
@@ -94,6 +95,7 @@ def run_bertjax(variant, seq, batch, preds, dtype, shard, steps, regime, example
   c.data.packing = pack
   c.data.pack_max_per_row = 8
   c.data.pack_row_predictions = preds + 16
+  common.override(c, overrides)
   mcfg = train.validate(c, jax.device_count())
   batches = bertjax_batches(examples, batch, seq, preds, pack)
   need = warmup + steps
@@ -132,10 +134,15 @@ def _timed(step_fn, state, batches, warmup, steps, sharding):
     jax.block_until_ready(m["loss"])
     if i >= warmup:
       times.append(time.perf_counter() - t)
+  if PROFILE_DIR:  # a few more steps under the profiler (not timed): where the step's time goes
+    with jax.profiler.trace(PROFILE_DIR, create_perfetto_trace=True):
+      for i in range(3):
+        state, m = compiled(state, jax.device_put(batches[i], sharding))
+      jax.block_until_ready(m["loss"])
   return compile_s, times, batches[warmup:warmup + steps]
 
 
-def run_bertjax_finetune(variant, seq, batch, dtype, shard, steps, examples, warmup=2):
+def run_bertjax_finetune(variant, seq, batch, dtype, shard, steps, examples, overrides=(), warmup=2):
   """The fine-tuning step of `finetune.py` (sentence classifier, AdamW, clipping) on packed rows."""
   import jax  # pylint: disable=import-outside-toplevel
   import ml_collections  # pylint: disable=import-outside-toplevel
@@ -145,6 +152,7 @@ def run_bertjax_finetune(variant, seq, batch, dtype, shard, steps, examples, war
   from configs import common, finetune as ft_config  # pylint: disable=import-outside-toplevel
   c = ft_config.get_config(f"task=local,variant={variant},batch={batch},seq={seq},dtype={dtype}")
   c.sharding = common.sharding(shard)
+  common.override(c, overrides)
   mcfg = model_lib.BertConfig.from_dict(c.model.to_dict())
   task = tasks.Task(name="glue_like", kind="classification", labels=("0", "1"))
   feats = stack([{k: e[k] for k in ("input_ids", "input_mask", "segment_ids")} for e in examples])
@@ -167,7 +175,7 @@ def run_bertjax_finetune(variant, seq, batch, dtype, shard, steps, examples, war
   module = finetune.head_module(task, mcfg)
   _, shardings = state_lib.abstract_state(module, tx, rows[0], mesh, rules)
   state = state_lib.init_state(module, tx, rows[0], mesh, rules, shardings, jax.random.key(0))
-  train_fn, _ = finetune.make_steps(module, task, tx, lr_fn, 0)
+  train_fn, _ = finetune.make_steps(module, task, tx, lr_fn, 0, c.train.prng_impl)
   step_fn = jax.jit(train_fn, in_shardings=(shardings, bsh), out_shardings=(shardings, None), donate_argnums=(0,))
   with sharding_lib.use_mesh(mesh, rules):
     compile_s, times, timed = _timed(step_fn, state, rows, warmup, steps, bsh)
@@ -188,15 +196,21 @@ def _hf_config(variant, seq, **kw):
                                  intermediate_size=ffn, max_position_embeddings=max(512, seq), **kw)
 
 
-def _time_torch(m, lr, examples, batch, steps, warmup, labels_fn):
+def _time_torch(m, lr, examples, batch, steps, warmup, labels_fn, dtype="float32"):
   """Times full PyTorch train steps (forward, backward, clipping, AdamW) on `batch`-sized slices of `examples`;
-  `labels_fn(stacked_batch)` gives the loss's keyword arguments."""
+  `labels_fn(stacked_batch)` gives the loss's keyword arguments. On a CUDA GPU when PyTorch sees one (parameters
+  in float32, bfloat16 autocast when `dtype` is bfloat16, as bertjax computes), else on all CPU cores."""
   import torch  # pylint: disable=import-outside-toplevel
   import transformers  # pylint: disable=import-outside-toplevel
+  device = "cuda" if torch.cuda.is_available() else "cpu"
   torch.set_num_threads(os.cpu_count() or 1)
   if len(examples) < (warmup + steps) * batch:
     raise ValueError("not enough examples for the peer")
-  opt = torch.optim.AdamW(m.parameters(), lr=lr, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.01)
+  m = m.to(device)
+  opt = torch.optim.AdamW(m.parameters(), lr=lr, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.01,
+                          fused=device == "cuda")
+  autocast = torch.autocast(device, dtype=torch.bfloat16, enabled=dtype == "bfloat16")
+  sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
   times, tokens = [], []
   for i in range(warmup + steps):
     b = stack(examples[i * batch:(i + 1) * batch])
@@ -204,28 +218,42 @@ def _time_torch(m, lr, examples, batch, steps, warmup, labels_fn):
                 attention_mask=torch.tensor(b["input_mask"], dtype=torch.long),
                 token_type_ids=torch.tensor(b["segment_ids"], dtype=torch.long),
                 **{k: torch.tensor(v) for k, v in labels_fn(b).items()})
+    args = {k: v.to(device) for k, v in args.items()}
+    sync()
     t = time.perf_counter()
     opt.zero_grad(set_to_none=True)
-    m(**args).loss.backward()
+    with autocast:
+      loss = m(**args).loss
+    loss.backward()
     torch.nn.utils.clip_grad_norm_(m.parameters(), 1.0)
     opt.step()
+    sync()
     if i >= warmup:
       times.append(time.perf_counter() - t)
       tokens.append(float(b["input_mask"].sum()))
   step = statistics.median(times)
+  where = torch.cuda.get_device_name() if device == "cuda" else f"{torch.get_num_threads()} threads"
   return {"step_time_s": step, "tokens_per_s": statistics.median(tokens) / step, "sequences_per_s": batch / step,
-          "version": transformers.__version__, "torch": torch.__version__, "threads": torch.get_num_threads()}
+          "version": transformers.__version__, "torch": torch.__version__, "where": where}
 
 
-def run_hf_finetune(variant, seq, batch, steps, examples, warmup=2):
+def _release_torch_memory():
+  import gc  # pylint: disable=import-outside-toplevel
+  import torch  # pylint: disable=import-outside-toplevel
+  gc.collect()
+  if torch.cuda.is_available():
+    torch.cuda.empty_cache()
+
+
+def run_hf_finetune(variant, seq, batch, steps, examples, dtype="float32", warmup=2):
   """HF `BertForSequenceClassification`, each example padded to `seq`, AdamW and clipping."""
   import transformers  # pylint: disable=import-outside-toplevel
   m = transformers.BertForSequenceClassification(_hf_config(variant, seq, num_labels=2)).train()
   return _time_torch(m, 2e-5, examples, batch, steps, warmup,
-                     lambda b: {"labels": b["next_sentence_labels"].astype(np.int64)})
+                     lambda b: {"labels": b["next_sentence_labels"].astype(np.int64)}, dtype)
 
 
-def run_hf(variant, seq, batch, preds, steps, examples, warmup=2):
+def run_hf(variant, seq, batch, preds, steps, examples, dtype="float32", warmup=2):
   """HF `BertForPreTraining` (MLM over the full sequence with -100 labels off the masked positions, NSP)."""
   del preds  # the peer's MLM head runs over every position; labels select the masked ones
   import transformers  # pylint: disable=import-outside-toplevel
@@ -238,7 +266,7 @@ def run_hf(variant, seq, batch, preds, steps, examples, warmup=2):
       labels[r, b["masked_lm_positions"][r][w]] = b["masked_lm_ids"][r][w]
     return {"labels": labels, "next_sentence_label": b["next_sentence_labels"].astype(np.int64)}
 
-  return _time_torch(m, 1e-4, examples, batch, steps, warmup, labels_fn)
+  return _time_torch(m, 1e-4, examples, batch, steps, warmup, labels_fn, dtype)
 
 
 def main(argv=None):
@@ -253,8 +281,15 @@ def main(argv=None):
   p.add_argument("--regime", action="append", choices=REGIMES)
   p.add_argument("--peer", default="hf", choices=["hf", "none"])
   p.add_argument("--examples", type=int, default=0, help="examples per regime (default: enough for the steps)")
+  p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                 help="config override for bertjax, e.g. model.attention_impl=cudnn or train.prng_impl=rbg")
+  p.add_argument("--profile", default="", help="write a jax.profiler trace of three extra steps to this folder")
   p.add_argument("--out", default="bench.json")
   args = p.parse_args(argv)
+  global PROFILE_DIR  # pylint: disable=global-statement
+  PROFILE_DIR = args.profile
+  # JAX would otherwise take most of a GPU's memory up front, leaving none to the PyTorch peer on the same GPU.
+  os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
   import jax  # pylint: disable=import-outside-toplevel
   from bertjax import metrics  # pylint: disable=import-outside-toplevel
   regimes = args.regime or ["fixed"]
@@ -264,6 +299,8 @@ def main(argv=None):
     peak_source = "best jnp.dot float32 on this CPU, this run"
   else:
     peak, peak_source = metrics.peak_tflops_per_device()
+    measured = metrics.measure_matmul_tflops(8192, repeats=10, dtype=jax.numpy.bfloat16)
+    peak_source += f" dense bf16 spec (a bf16 8192^3 jnp.dot measured {measured:.0f} TFLOP/s in this run)"
   peak *= jax.device_count()
   rows = []
   for regime in regimes:
@@ -271,12 +308,19 @@ def main(argv=None):
     n = args.examples or (args.steps + 2) * args.batch * (8 if regime != "fixed" else 1)
     examples = make_examples(sample_lengths(regime, n, args.seq, rng), args.seq, args.preds, 30522, rng)
     finetuning = regime == "glue_finetune"
+    theirs = None
+    if args.peer == "hf" and platform in ("cpu", "gpu"):  # first, so that its GPU memory is released before ours
+      theirs = (run_hf_finetune(args.variant, args.seq, args.batch, args.steps, examples, args.dtype) if finetuning
+                else run_hf(args.variant, args.seq, args.batch, args.preds, args.steps, examples, args.dtype))
+      _release_torch_memory()
     if finetuning:
-      ours = run_bertjax_finetune(args.variant, args.seq, args.batch, args.dtype, args.shard, args.steps, examples)
+      ours = run_bertjax_finetune(args.variant, args.seq, args.batch, args.dtype, args.shard, args.steps, examples,
+                                  args.set)
     else:
       ours = run_bertjax(args.variant, args.seq, args.batch, args.preds, args.dtype, args.shard, args.steps, regime,
-                         [dict(e) for e in examples])
-    row = {"config": f"{args.variant} seq {args.seq} batch {args.batch} {args.dtype} {args.shard} {regime}",
+                         [dict(e) for e in examples], args.set)
+    row = {"config": " ".join([args.variant, f"seq {args.seq} batch {args.batch}", args.dtype, args.shard, regime,
+                               *args.set]),
            "regime": regime, "device": f"{jax.device_count()} x {jax.devices()[0].device_kind}",
            "tokens_per_s": ours["tokens_per_s"], "sequences_per_s": ours["sequences_per_s"],
            "step_time_s": ours["step_time_s"], "compile_s": ours["compile_s"],
@@ -286,21 +330,21 @@ def main(argv=None):
     row["peer"] = None
     row["peer_tokens_per_s"] = None
     row["ratio"] = None
-    if args.peer == "hf" and platform == "cpu":
-      theirs = (run_hf_finetune(args.variant, args.seq, args.batch, args.steps, examples) if finetuning else
-                run_hf(args.variant, args.seq, args.batch, args.preds, args.steps, examples))
+    if theirs is not None:
       head = "BertForSequenceClassification" if finetuning else "BertForPreTraining"
       row.update(peer=f"HF transformers {theirs['version']} {head} (PyTorch {theirs['torch']}, "
-                      f"{theirs['threads']} threads, padded)", peer_tokens_per_s=theirs["tokens_per_s"],
+                      f"{theirs['where']}, padded)", peer_tokens_per_s=theirs["tokens_per_s"],
+                 peer_sequences_per_s=theirs["sequences_per_s"],
                  peer_step_time_s=theirs["step_time_s"], ratio=row["tokens_per_s"] / theirs["tokens_per_s"])
     rows.append(row)
     print(json.dumps(row), flush=True)
-  print(f"\n{'regime':13s} {'tok/s':>9s} {'step s':>8s} {'compile s':>9s} {'TFLOP/s':>8s} {'peak':>7s} {'MFU':>6s} "
-        f"{'peer tok/s':>10s} {'ratio':>6s}")
+  print(f"\n{'regime':13s} {'tok/s':>9s} {'seq/s':>8s} {'step s':>8s} {'compile s':>9s} {'TFLOP/s':>8s} {'peak':>7s} "
+        f"{'MFU':>6s} {'peer tok/s':>10s} {'ratio':>6s}")
   for r in rows:
     peer = f"{r['peer_tokens_per_s']:10.0f}" if r["peer_tokens_per_s"] else f"{'-':>10s}"
     ratio = f"{r['ratio']:6.2f}" if r["ratio"] else f"{'-':>6s}"
-    print(f"{r['regime']:13s} {r['tokens_per_s']:9.0f} {r['step_time_s']:8.3f} {r['compile_s']:9.1f} "
+    print(f"{r['regime']:13s} {r['tokens_per_s']:9.0f} {r['sequences_per_s']:8.1f} {r['step_time_s']:8.3f} "
+          f"{r['compile_s']:9.1f} "
           f"{r['model_tflops_per_s']:8.3f} {r['matmul_peak_tflops_per_s']:7.3f} {r['mfu']:6.2f} {peer} {ratio}")
   with open(args.out, "w", encoding="utf-8") as f:
     json.dump(rows, f, indent=2)

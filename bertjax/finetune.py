@@ -32,7 +32,7 @@ def load_init(config):
   """(tokenizer, BertConfig, encoder params or None) from config.init (bertjax workdir | HF folder | "")."""
   init = config.init
   model_over = {k: config.model[k] for k in ("dropout_rate", "attention_dropout_rate", "dtype", "scan_layers",
-                                              "remat", "attention_impl")}
+                                              "remat", "attention_impl", "embedding_lookup")}
   tok_path, lower = config.data.tokenizer, config.data.do_lower_case
   if init and os.path.exists(os.path.join(init, "finetune.json")):  # a fine-tuned encoder (e.g. MNLI before RTE)
     meta, _, _, head_params, _ = load_finetuned(init)
@@ -172,8 +172,8 @@ def task_loss(task: tasks.Task, out, batch):
   return jnp.sum(ce * w) / jnp.maximum(jnp.sum(w), 1e-5)
 
 
-def make_steps(module, task, tx, lr_fn, seed):
-  key = jax.random.fold_in(jax.random.key(seed), 2)
+def make_steps(module, task, tx, lr_fn, seed, prng_impl="threefry2x32"):
+  key = jax.random.fold_in(jax.random.key(seed, impl=prng_impl), 2)
 
   def train_step(state, batch):
     def loss_fn(params):
@@ -264,6 +264,8 @@ def _finetune(config, workdir: str) -> dict:
   from bertjax import train as train_lib  # pylint: disable=import-outside-toplevel
   jax.config.update("jax_threefry_partitionable", True)
   is_main = jax.process_index() == 0
+  if config.train.prng_impl not in train_lib.PRNG_IMPLS:
+    raise ValueError(f"train.prng_impl {config.train.prng_impl!r} is not one of {train_lib.PRNG_IMPLS}")
   task = tasks.get(config.task, tuple(config.data.labels), config.data.regression)
   tok, mcfg, encoder_params, tok_path, lower = load_init(config)
   if config.data.max_seq_length > mcfg.max_position_embeddings:
@@ -312,7 +314,7 @@ def _finetune(config, workdir: str) -> dict:
       checkpoint_lib.check_params_fit(encoder_params, params["bert"])
       params["bert"] = encoder_params
       state = state_lib.with_params(state, params, tx, shardings, mesh, rules)
-  train_step_fn, predict_fn = make_steps(module, task, tx, lr_fn, config.seed)
+  train_step_fn, predict_fn = make_steps(module, task, tx, lr_fn, config.seed, config.train.prng_impl)
   train_step = jax.jit(train_step_fn, in_shardings=(shardings, batch_sharding), out_shardings=(shardings, None),
                        donate_argnums=(0,))
   predict_step = jax.jit(predict_fn, in_shardings=(shardings.params, batch_sharding))

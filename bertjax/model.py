@@ -61,6 +61,9 @@ class BertConfig:
   scan_layers: bool = False  # nn.scan over layers: compile time flat in depth
   remat: str = "none"  # none | full | dots (save matmul outputs)
   attention_impl: str = "xla"  # xla (einsum) | cudnn | auto: jax.nn.dot_product_attention
+  # Word (and packed-position) lookups: gather | one_hot (a matmul: its gradient is a matmul, not a scatter-add;
+  # the original's use_one_hot_embeddings) | auto (one_hot on GPU, where the scatter-add is slow; gather elsewhere).
+  embedding_lookup: str = "auto"
 
   def __post_init__(self):
     positive = ("vocab_size", "hidden_size", "num_layers", "num_heads", "intermediate_size",
@@ -74,7 +77,8 @@ class BertConfig:
                        f"num_heads {self.num_heads}")
     choices = {"hidden_act": ACTIVATIONS, "position_embedding": ("learned", "sinusoidal"),
                "layer_norm": ("post", "pre"), "dtype": DTYPES, "param_dtype": DTYPES,
-               "remat": ("none", "full", "dots"), "attention_impl": ("xla", "cudnn", "auto")}
+               "remat": ("none", "full", "dots"), "attention_impl": ("xla", "cudnn", "auto"),
+               "embedding_lookup": ("gather", "one_hot", "auto")}
     for name, allowed in choices.items():
       if getattr(self, name) not in allowed:
         raise ValueError(f"BertConfig.{name}={getattr(self, name)!r}; choose one of {sorted(allowed)}")
@@ -220,6 +224,8 @@ class SelfAttention(nn.Module):
     use_fused = cfg.attention_impl != "xla" and (deterministic or cfg.attention_dropout_rate == 0.0)
     if use_fused:
       impl = "cudnn" if cfg.attention_impl == "cudnn" else None
+      # cuDNN takes the mask as a bias of full [B, 1, Lq, Lk] shape, not a key-padding [B, 1, 1, Lk] broadcast.
+      mask = jnp.broadcast_to(mask, mask.shape[:2] + (q.shape[1], k.shape[1]))
       z = jax.nn.dot_product_attention(q, k, v, mask=mask, implementation=impl)
     else:
       rng = None if deterministic or cfg.attention_dropout_rate == 0.0 else self.make_rng("dropout")
@@ -319,14 +325,35 @@ class Embeddings(nn.Module):
     self.ln = layer_norm(cfg)
     self.dropout = nn.Dropout(cfg.dropout_rate)
 
+  def _one_hot(self, table, ids):
+    """table[ids] as a one-hot matmul (exact: one non-zero product per output)."""
+    dtype = self.cfg.compute_dtype
+    return jnp.einsum("...v,vd->...d", jax.nn.one_hot(ids, table.shape[0], dtype=dtype), table.astype(dtype),
+                      precision=jax.lax.Precision.HIGHEST)
+
+  def _lookup(self, embed, ids):
+    how = self.cfg.embedding_lookup
+    if how == "auto":
+      how = "one_hot" if jax.default_backend() == "gpu" else "gather"
+    return embed(ids) if how == "gather" else self._one_hot(embed.embedding, ids)
+
   def __call__(self, input_ids, segment_ids, position_ids, deterministic: bool):
+    """position_ids None: 0..L-1 in every row, added as a slice of the table (as the original does), so its
+    gradient is a sum over the batch rather than a scatter-add with every row hitting the same entries."""
     cfg = self.cfg
-    x = self.word_embeddings(input_ids) + self.token_type_embeddings(segment_ids)
+    # Segment types: always one-hot, as in the original (a 2-row table: a scatter-add into it is all collisions).
+    x = self._lookup(self.word_embeddings, input_ids) + self._one_hot(self.token_type_embeddings.embedding,
+                                                                       segment_ids)
+    length = input_ids.shape[-1]
     if cfg.position_embedding == "learned":
-      x = x + self.position_embeddings(position_ids)
+      if position_ids is None:
+        x = x + self.position_embeddings.embedding[:length].astype(x.dtype)
+      else:
+        x = x + self._lookup(self.position_embeddings, position_ids)
     else:
       table = jnp.asarray(sinusoidal_positions(cfg.max_position_embeddings, cfg.hidden_size))
-      x = x + jnp.take(table, position_ids, axis=0).astype(x.dtype)
+      pos = table[:length] if position_ids is None else jnp.take(table, position_ids, axis=0)
+      x = x + pos.astype(x.dtype)
     x = self.ln(x).astype(cfg.compute_dtype)
     x = self.dropout(x, deterministic=deterministic)
     return _constrain(x, ("activation_batch", "activation_length", "activation_embed"))
@@ -365,8 +392,6 @@ class BertModel(nn.Module):
     check_batch(self.cfg, batch)
     ids = batch["input_ids"]
     positions = batch.get("position_ids")
-    if positions is None:
-      positions = jnp.broadcast_to(jnp.arange(ids.shape[1]), ids.shape)
     mask = attention_mask(batch["input_mask"], batch.get("attention_segment_ids"))
     x = self.embeddings(ids, batch["segment_ids"], positions, deterministic)
     h = self.encoder(x, mask, deterministic)

@@ -33,6 +33,9 @@ class NonFiniteError(FloatingPointError):
   """A non-finite loss or gradient: the run stops and writes no checkpoint from that state."""
 
 
+PRNG_IMPLS = ("threefry2x32", "rbg", "unsafe_rbg")
+
+
 def validate(config, num_devices: int, creation: dict | None = None, tokenizer_vocab: int | None = None
              ) -> model_lib.BertConfig:
   """The model config, or a ConfigError listing every problem found."""
@@ -83,6 +86,8 @@ def validate(config, num_devices: int, creation: dict | None = None, tokenizer_v
     if mcfg is not None and creation.get("vocab_size") not in (None, mcfg.vocab_size):
       errors.append(f"model.vocab_size {mcfg.vocab_size} does not match the data's tokenizer vocabulary "
                     f"{creation['vocab_size']} ({creation.get('tokenizer')})")
+  if config.train.get("prng_impl", "threefry2x32") not in PRNG_IMPLS:
+    errors.append(f"train.prng_impl {config.train.prng_impl!r} is not one of {PRNG_IMPLS}")
   if config.data.get("packing") and config.data.dynamic_masking:
     errors.append("data.packing with data.dynamic_masking is not supported: masks are drawn per example before "
                   "packing; use static masking with packing")
@@ -101,10 +106,10 @@ def make_train_step(model, tx, lr_fn, config):
   """state, batch -> state, metrics. L = L_MLM + L_NSP; micro-batches sum to the full batch's exact gradient."""
   accum = config.train.grad_accum_steps
   use_nsp = config.train.use_nsp
-  seed = config.seed
+  seed, impl = config.seed, config.train.get("prng_impl", "threefry2x32")
 
   def step_fn(state, batch):
-    rng = jax.random.fold_in(jax.random.fold_in(jax.random.key(seed), 1), state.step)
+    rng = jax.random.fold_in(jax.random.fold_in(jax.random.key(seed, impl=impl), 1), state.step)
     mlm_den = jnp.sum(batch["masked_lm_weights"].astype(jnp.float32)) + 1e-5
     nsp_den = jnp.maximum(jnp.sum(batch["next_sentence_weights"].astype(jnp.float32)), 1e-5)
 

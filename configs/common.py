@@ -53,6 +53,27 @@ def parse_arg(arg: str | None, **defaults) -> ml_collections.ConfigDict:
   return out
 
 
+def override(c: ml_collections.ConfigDict, items) -> ml_collections.ConfigDict:
+  """Applies 'a.b=value' strings to `c` in place, each value typed like the field it replaces."""
+  for item in items or ():
+    if "=" not in item:
+      raise ValueError(f"override {item!r} is not key=value")
+    path, value = (s.strip() for s in item.split("=", 1))
+    *parents, leaf = path.split(".")
+    node = c
+    for p in parents:
+      node = node[p] if p in node else None
+      if not isinstance(node, ml_collections.ConfigDict):
+        raise ValueError(f"override {path!r}: no such config section {p!r}")
+    if leaf not in node:
+      raise ValueError(f"override {path!r}: no such config field")
+    try:
+      node[leaf] = parse_arg(f"v={value}", v=node[leaf]).v
+    except ValueError:
+      raise ValueError(f"override {path}={value!r} is not a {type(node[leaf]).__name__}") from None
+  return c
+
+
 def sharding(preset: str, tensor: int | None = None) -> ml_collections.ConfigDict:
   if preset not in SHARDING_PRESETS:
     raise ValueError(f"unknown sharding preset {preset!r}; choose one of {sorted(SHARDING_PRESETS)}")

@@ -33,6 +33,7 @@ def get_config(arg=None):
   c.model.scan_layers = a.scan
   c.model.remat = "none"
   c.model.attention_impl = "xla"
+  c.model.embedding_lookup = "auto"  # gather | one_hot | auto (one_hot on GPU)
 
   c.data = ml_collections.ConfigDict()
   c.data.tfds_data_dir = ""  # where tfds keeps glue/squad ("" = tfds default)
@@ -65,6 +66,7 @@ def get_config(arg=None):
   c.train.weight_decay = 0.01
   c.train.grad_clip_norm = 1.0
   c.train.stop_after_steps = 0  # stop (with a checkpoint) after this many steps in this run; 0 = run to the end
+  c.train.prng_impl = "threefry2x32"  # dropout bits: threefry2x32 (portable) | rbg | unsafe_rbg (faster on GPU/TPU)
 
   c.log_every = 50
   c.checkpoint_every = 1000  # steps between resumable checkpoints (also at each epoch's end and on SIGTERM/SIGINT)

@@ -38,6 +38,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.model.scan_layers = a.scan  # nn.scan over layers: compile time flat in depth
   c.model.remat = a.remat  # none | full | dots: rematerialise activations in the backward pass
   c.model.attention_impl = "xla"  # xla | cudnn | auto (jax.nn.dot_product_attention when dropout is off)
+  c.model.embedding_lookup = "auto"  # gather | one_hot | auto (one_hot on GPU: no scatter-add in the backward)
 
   c.data = ml_collections.ConfigDict()
   c.data.data_dir = ""  # output of `python -m bertjax.data.dataset` (has creation.json)
@@ -67,6 +68,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.train.grad_clip_norm = 1.0  # clip by global norm (0 disables)
   c.train.use_nsp = a.nsp  # L = L_MLM + L_NSP; False trains on L_MLM alone (the NSP ablation)
   c.train.stop_after_steps = 0  # stop (with a checkpoint) after this many steps in this run; 0 = run to num_steps
+  c.train.prng_impl = "threefry2x32"  # dropout bits: threefry2x32 (portable) | rbg | unsafe_rbg (faster on GPU/TPU)
 
   c.log_every = 100  # steps between console/TensorBoard logs (also when non-finite values are checked)
   c.eval_every = 10_000  # steps between evaluations on the held-out split (0: only at the end)

@@ -258,3 +258,32 @@ def test_flop_formula_matches_a_hand_count():
   pooler = 2 * d * d
   forward = 2 * (qkv + scores + context + out + ffn) + head + pooler
   assert model.model_flops_per_sequence(cfg, s, p) == 3 * forward
+
+
+@pytest.mark.parametrize("packed", [False, True])
+def test_one_hot_embedding_lookup_equals_gather(packed):
+  """The one-hot matmul lookup (GPU/TPU) gives the gather's outputs and gradients, with and without position_ids;
+  the gather's own reference is a NumPy table lookup."""
+  outs = {}
+  for how in ("gather", "one_hot"):
+    cfg = tiny(embedding_lookup=how, dropout_rate=0.0, attention_dropout_rate=0.0)
+    m = model.BertForPreTraining(cfg)
+    params = init(m, cfg)
+    b = random_batch(cfg)
+    if packed:
+      b["position_ids"] = (np.arange(24)[None] % 11).repeat(3, 0).astype(np.int32)
+
+    def loss(p, b=b, m=m):
+      out = m.apply({"params": p}, b)
+      return jnp_sum(out["mlm_logits"]) * 1e-3 + jnp_sum(out["nsp_logits"])
+    outs[how] = (m.apply({"params": params}, b), jax.grad(loss)(params))
+  (o1, g1), (o2, g2) = outs["gather"], outs["one_hot"]
+  np.testing.assert_allclose(np.asarray(o1["mlm_logits"]), np.asarray(o2["mlm_logits"]), atol=1e-5)
+  for a, c in zip(jax.tree_util.tree_leaves(g1), jax.tree_util.tree_leaves(g2)):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(c), atol=1e-5)
+  emb = g1["bert"]["embeddings"]["word_embeddings"]["embedding"]
+  assert np.abs(np.asarray(emb)).max() > 0  # the word table gets a gradient through either path
+
+
+def jnp_sum(x):
+  return jax.numpy.sum(x.astype(np.float32))

@@ -104,6 +104,16 @@ def test_sharded_step_equals_single_device(shard, mesh):
     assert shard_shape(emb) == emb.shape
 
 
+def test_one_hot_embeddings_sharded_equal_gather_on_one_device():
+  """The GPU lookup (one-hot matmul against a table split over fsdp) trains like the gather on one device."""
+  batches = fixed_batches()
+  single, _, _ = run_steps(small_config(shard="dp"), jax.devices()[:1], batches)
+  config = small_config(shard="fsdp")
+  config.model.embedding_lookup = "one_hot"
+  losses, _, _ = run_steps(config, jax.devices(), batches)
+  np.testing.assert_allclose(losses, single, atol=1e-5)
+
+
 def test_gradient_accumulation_equals_the_full_batch():
   batches = fixed_batches(2)
   c1 = small_config()
@@ -184,6 +194,10 @@ def test_config_validation_errors(data_dir):
   bad.model.vocab_size = 30522
   with pytest.raises(train.ConfigError, match="vocab_size 30522 does not match the data's tokenizer vocabulary"):
     train.validate(bad, 8, creation)
+  bad = small_config(data_dir)
+  bad.train.prng_impl = "philox"
+  with pytest.raises(train.ConfigError, match="train.prng_impl 'philox' is not one of"):
+    train.validate(bad, 8, creation)
   bad = small_config(data_dir, shard="dp_tp")
   bad.model.num_heads = 2
   with pytest.raises(train.ConfigError, match="num_heads 2 cannot be split"):
@@ -196,6 +210,31 @@ def test_config_validation_errors(data_dir):
     pretrain.get_config("seq=long")
   with pytest.raises(AttributeError):
     small_config().train.learnin_rate = 1.0  # locked: a typo is an error
+
+
+def test_config_overrides_are_typed_and_checked():
+  c = common.override(small_config(), ["model.attention_impl=cudnn", "train.learning_rate=2e-4",
+                                       "train.use_nsp=false", "data.packing=True", "train.grad_accum_steps=2"])
+  assert (c.model.attention_impl, c.train.learning_rate, c.train.use_nsp, c.data.packing,
+          c.train.grad_accum_steps) == ("cudnn", 2e-4, False, True, 2)
+  for item, msg in (("model.nope=1", "no such config field"), ("x.y=1", "no such config section 'x'"),
+                    ("train.learning_rate=fast", "train.learning_rate='fast' is not a float"),
+                    ("train.use_nsp=maybe", "is not a bool"), ("learning_rate", "is not key=value")):
+    with pytest.raises(ValueError, match=msg):
+      common.override(small_config(), [item])
+
+
+def test_prng_impl_switch_changes_only_the_dropout_bits():
+  """rbg dropout bits: deterministic run to run, different masks from threefry's, the same loss without dropout."""
+  batches = fixed_batches(n=2)
+  runs = {}
+  for impl, rate in (("threefry2x32", 0.1), ("rbg", 0.1), ("rbg", 0.1), ("threefry2x32", 0.0), ("rbg", 0.0)):
+    c = small_config(prng_impl=impl)
+    c.model.dropout_rate = c.model.attention_dropout_rate = rate
+    runs.setdefault((impl, rate), []).append(run_steps(c, jax.devices()[:1], batches)[0])
+  assert runs[("rbg", 0.1)][0] == runs[("rbg", 0.1)][1]
+  assert abs(runs[("rbg", 0.1)][0][0] - runs[("threefry2x32", 0.1)][0][0]) > 1e-6
+  np.testing.assert_allclose(runs[("rbg", 0.0)][0], runs[("threefry2x32", 0.0)][0], rtol=1e-6)
 
 
 def test_every_ablation_switch_builds():
