@@ -22,6 +22,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from bertjax import attention as attention_lib
+
 # (layers, hidden, heads, ffn) by name.
 VARIANTS = {
     "tiny": (2, 128, 2, 512),
@@ -60,7 +62,9 @@ class BertConfig:
   param_dtype: str = "float32"
   scan_layers: bool = False  # nn.scan over layers: compile time flat in depth
   remat: str = "none"  # none | full | dots (save matmul outputs)
-  attention_impl: str = "xla"  # xla (einsum) | cudnn | auto: jax.nn.dot_product_attention
+  # xla (einsum) | cudnn | auto: jax.nn.dot_product_attention (fused without dropout) | pallas: bertjax.attention
+  # (fused with dropout; GPU, one device per process, L <= 256)
+  attention_impl: str = "xla"
   # Word (and packed-position) lookups: gather | one_hot (a matmul: its gradient is a matmul, not a scatter-add;
   # the original's use_one_hot_embeddings) | auto (one_hot on GPU, where the scatter-add is slow; gather elsewhere).
   embedding_lookup: str = "auto"
@@ -77,7 +81,7 @@ class BertConfig:
                        f"num_heads {self.num_heads}")
     choices = {"hidden_act": ACTIVATIONS, "position_embedding": ("learned", "sinusoidal"),
                "layer_norm": ("post", "pre"), "dtype": DTYPES, "param_dtype": DTYPES,
-               "remat": ("none", "full", "dots"), "attention_impl": ("xla", "cudnn", "auto"),
+               "remat": ("none", "full", "dots"), "attention_impl": ("xla", "cudnn", "auto", "pallas"),
                "embedding_lookup": ("gather", "one_hot", "auto")}
     for name, allowed in choices.items():
       if getattr(self, name) not in allowed:
@@ -221,8 +225,12 @@ class SelfAttention(nn.Module):
     v = Dense(shape, ("embed", "heads", "kv"), cfg, name="value")(x)
     names = ("activation_batch", "activation_length", "activation_heads", "activation_kv")
     q, k, v = (_constrain(t, names) for t in (q, k, v))
-    use_fused = cfg.attention_impl != "xla" and (deterministic or cfg.attention_dropout_rate == 0.0)
-    if use_fused:
+    use_fused = cfg.attention_impl in ("cudnn", "auto") and (deterministic or cfg.attention_dropout_rate == 0.0)
+    if cfg.attention_impl == "pallas":
+      training = not deterministic and cfg.attention_dropout_rate > 0.0
+      seed = jax.random.bits(self.make_rng("dropout"), (), jnp.uint32) if training else None
+      z = attention_lib.fused_attention(q, k, v, mask, dropout_rate=cfg.attention_dropout_rate, seed=seed)
+    elif use_fused:
       impl = "cudnn" if cfg.attention_impl == "cudnn" else None
       # cuDNN takes the mask as a bias of full [B, 1, Lq, Lk] shape, not a key-padding [B, 1, 1, Lk] broadcast.
       mask = jnp.broadcast_to(mask, mask.shape[:2] + (q.shape[1], k.shape[1]))

@@ -4,7 +4,7 @@
 #   bash launch/bench_gpu.sh [OUT] [extra bench args...]
 # Rows (ROWS=...): large fixed-length with rbg dropout bits (the target: >= 1,800 sequences/s, MFU >= 45% on an
 # H100), the same with threefry bits, with cuDNN attention (attention-probability dropout off), with the layers
-# unrolled instead of scanned; base fixed-length.
+# unrolled instead of scanned, with the fused Pallas attention (dropout on; scanned and unrolled); base.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit
 out=${1:-bench_gpu}
@@ -32,6 +32,9 @@ for spec in ${ROWS:-large_fixed large_threefry large_cudnn large_unrolled base_f
     large_cudnn) row "$spec" "${large[@]}" --set train.prng_impl=rbg --set model.attention_impl=cudnn \
       --set model.attention_dropout_rate=0.0 "$@" ;;
     large_unrolled) row "$spec" "${large[@]}" --set train.prng_impl=rbg --set model.scan_layers=False "$@" ;;
+    large_pallas) row "$spec" "${large[@]}" --set train.prng_impl=rbg --set model.attention_impl=pallas "$@" ;;
+    large_pallas_unrolled) row "$spec" "${large[@]}" --set train.prng_impl=rbg --set model.attention_impl=pallas \
+      --set model.scan_layers=False "$@" ;;
     large_pretrain) row "$spec" --variant large --seq 128 --batch 128 --regime pretrain --set train.prng_impl=rbg "$@" ;;
     base_fixed) row "$spec" --variant base --seq 128 --batch 256 --regime fixed --set train.prng_impl=rbg "$@" ;;
     *) echo "unknown row $spec" ;;

@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bertjax import model as model_lib
+from bertjax import attention, model as model_lib
 
 
 def main():
@@ -57,7 +57,7 @@ def main():
   for name, x in (("padded", batch), ("packed", packed)):
     h_ref, g_ref = run(dataclasses.replace(base, attention_impl="xla"), x)
     m = x["input_mask"].astype(bool)
-    for impl in ("xla", "cudnn", "auto"):
+    for impl in ("xla", "cudnn", "auto", "pallas"):
       try:
         h, g = run(dataclasses.replace(base, attention_impl=impl, dtype=args.dtype), x)
       except Exception as e:  # pylint: disable=broad-except
@@ -71,6 +71,29 @@ def main():
       g_err = max(rel(a, r) for a, r in zip(gl, rl) if np.linalg.norm(r) > 1e-4 * scale)
       print(f"  {name:7s} {impl:6s} hidden rel err {rel(h[m], h_ref[m]):.2e}   gradients: all {total:.2e}, "
             f"worst leaf {g_err:.2e}")
+
+  # The fused kernel with dropout (rate 0.1) in `dtype` against the same function in float32 jnp.
+  shape = (b, s, base.num_heads, base.head_dim)
+  q, k, v = (jnp.asarray(rng.normal(size=shape), jnp.float32) for _ in range(3))
+  w = jnp.asarray(rng.normal(size=shape), jnp.float32)
+  mask = jnp.asarray(batch["input_mask"].astype(bool))[:, None, None, :]
+  dt = jnp.dtype(args.dtype)
+
+  def fused(q, k, v):
+    return jnp.sum(attention.fused_attention(q.astype(dt), k.astype(dt), v.astype(dt), mask, dropout_rate=0.1,
+                                             seed=7).astype(jnp.float32) * w)
+
+  def ref(q, k, v):
+    return jnp.sum(attention.reference(q, k, v, mask, 7, 0.1) * w)
+  try:
+    gf = jax.jit(jax.grad(fused, (0, 1, 2)))(q, k, v)
+    gr = jax.jit(jax.grad(ref, (0, 1, 2)))(q, k, v)
+    of = attention.fused_attention(q.astype(dt), k.astype(dt), v.astype(dt), mask, dropout_rate=0.1, seed=7)
+    orf = attention.reference(q, k, v, mask, 7, 0.1)
+    print(f"  dropout pallas output rel err {rel(np.asarray(of, np.float32), np.asarray(orf)):.2e}   gradients "
+          + " ".join(f"{n} {rel(np.asarray(a), np.asarray(r)):.2e}" for n, a, r in zip("qkv", gf, gr)))
+  except Exception as e:  # pylint: disable=broad-except
+    print(f"  dropout pallas unavailable: {type(e).__name__}: {str(e).splitlines()[0][:200]}")
 
 
 if __name__ == "__main__":

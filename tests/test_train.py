@@ -195,6 +195,10 @@ def test_config_validation_errors(data_dir):
   with pytest.raises(train.ConfigError, match="vocab_size 30522 does not match the data's tokenizer vocabulary"):
     train.validate(bad, 8, creation)
   bad = small_config(data_dir)
+  bad.model.attention_impl = "pallas"
+  with pytest.raises(train.ConfigError, match="'pallas' runs on one device per process, not a mesh of 8"):
+    train.validate(bad, 8, creation)
+  bad = small_config(data_dir)
   bad.train.prng_impl = "philox"
   with pytest.raises(train.ConfigError, match="train.prng_impl 'philox' is not one of"):
     train.validate(bad, 8, creation)

@@ -1,0 +1,160 @@
+"""Fused self-attention with dropout for GPUs: one Pallas (Triton) program per (batch row, head).
+
+softmax(QKᵀ/√d_k + mask)·V with dropout on the probabilities, forward and backward, for sequences that fit one block
+(L <= 256: BERT's 128 and GLUE lengths). The XLA path writes the [B, H, L, L] scores, probabilities, dropout bits
+and mask to memory and reads them back several times; here they never leave the chip. The dropout mask is a
+counter-based hash of (seed, batch, head, query, key), so the backward pass recomputes the forward's mask exactly
+and nothing [B, H, L, L] is stored. Used by `model.SelfAttention` when `attention_impl="pallas"`; on CPU the same
+kernels run in Pallas' interpreter (tests), on TPU use `xla`.
+"""
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.experimental import pallas as pl
+
+MAX_LENGTH = 256
+_GOLDEN = np.uint32(0x9E3779B9)
+
+
+def _mix(x):
+  """A bijective 32-bit integer hash (xor-shift-multiply, 'lowbias32'): uniform bits from a counter."""
+  x = x ^ (x >> 16)
+  x = x * jnp.uint32(0x7FEB352D)
+  x = x ^ (x >> 15)
+  x = x * jnp.uint32(0x846CA68B)
+  return x ^ (x >> 16)
+
+
+def keep_mask(seed, b, h, num_heads, length_q, length_k, rate, q_index, k_index):
+  """Dropout keep mask of row b, head h (q_index/k_index: broadcastable uint32 positions). P(keep) = 1 - rate
+  to within 2⁻²⁴. The same function serves the kernels and the reference."""
+  base = (b * num_heads + h) * length_q
+  counter = ((base + q_index) * jnp.uint32(length_k) + k_index).astype(jnp.uint32)
+  bits = _mix(counter ^ _mix(seed.astype(jnp.uint32) + _GOLDEN))
+  threshold = np.int32(round(rate * (1 << 24)))
+  return (bits >> 8).astype(jnp.int32) >= threshold
+
+
+def reference(q, k, v, mask, seed, rate):
+  """The same function in plain jnp (for tests): q, k, v [B, L, H, D], mask [B, 1, L, L] bool."""
+  b, lq, h, d = q.shape
+  lk = k.shape[1]
+  s = jnp.einsum("bqhd,bkhd->bhqk", q, k, preferred_element_type=jnp.float32) / np.sqrt(d).astype(np.float32)
+  s = jnp.where(mask, s, jnp.finfo(jnp.float32).min)
+  p = jax.nn.softmax(s, axis=-1)
+  if rate > 0:
+    bi = jnp.arange(b, dtype=jnp.uint32)[:, None, None, None]
+    hi = jnp.arange(h, dtype=jnp.uint32)[None, :, None, None]
+    qi = jnp.arange(lq, dtype=jnp.uint32)[None, None, :, None]
+    ki = jnp.arange(lk, dtype=jnp.uint32)[None, None, None, :]
+    keep = keep_mask(jnp.asarray(seed, jnp.uint32), bi, hi, h, lq, lk, rate, qi, ki)
+    p = jnp.where(keep, p / (1.0 - rate), 0.0)
+  return jnp.einsum("bhqk,bkhd->bqhd", p.astype(v.dtype), v)
+
+
+def _dot(a, b, trans_a=False, trans_b=False):
+  if trans_a:
+    a = a.T
+  if trans_b:
+    b = b.T
+  return jnp.dot(a, b, preferred_element_type=jnp.float32)
+
+
+def _softmax_and_keep(q, k, mask, seed, scale, rate, num_heads):
+  b, h = pl.program_id(0), pl.program_id(1)
+  s = _dot(q, k, trans_b=True) * scale
+  s = jnp.where(mask != 0, s, jnp.finfo(jnp.float32).min)
+  s = s - jnp.max(s, axis=-1, keepdims=True)
+  e = jnp.exp(s)
+  p = e / jnp.sum(e, axis=-1, keepdims=True)
+  if rate == 0.0:
+    return p, None
+  lq, lk = p.shape
+  qi = jax.lax.broadcasted_iota(jnp.uint32, (lq, lk), 0)
+  ki = jax.lax.broadcasted_iota(jnp.uint32, (lq, lk), 1)
+  keep = keep_mask(seed, b.astype(jnp.uint32), h.astype(jnp.uint32), num_heads, lq, lk, rate, qi, ki)
+  return p, keep
+
+
+def _fwd_kernel(seed_ref, q_ref, k_ref, v_ref, mask_ref, o_ref, *, scale, rate, num_heads):
+  q, k, v = q_ref[...], k_ref[...], v_ref[...]
+  p, keep = _softmax_and_keep(q, k, mask_ref[...], seed_ref[0], scale, rate, num_heads)
+  if keep is not None:
+    p = jnp.where(keep, p * (1.0 / (1.0 - rate)), 0.0)
+  o_ref[...] = _dot(p.astype(v.dtype), v).astype(o_ref.dtype)
+
+
+def _bwd_kernel(seed_ref, q_ref, k_ref, v_ref, mask_ref, do_ref, dq_ref, dk_ref, dv_ref, *, scale, rate, num_heads):
+  q, k, v, do, mask = q_ref[...], k_ref[...], v_ref[...], do_ref[...], mask_ref[...]
+  p, keep = _softmax_and_keep(q, k, mask, seed_ref[0], scale, rate, num_heads)
+  inv = 1.0 / (1.0 - rate)
+  pd = p if keep is None else jnp.where(keep, p * inv, 0.0)  # the probabilities the forward multiplied V by
+  dv_ref[...] = _dot(pd.astype(do.dtype), do, trans_a=True).astype(dv_ref.dtype)
+  dp = _dot(do, v, trans_b=True)  # d loss / d pd
+  if keep is not None:
+    dp = jnp.where(keep, dp * inv, 0.0)
+  ds = p * (dp - jnp.sum(dp * p, axis=-1, keepdims=True)) * scale
+  ds = jnp.where(mask != 0, ds, 0.0).astype(q.dtype)  # masked scores are constants: no gradient flows through them
+  dq_ref[...] = _dot(ds, k).astype(dq_ref.dtype)
+  dk_ref[...] = _dot(ds, q, trans_a=True).astype(dk_ref.dtype)
+
+
+def _specs(shape, mask_shape):
+  _, length, _, dim = shape
+  row = pl.BlockSpec((None, length, None, dim), lambda b, h: (b, 0, h, 0))
+  mask = pl.BlockSpec((None, None, mask_shape[2], mask_shape[3]), lambda b, h: (b, 0, 0, 0))
+  seed = pl.BlockSpec((1,), lambda b, h: (0,))
+  return seed, row, mask
+
+
+def _call(kernel, n_out, q, mask, args, rate, interpret):
+  b, length, h, d = q.shape
+  seed_spec, row, mask_spec = _specs(q.shape, mask.shape)
+  in_specs = [seed_spec, row, row, row, mask_spec] + [row] * (len(args) - 5)
+  params = None
+  if not interpret:
+    from jax.experimental.pallas import triton as pl_triton  # pylint: disable=import-outside-toplevel
+    params = pl_triton.CompilerParams(num_warps=8 if length >= 128 else 4, num_stages=1)
+  out = jax.ShapeDtypeStruct(q.shape, q.dtype)
+  return pl.pallas_call(
+      functools.partial(kernel, scale=float(1.0 / np.sqrt(d)), rate=float(rate), num_heads=h),
+      grid=(b, h), in_specs=in_specs, out_specs=[row] * n_out if n_out > 1 else row,
+      out_shape=[out] * n_out if n_out > 1 else out, interpret=interpret, compiler_params=params)(*args)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6))
+def _attention(q, k, v, mask, seed, rate, interpret):
+  return _call(_fwd_kernel, 1, q, mask, (seed, q, k, v, mask), rate, interpret)
+
+
+def _attention_fwd(q, k, v, mask, seed, rate, interpret):
+  return _attention(q, k, v, mask, seed, rate, interpret), (q, k, v, mask, seed)
+
+
+def _attention_bwd(rate, interpret, res, do):
+  q, k, v, mask, seed = res
+  dq, dk, dv = _call(_bwd_kernel, 3, q, mask, (seed, q, k, v, mask, do.astype(q.dtype)), rate, interpret)
+  return dq, dk, dv, None, None
+
+
+_attention.defvjp(_attention_fwd, _attention_bwd)
+
+
+def fused_attention(q, k, v, mask, *, dropout_rate=0.0, seed=None, interpret=None):
+  """q, k, v [B, L, H, D]; mask broadcastable to [B, 1, L, L] (True = attend); seed: uint32 scalar (dropout)."""
+  b, length, h, d = q.shape
+  if length > MAX_LENGTH or length & (length - 1) or length < 16:
+    raise ValueError(f"attention_impl='pallas' takes sequence lengths 16..{MAX_LENGTH} that are powers of two, "
+                     f"got {length}; use attention_impl='xla'")
+  if d & (d - 1) or d < 16:
+    raise ValueError(f"attention_impl='pallas' needs a power-of-two head size >= 16, got {d}")
+  if interpret is None:
+    interpret = jax.default_backend() == "cpu"
+  mask = jnp.broadcast_to(mask, (b, 1, length, k.shape[1])).astype(jnp.int8)
+  rate = float(dropout_rate) if seed is not None else 0.0
+  seed = jnp.reshape(jnp.asarray(0 if seed is None else seed, jnp.uint32), (1,))
+  return _attention(q, k, v, mask, seed, rate, interpret)
