@@ -144,8 +144,13 @@ def _attention_bwd(rate, interpret, res, do):
 _attention.defvjp(_attention_fwd, _attention_bwd)
 
 
-def fused_attention(q, k, v, mask, *, dropout_rate=0.0, seed=None, interpret=None):
-  """q, k, v [B, L, H, D]; mask broadcastable to [B, 1, L, L] (True = attend); seed: uint32 scalar (dropout)."""
+def fused_attention(q, k, v, mask, *, dropout_rate=0.0, seed=None, interpret=None, partition=None):
+  """q, k, v [B, L, H, D]; mask broadcastable to [B, 1, L, L] (True = attend); seed: uint32 scalar (dropout).
+
+  `partition`: the mesh axes of q's [batch, length, heads, kv] dimensions (a PartitionSpec) when tracing under a
+  mesh of several devices. The kernel then runs on each device's block through `shard_map` (it cannot be split by
+  the compiler), each block's seed offset by its position along the batch and head axes so that no two blocks
+  share dropout bits; length and head size must not be split."""
   b, length, h, d = q.shape
   if length > MAX_LENGTH or length & (length - 1) or length < 16:
     raise ValueError(f"attention_impl='pallas' takes sequence lengths 16..{MAX_LENGTH} that are powers of two, "
@@ -157,4 +162,23 @@ def fused_attention(q, k, v, mask, *, dropout_rate=0.0, seed=None, interpret=Non
   mask = jnp.broadcast_to(mask, (b, 1, length, k.shape[1])).astype(jnp.int8)
   rate = float(dropout_rate) if seed is not None else 0.0
   seed = jnp.reshape(jnp.asarray(0 if seed is None else seed, jnp.uint32), (1,))
-  return _attention(q, k, v, mask, seed, rate, interpret)
+  mesh = jax.sharding.get_abstract_mesh()
+  if partition is None or mesh.empty or mesh.size == 1:
+    return _attention(q, k, v, mask, seed, rate, interpret)
+  parts = (list(partition) + [None] * 4)[:4]
+  batch_axes, length_axes, head_axes, dim_axes = (
+      tuple(a) if isinstance(a, (tuple, list)) else (() if a is None else (a,)) for a in parts)
+  if any(mesh.shape[a] > 1 for a in length_axes + dim_axes):
+    raise ValueError(f"attention_impl='pallas' cannot split the sequence or head size over mesh axes "
+                     f"{length_axes + dim_axes}; use attention_impl='xla'")
+  spec = jax.sharding.PartitionSpec(batch_axes or None, None, head_axes or None, None)
+  mask_spec = jax.sharding.PartitionSpec(batch_axes or None, None, None, None)
+
+  def local(q, k, v, mask, seed):
+    block = jnp.uint32(0)
+    for a in batch_axes + head_axes:
+      block = block * jnp.uint32(mesh.shape[a]) + jax.lax.axis_index(a).astype(jnp.uint32)
+    return _attention(q, k, v, mask, seed + block * _GOLDEN, rate, interpret)
+
+  return jax.shard_map(local, mesh=mesh, in_specs=(spec, spec, spec, mask_spec, jax.sharding.PartitionSpec()),
+                       out_specs=spec, check_vma=False)(q, k, v, mask, seed)

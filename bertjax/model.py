@@ -63,7 +63,7 @@ class BertConfig:
   scan_layers: bool = False  # nn.scan over layers: compile time flat in depth
   remat: str = "none"  # none | full | dots (save matmul outputs)
   # xla (einsum) | cudnn | auto: jax.nn.dot_product_attention (fused without dropout) | pallas: bertjax.attention
-  # (fused with dropout; GPU, one device per process, L <= 256)
+  # (fused with dropout; GPU, L <= 256, batch and heads may be split over a mesh)
   attention_impl: str = "xla"
   # Word (and packed-position) lookups: gather | one_hot (a matmul: its gradient is a matmul, not a scatter-add;
   # the original's use_one_hot_embeddings) | auto (one_hot on GPU, where the scatter-add is slow; gather elsewhere).
@@ -229,7 +229,8 @@ class SelfAttention(nn.Module):
     if cfg.attention_impl == "pallas":
       training = not deterministic and cfg.attention_dropout_rate > 0.0
       seed = jax.random.bits(self.make_rng("dropout"), (), jnp.uint32) if training else None
-      z = attention_lib.fused_attention(q, k, v, mask, dropout_rate=cfg.attention_dropout_rate, seed=seed)
+      z = attention_lib.fused_attention(q, k, v, mask, dropout_rate=cfg.attention_dropout_rate, seed=seed,
+                                        partition=nn.logical_to_mesh_axes(names))
     elif use_fused:
       impl = "cudnn" if cfg.attention_impl == "cudnn" else None
       # cuDNN takes the mask as a bias of full [B, 1, Lq, Lk] shape, not a key-padding [B, 1, 1, Lk] broadcast.

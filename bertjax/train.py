@@ -86,9 +86,6 @@ def validate(config, num_devices: int, creation: dict | None = None, tokenizer_v
     if mcfg is not None and creation.get("vocab_size") not in (None, mcfg.vocab_size):
       errors.append(f"model.vocab_size {mcfg.vocab_size} does not match the data's tokenizer vocabulary "
                     f"{creation['vocab_size']} ({creation.get('tokenizer')})")
-  if config.model.attention_impl == "pallas" and num_devices > 1:
-    errors.append(f"model.attention_impl 'pallas' runs on one device per process, not a mesh of {num_devices}; "
-                  "use 'xla'")
   if config.train.get("prng_impl", "threefry2x32") not in PRNG_IMPLS:
     errors.append(f"train.prng_impl {config.train.prng_impl!r} is not one of {PRNG_IMPLS}")
   if config.data.get("packing") and config.data.dynamic_masking:

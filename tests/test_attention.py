@@ -87,3 +87,16 @@ def test_lengths_the_kernel_cannot_take_are_refused():
   q, k, v = qkv(length=24)
   with pytest.raises(ValueError, match="powers of two, got 24; use attention_impl='xla'"):
     attention.fused_attention(q, k, v, jnp.ones((2, 1, 1, 24), bool))
+
+
+def test_each_device_block_draws_its_own_dropout_mask():
+  """Under a mesh the kernel runs per device block; eight identical rows on eight devices must still get eight
+  different masks (each block's seed is offset by its position), and the same masks as on one device would not."""
+  mesh = jax.make_mesh((8,), ("data",), axis_types=(jax.sharding.AxisType.Auto,))
+  q, k, v = (jnp.tile(x[:1], (8, 1, 1, 1)) for x in qkv())
+  mask = jnp.ones((8, 1, 1, 32), bool)
+  with jax.set_mesh(mesh):
+    out = jax.jit(lambda q, k, v: attention.fused_attention(
+        q, k, v, mask, dropout_rate=0.5, seed=3, partition=jax.sharding.PartitionSpec("data")))(q, k, v)
+  out = np.asarray(out)
+  assert all(np.abs(out[i] - out[j]).max() > 1e-3 for i in range(8) for j in range(i + 1, 8))
