@@ -24,7 +24,6 @@ import time
 import numpy as np
 
 REGIMES = ("fixed", "pretrain", "glue", "glue_finetune")
-PROFILE_DIR = ""  # --profile: a jax.profiler trace (with a Perfetto JSON) of three extra steps per regime
 
 
 def sample_lengths(regime: str, n: int, seq: int, rng: np.random.Generator) -> np.ndarray:
@@ -84,7 +83,8 @@ def bertjax_batches(examples, batch, seq, preds, pack, per_row=8):
   return out
 
 
-def run_bertjax(variant, seq, batch, preds, dtype, shard, steps, regime, examples, overrides=(), warmup=2):
+def run_bertjax(variant, seq, batch, preds, dtype, shard, steps, regime, examples, overrides=(), profile="",
+                warmup=2):
   import jax  # pylint: disable=import-outside-toplevel
   from bertjax import model as model_lib, sharding as sharding_lib, train  # pylint: disable=import-outside-toplevel
   from configs import common, pretrain  # pylint: disable=import-outside-toplevel
@@ -105,7 +105,7 @@ def run_bertjax(variant, seq, batch, preds, dtype, shard, steps, regime, example
   state = train.init_state(run, 0)
   with sharding_lib.use_mesh(run.mesh, run.rules):
     compile_s, times, timed = _timed(run.train_step, state, [b for b, _ in batches], warmup, steps,
-                                     run.batch_sharding)
+                                     run.batch_sharding, profile)
   per_pos = model_lib.model_flops_per_sequence(mcfg, seq, 0, seq_len_squared=0.0)
   flops = []
   for b, s2 in batches[warmup:warmup + steps]:
@@ -120,8 +120,9 @@ def run_bertjax(variant, seq, batch, preds, dtype, shard, steps, regime, example
           "model_flops_per_step": statistics.median(flops), "sequences_per_s": statistics.median(seqs) / step}
 
 
-def _timed(step_fn, state, batches, warmup, steps, sharding):
-  """(compile s, per-step times, batches timed) of a jitted `step_fn(state, batch) -> (state, metrics)`."""
+def _timed(step_fn, state, batches, warmup, steps, sharding, profile=""):
+  """(compile s, per-step times, batches timed) of a jitted `step_fn(state, batch) -> (state, metrics)`; with
+  `profile` (a folder), a jax.profiler trace (and Perfetto JSON) of three more steps, not timed."""
   import jax  # pylint: disable=import-outside-toplevel
   t = time.perf_counter()
   compiled = step_fn.lower(state, jax.device_put(batches[0], sharding)).compile()
@@ -134,15 +135,15 @@ def _timed(step_fn, state, batches, warmup, steps, sharding):
     jax.block_until_ready(m["loss"])
     if i >= warmup:
       times.append(time.perf_counter() - t)
-  if PROFILE_DIR:  # a few more steps under the profiler (not timed): where the step's time goes
-    with jax.profiler.trace(PROFILE_DIR, create_perfetto_trace=True):
+  if profile:
+    with jax.profiler.trace(profile, create_perfetto_trace=True):
       for i in range(3):
         state, m = compiled(state, jax.device_put(batches[i], sharding))
       jax.block_until_ready(m["loss"])
   return compile_s, times, batches[warmup:warmup + steps]
 
 
-def run_bertjax_finetune(variant, seq, batch, dtype, shard, steps, examples, overrides=(), warmup=2):
+def run_bertjax_finetune(variant, seq, batch, dtype, shard, steps, examples, overrides=(), profile="", warmup=2):
   """The fine-tuning step of `finetune.py` (sentence classifier, AdamW, clipping) on packed rows."""
   import jax  # pylint: disable=import-outside-toplevel
   import ml_collections  # pylint: disable=import-outside-toplevel
@@ -178,7 +179,7 @@ def run_bertjax_finetune(variant, seq, batch, dtype, shard, steps, examples, ove
   train_fn, _ = finetune.make_steps(module, task, tx, lr_fn, 0, c.train.prng_impl)
   step_fn = jax.jit(train_fn, in_shardings=(shardings, bsh), out_shardings=(shardings, None), donate_argnums=(0,))
   with sharding_lib.use_mesh(mesh, rules):
-    compile_s, times, timed = _timed(step_fn, state, rows, warmup, steps, bsh)
+    compile_s, times, timed = _timed(step_fn, state, rows, warmup, steps, bsh, profile)
   step = statistics.median(times)
   per_pos = model_lib.model_flops_per_sequence(mcfg, seq, 0, seq_len_squared=0.0)
   flops = [batch * per_pos + 3 * mcfg.num_layers * 4 * sq[warmup + i] * mcfg.hidden_size for i in range(steps)]
@@ -286,8 +287,6 @@ def main(argv=None):
   p.add_argument("--profile", default="", help="write a jax.profiler trace of three extra steps to this folder")
   p.add_argument("--out", default="bench.json")
   args = p.parse_args(argv)
-  global PROFILE_DIR  # pylint: disable=global-statement
-  PROFILE_DIR = args.profile
   # JAX would otherwise take most of a GPU's memory up front, leaving none to the PyTorch peer on the same GPU.
   os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
   import jax  # pylint: disable=import-outside-toplevel
@@ -315,10 +314,10 @@ def main(argv=None):
       _release_torch_memory()
     if finetuning:
       ours = run_bertjax_finetune(args.variant, args.seq, args.batch, args.dtype, args.shard, args.steps, examples,
-                                  args.set)
+                                  args.set, args.profile)
     else:
       ours = run_bertjax(args.variant, args.seq, args.batch, args.preds, args.dtype, args.shard, args.steps, regime,
-                         [dict(e) for e in examples], args.set)
+                         [dict(e) for e in examples], args.set, args.profile)
     row = {"config": " ".join([args.variant, f"seq {args.seq} batch {args.batch}", args.dtype, args.shard, regime,
                                *args.set]),
            "regime": regime, "device": f"{jax.device_count()} x {jax.devices()[0].device_kind}",
