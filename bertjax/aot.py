@@ -69,6 +69,8 @@ def compile_step(config, topology: str, per_chip_batch: int, num_slices: int = 1
       return result
     raise
   result["compile_s"] = time.time() - t
+  # Pallas kernels compiled by Mosaic for the chip (attention_impl=splash), as custom calls in the program.
+  result["mosaic_kernels"] = compiled.as_text().count('custom_call_target="tpu_custom_call"')
   mem = compiled.memory_analysis()
   gib = 1024 ** 3
   args_b = getattr(mem, "argument_size_in_bytes", 0)

@@ -6,6 +6,9 @@ and mask to memory and reads them back several times; here they never leave the 
 counter-based hash of (seed, batch, head, query, key), so the backward pass recomputes the forward's mask exactly
 and nothing [B, H, L, L] is stored. Used by `model.SelfAttention` when `attention_impl="pallas"`; on CPU the same
 kernels run in Pallas' interpreter (tests), on TPU use `xla`.
+
+For TPUs, `splash_attention` wraps JAX's Pallas splash attention kernel (`attention_impl="splash"`): fused, no
+dropout, packed rows masked by segment ids.
 """
 from __future__ import annotations
 
@@ -162,15 +165,10 @@ def fused_attention(q, k, v, mask, *, dropout_rate=0.0, seed=None, interpret=Non
   mask = jnp.broadcast_to(mask, (b, 1, length, k.shape[1])).astype(jnp.int8)
   rate = float(dropout_rate) if seed is not None else 0.0
   seed = jnp.reshape(jnp.asarray(0 if seed is None else seed, jnp.uint32), (1,))
-  mesh = jax.sharding.get_abstract_mesh()
-  if partition is None or mesh.empty or mesh.size == 1:
+  mesh, axes = _local_axes(partition, "pallas")
+  if mesh is None:
     return _attention(q, k, v, mask, seed, rate, interpret)
-  parts = (list(partition) + [None] * 4)[:4]
-  batch_axes, length_axes, head_axes, dim_axes = (
-      tuple(a) if isinstance(a, (tuple, list)) else (() if a is None else (a,)) for a in parts)
-  if any(mesh.shape[a] > 1 for a in length_axes + dim_axes):
-    raise ValueError(f"attention_impl='pallas' cannot split the sequence or head size over mesh axes "
-                     f"{length_axes + dim_axes}; use attention_impl='xla'")
+  batch_axes, head_axes = axes
   spec = jax.sharding.PartitionSpec(batch_axes or None, None, head_axes or None, None)
   mask_spec = jax.sharding.PartitionSpec(batch_axes or None, None, None, None)
 
@@ -182,3 +180,90 @@ def fused_attention(q, k, v, mask, *, dropout_rate=0.0, seed=None, interpret=Non
 
   return jax.shard_map(local, mesh=mesh, in_specs=(spec, spec, spec, mask_spec, jax.sharding.PartitionSpec()),
                        out_specs=spec, check_vma=False)(q, k, v, mask, seed)
+
+
+def _local_axes(partition, impl):
+  """(mesh, (batch axes, head axes)) for running a kernel per device block through `shard_map`, or (None, None)
+  on one device. Kernels cannot be split by the compiler; the sequence and head size must not be split."""
+  mesh = jax.sharding.get_abstract_mesh()
+  if partition is None or mesh.empty or mesh.size == 1:
+    return None, None
+  parts = (list(partition) + [None] * 4)[:4]
+  batch_axes, length_axes, head_axes, dim_axes = (
+      tuple(a) if isinstance(a, (tuple, list)) else (() if a is None else (a,)) for a in parts)
+  if any(mesh.shape[a] > 1 for a in length_axes + dim_axes):
+    raise ValueError(f"attention_impl={impl!r} cannot split the sequence or head size over mesh axes "
+                     f"{length_axes + dim_axes}; use attention_impl='xla'")
+  return mesh, (batch_axes, head_axes)
+
+
+# --- TPU: Pallas splash attention (block-sparse flash attention; packed rows through segment ids) ---------------
+
+SPLASH_MAX_BLOCK = 512
+
+
+def splash_segments(input_mask, attention_segment_ids=None):
+  """The [B, L] int32 segment ids splash attention masks by: a query attends to the keys of its own segment.
+  Unpacked rows: 1 for tokens, 0 for padding; packed rows: each example's id, 0 for padding. Real tokens see
+  exactly what `model.attention_mask` lets them see (padding rows see only padding; their outputs are unused)."""
+  if attention_segment_ids is not None:
+    return attention_segment_ids.astype(jnp.int32)
+  return input_mask.astype(jnp.int32)
+
+
+def segments_to_mask(segment_ids):
+  """The boolean [B, 1, L, L] mask of `splash_segments` ids (padding queries see nothing), for the XLA path."""
+  same = segment_ids[:, None, :, None] == segment_ids[:, None, None, :]
+  return same & (segment_ids[:, None, :, None] > 0)
+
+
+def _splash_kernel(num_heads, length, interpret):
+  """Built afresh in every trace: the kernel object holds arrays made while tracing, so a cached one leaks
+  tracers from one jit into the next."""
+  from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as sk
+  from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as sm
+  block = min(length, SPLASH_MAX_BLOCK)
+  sizes = sk.BlockSizes(block_q=block, block_kv=block, block_kv_compute=block, block_q_dkv=block,
+                        block_kv_dkv=block, block_kv_dkv_compute=block, block_q_dq=block, block_kv_dq=block)
+  mask = sm.MultiHeadMask([sm.FullMask((length, length)) for _ in range(num_heads)])  # bidirectional
+  return sk.make_splash_mha(mask, head_shards=1, q_seq_shards=1, block_sizes=sizes, interpret=interpret), sk
+
+
+def splash_attention(q, k, v, segment_ids, *, interpret=None, partition=None):
+  """softmax(QKᵀ/√d_k)·V through the TPU splash kernel, without dropout. q, k, v [B, L, H, D];
+  segment_ids [B, L] from `splash_segments`. `partition` as in `fused_attention` (batch and heads may be split).
+  The kernel's blocks are multiples of 128 long: shorter or uneven rows are padded to the next multiple of 128
+  (of 512 past 512) with a segment id no real token has, and the padding is cut from the output.
+  On CPU the kernel runs in Pallas' interpreter (tests); on GPU use attention_impl='pallas' or 'cudnn'."""
+  length, d = q.shape[1], q.shape[3]
+  if interpret is None and jax.default_backend() == "gpu":
+    raise ValueError("attention_impl='splash' is the TPU kernel; on GPU use attention_impl='pallas' or 'cudnn'")
+  unit = 128 if length <= SPLASH_MAX_BLOCK else SPLASH_MAX_BLOCK
+  padded = -(-length // unit) * unit
+  scale = np.float32(1.0 / np.sqrt(d))
+
+  def run_with(interpret, q, k, v, segment_ids):
+    kernel, sk = _splash_kernel(q.shape[2], padded, interpret)
+    pad = [(0, 0), (0, padded - length), (0, 0), (0, 0)]
+    heads_first = lambda t: jnp.swapaxes(jnp.pad(t, pad), 1, 2)  # [B, L, H, D] -> [B, H, L', D]
+    segment_ids = jnp.pad(segment_ids, [(0, 0), (0, padded - length)], constant_values=-1)
+    one = lambda q, k, v, s: kernel(q, k, v, segment_ids=sk.SegmentIds(q=s, kv=s))
+    out = jax.vmap(one)(heads_first(q * scale.astype(q.dtype)), heads_first(k), heads_first(v), segment_ids)
+    return jnp.swapaxes(out, 1, 2)[:, :length]
+
+  def run(*args):
+    if interpret is not None:
+      return run_with(interpret, *args)
+    # Mosaic when lowering for TPU (on a TPU, or ahead of time for one from a CPU host: bertjax.aot), the
+    # interpreter elsewhere; only the branch of the platform compiled for is lowered.
+    return jax.lax.platform_dependent(*args, tpu=functools.partial(run_with, False),
+                                      default=functools.partial(run_with, True))
+
+  mesh, axes = _local_axes(partition, "splash")
+  if mesh is None:
+    return run(q, k, v, segment_ids)
+  batch_axes, head_axes = axes
+  spec = jax.sharding.PartitionSpec(batch_axes or None, None, head_axes or None, None)
+  seg_spec = jax.sharding.PartitionSpec(batch_axes or None, None)
+  return jax.shard_map(run, mesh=mesh, in_specs=(spec, spec, spec, seg_spec), out_specs=spec,
+                       check_vma=False)(q, k, v, segment_ids)

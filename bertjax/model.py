@@ -63,7 +63,8 @@ class BertConfig:
   scan_layers: bool = False  # nn.scan over layers: compile time flat in depth
   remat: str = "none"  # none | full | dots (save matmul outputs)
   # xla (einsum) | cudnn | auto: jax.nn.dot_product_attention (fused without dropout) | pallas: bertjax.attention
-  # (fused with dropout; GPU, L <= 256, batch and heads may be split over a mesh)
+  # (fused with dropout; GPU, L <= 256, batch and heads may be split over a mesh) | splash: TPU Pallas splash
+  # attention (fused without dropout, packed rows by segment ids; the xla path when attention dropout is on)
   attention_impl: str = "xla"
   # Word (and packed-position) lookups: gather | one_hot (a matmul: its gradient is a matmul, not a scatter-add;
   # the original's use_one_hot_embeddings) | auto (one_hot on GPU, where the scatter-add is slow; gather elsewhere).
@@ -81,7 +82,7 @@ class BertConfig:
                        f"num_heads {self.num_heads}")
     choices = {"hidden_act": ACTIVATIONS, "position_embedding": ("learned", "sinusoidal"),
                "layer_norm": ("post", "pre"), "dtype": DTYPES, "param_dtype": DTYPES,
-               "remat": ("none", "full", "dots"), "attention_impl": ("xla", "cudnn", "auto", "pallas"),
+               "remat": ("none", "full", "dots"), "attention_impl": ("xla", "cudnn", "auto", "pallas", "splash"),
                "embedding_lookup": ("gather", "one_hot", "auto")}
     for name, allowed in choices.items():
       if getattr(self, name) not in allowed:
@@ -225,8 +226,16 @@ class SelfAttention(nn.Module):
     v = Dense(shape, ("embed", "heads", "kv"), cfg, name="value")(x)
     names = ("activation_batch", "activation_length", "activation_heads", "activation_kv")
     q, k, v = (_constrain(t, names) for t in (q, k, v))
-    use_fused = cfg.attention_impl in ("cudnn", "auto") and (deterministic or cfg.attention_dropout_rate == 0.0)
-    if cfg.attention_impl == "pallas":
+    no_dropout = deterministic or cfg.attention_dropout_rate == 0.0
+    use_fused = cfg.attention_impl in ("cudnn", "auto") and no_dropout
+    if cfg.attention_impl == "splash":  # `mask` holds splash_segments ids [B, L]
+      if no_dropout:
+        z = attention_lib.splash_attention(q, k, v, mask, partition=nn.logical_to_mesh_axes(names))
+      else:
+        z = dot_product_attention(q, k, v, attention_lib.segments_to_mask(mask),
+                                  dropout_rate=cfg.attention_dropout_rate, dropout_rng=self.make_rng("dropout"),
+                                  deterministic=False)
+    elif cfg.attention_impl == "pallas":
       training = not deterministic and cfg.attention_dropout_rate > 0.0
       seed = jax.random.bits(self.make_rng("dropout"), (), jnp.uint32) if training else None
       z = attention_lib.fused_attention(q, k, v, mask, dropout_rate=cfg.attention_dropout_rate, seed=seed,
@@ -401,7 +410,10 @@ class BertModel(nn.Module):
     check_batch(self.cfg, batch)
     ids = batch["input_ids"]
     positions = batch.get("position_ids")
-    mask = attention_mask(batch["input_mask"], batch.get("attention_segment_ids"))
+    if self.cfg.attention_impl == "splash":  # the kernel masks by segment ids, not a boolean [L, L] mask
+      mask = attention_lib.splash_segments(batch["input_mask"], batch.get("attention_segment_ids"))
+    else:
+      mask = attention_mask(batch["input_mask"], batch.get("attention_segment_ids"))
     x = self.embeddings(ids, batch["segment_ids"], positions, deterministic)
     h = self.encoder(x, mask, deterministic)
     return {"hidden": h, "pooled": self.pool(h, batch.get("cls_positions"))}

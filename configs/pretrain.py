@@ -37,7 +37,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.model.dtype = a.dtype  # computation dtype: float32 | bfloat16 (params stay float32; losses in float32)
   c.model.scan_layers = a.scan  # nn.scan over layers: compile time flat in depth
   c.model.remat = a.remat  # none | full | dots: rematerialise activations in the backward pass
-  c.model.attention_impl = "xla"  # xla | cudnn | auto (fused when dropout is off) | pallas (fused with dropout, GPU)
+  # xla | cudnn | auto (fused when dropout is off) | pallas (fused with dropout, GPU) | splash (TPU, no dropout)
+  c.model.attention_impl = "xla"
   c.model.embedding_lookup = "auto"  # gather | one_hot | auto (one_hot on GPU: no scatter-add in the backward)
 
   c.data = ml_collections.ConfigDict()

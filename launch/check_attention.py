@@ -1,4 +1,4 @@
-"""Attention implementations agree on this machine's accelerator: xla (einsum) vs cudnn vs auto.
+"""Attention implementations agree on this machine's accelerator: xla (einsum) vs cudnn, auto, pallas, splash.
 
   python launch/check_attention.py [--dtype bfloat16] [--batch 8] [--seq 128]
 
@@ -57,7 +57,7 @@ def main():
   for name, x in (("padded", batch), ("packed", packed)):
     h_ref, g_ref = run(dataclasses.replace(base, attention_impl="xla"), x)
     m = x["input_mask"].astype(bool)
-    for impl in ("xla", "cudnn", "auto", "pallas"):
+    for impl in ("xla", "cudnn", "auto", "pallas", "splash"):
       try:
         h, g = run(dataclasses.replace(base, attention_impl=impl, dtype=args.dtype), x)
       except Exception as e:  # pylint: disable=broad-except

@@ -100,3 +100,85 @@ def test_each_device_block_draws_its_own_dropout_mask():
         q, k, v, mask, dropout_rate=0.5, seed=3, partition=jax.sharding.PartitionSpec("data")))(q, k, v)
   out = np.asarray(out)
   assert all(np.abs(out[i] - out[j]).max() > 1e-3 for i in range(8) for j in range(i + 1, 8))
+
+
+# --- splash attention (the TPU kernel, in Pallas' interpreter here) ----------------------------------------------
+
+def splash_segments(b=2, length=32):
+  lengths = np.array([length, 20])[:b]
+  real = np.arange(length)[None] < lengths[:, None]
+  return {"padded": jnp.asarray(real.astype(np.int32)),
+          "packed": jnp.asarray(np.where(np.arange(length)[None] < 12, 1, 2) * real)}
+
+
+@pytest.mark.parametrize("kind", ["padded", "packed"])
+def test_splash_equals_softmax_attention_and_its_gradients(kind):
+  """softmax(QKᵀ/√d_k)·V with each token seeing its own example's tokens: outputs and gradients at real tokens."""
+  q, k, v = qkv()
+  seg = splash_segments()[kind]
+  mask = masks()[kind]
+  real = np.asarray(seg > 0)
+  proj = jnp.asarray(np.random.default_rng(3).normal(size=q.shape), jnp.float32) * real[:, :, None, None]
+  ref = model.dot_product_attention(q, k, v, mask)
+  out = attention.splash_attention(q, k, v, seg)
+  np.testing.assert_allclose(np.asarray(out)[real], np.asarray(ref)[real], atol=1e-5)
+  g_ref = jax.grad(lambda *a: jnp.sum(model.dot_product_attention(*a, mask) * proj), argnums=(0, 1, 2))(q, k, v)
+  g = jax.grad(lambda *a: jnp.sum(attention.splash_attention(*a, seg) * proj), argnums=(0, 1, 2))(q, k, v)
+  for a, b in zip(g, g_ref):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5)
+
+
+def packed_batch(cfg, n=2, length=32):
+  rng = np.random.default_rng(0)
+  seg = np.asarray(splash_segments(n, length)["packed"])
+  pos = np.where(seg == 2, np.arange(length) - 12, np.arange(length)) * (seg > 0)
+  return {"input_ids": rng.integers(5, cfg.vocab_size, (n, length)).astype(np.int32),
+          "input_mask": (seg > 0).astype(np.int32), "segment_ids": np.zeros((n, length), np.int32),
+          "attention_segment_ids": seg.astype(np.int32), "position_ids": pos.astype(np.int32),
+          "cls_positions": np.array([[0, 12]] * n, np.int32),
+          "masked_lm_positions": np.array([[1, 5, 14]] * n, np.int32)}
+
+
+@pytest.mark.parametrize("packed", [False, True])
+def test_model_with_splash_attention_trains_like_xla(packed):
+  """Pre-training loss and gradients equal the xla path's: without attention dropout through the kernel, with it
+  through the xla fallback (the same dropout bits: hidden and attention dropout on, one rng)."""
+  for attention_dropout in (0.0, 0.1):
+    cfg = model.BertConfig.from_variant("tiny", vocab_size=97, max_position_embeddings=64,
+                                        attention_dropout_rate=attention_dropout)
+    batch = packed_batch(cfg)
+    if not packed:
+      for key in ("attention_segment_ids", "position_ids", "cls_positions"):
+        del batch[key]
+      batch["input_mask"] = np.ones_like(batch["input_mask"])
+      batch["input_mask"][1, 20:] = 0
+    m = model.BertForPreTraining(cfg)
+    params = m.init(jax.random.key(0), batch)["params"]
+    out = {}
+    for impl in ("xla", "splash"):
+      mi = model.BertForPreTraining(dataclasses.replace(cfg, attention_impl=impl))
+
+      def loss(p, mi=mi):
+        o = mi.apply({"params": p}, batch, deterministic=False, rngs={"dropout": jax.random.key(7)})
+        return jnp.sum(o["mlm_logits"] ** 2) * 1e-3 + jnp.sum(o["nsp_logits"] ** 2)
+
+      out[impl] = jax.value_and_grad(loss)(params)
+    np.testing.assert_allclose(out["splash"][0], out["xla"][0], rtol=1e-5)
+    for a, b in zip(jax.tree_util.tree_leaves(out["xla"][1]), jax.tree_util.tree_leaves(out["splash"][1])):
+      assert np.linalg.norm(np.asarray(a) - np.asarray(b)) <= 1e-4 * np.linalg.norm(np.asarray(a)) + 1e-5
+
+
+def test_splash_rows_of_uneven_length_are_padded_to_the_kernel_blocks():
+  """600 tokens (past one 512 block): padded to 1024 inside, the padding invisible to real tokens and cut off."""
+  q, k, v = qkv(b=2, length=600, h=1)
+  seg = jnp.asarray(np.stack([np.ones(600), np.arange(600) < 590]).astype(np.int32))
+  out = attention.splash_attention(q, k, v, seg)
+  assert out.shape == q.shape
+  ref = np.asarray(model.dot_product_attention(q, k, v, model.attention_mask(seg)))
+  real = np.asarray(seg) > 0
+  np.testing.assert_allclose(np.asarray(out)[real], ref[real], atol=1e-5)
+
+
+def test_an_unknown_attention_impl_is_refused():
+  with pytest.raises(ValueError, match="attention_impl"):
+    model.BertConfig.from_variant("tiny", attention_impl="splosh")
