@@ -211,12 +211,6 @@ def splash_segments(input_mask, attention_segment_ids=None):
   return input_mask.astype(jnp.int32)
 
 
-def segments_to_mask(segment_ids):
-  """The boolean [B, 1, L, L] mask of `splash_segments` ids (padding queries see nothing), for the XLA path."""
-  same = segment_ids[:, None, :, None] == segment_ids[:, None, None, :]
-  return same & (segment_ids[:, None, :, None] > 0)
-
-
 def _splash_kernel(num_heads, length, interpret):
   """Built afresh in every trace: the kernel object holds arrays made while tracing, so a cached one leaks
   tracers from one jit into the next."""

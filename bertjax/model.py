@@ -232,7 +232,7 @@ class SelfAttention(nn.Module):
       if no_dropout:
         z = attention_lib.splash_attention(q, k, v, mask, partition=nn.logical_to_mesh_axes(names))
       else:
-        z = dot_product_attention(q, k, v, attention_lib.segments_to_mask(mask),
+        z = dot_product_attention(q, k, v, attention_mask(mask > 0, mask),
                                   dropout_rate=cfg.attention_dropout_rate, dropout_rng=self.make_rng("dropout"),
                                   deterministic=False)
     elif cfg.attention_impl == "pallas":
