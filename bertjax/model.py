@@ -61,6 +61,7 @@ class BertConfig:
   dtype: str = "float32"  # computation dtype of activations and matmuls
   param_dtype: str = "float32"
   scan_layers: bool = False  # nn.scan over layers: compile time flat in depth
+  scan_unroll: int = 1  # layers per scan iteration (scan_layers): between scanned (1) and unrolled (num_layers)
   remat: str = "none"  # none | full | dots (save matmul outputs)
   # xla (einsum) | cudnn | auto: jax.nn.dot_product_attention (fused without dropout) | pallas: bertjax.attention
   # (fused with dropout; GPU, L <= 256, batch and heads may be split over a mesh) | splash: TPU Pallas splash
@@ -72,7 +73,7 @@ class BertConfig:
 
   def __post_init__(self):
     positive = ("vocab_size", "hidden_size", "num_layers", "num_heads", "intermediate_size",
-                "max_position_embeddings", "type_vocab_size")
+                "max_position_embeddings", "type_vocab_size", "scan_unroll")
     for name in positive:
       value = getattr(self, name)
       if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value <= 0:
@@ -314,7 +315,7 @@ class Encoder(nn.Module):
     cfg = self.cfg
     if cfg.scan_layers:
       stack = nn.scan(_ScanLayer, variable_axes={"params": 0}, split_rngs={"params": True, "dropout": True},
-                      in_axes=(nn.broadcast,), length=cfg.num_layers,
+                      in_axes=(nn.broadcast,), length=cfg.num_layers, unroll=cfg.scan_unroll,
                       metadata_params={nn.PARTITION_NAME: "layers"})
       x, _ = stack(cfg, deterministic, name="layers")(x, mask)
     else:

@@ -31,6 +31,7 @@ def get_config(arg=None):
   c.model.attention_dropout_rate = 0.1
   c.model.dtype = a.dtype
   c.model.scan_layers = a.scan
+  c.model.scan_unroll = 1
   c.model.remat = "none"
   c.model.attention_impl = "xla"
   c.model.embedding_lookup = "auto"  # gather | one_hot | auto (one_hot on GPU)

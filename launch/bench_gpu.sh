@@ -4,7 +4,8 @@
 #   bash launch/bench_gpu.sh [OUT] [extra bench args...]
 # Rows (ROWS=...): large fixed-length with rbg dropout bits (the target: >= 1,800 sequences/s, MFU >= 45% on an
 # H100), the same with threefry bits, with cuDNN attention (attention-probability dropout off), with the layers
-# unrolled instead of scanned, with the fused Pallas attention (dropout on; scanned and unrolled); base.
+# unrolled instead of scanned (scan_layers=False, or scan_unroll=24 keeping the scanned parameters), with the fused
+# Pallas attention (dropout on; scanned and unrolled); base.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit
 out=${1:-bench_gpu}
@@ -32,6 +33,7 @@ for spec in ${ROWS:-large_fixed large_threefry large_cudnn large_unrolled base_f
     large_cudnn) row "$spec" "${large[@]}" --set train.prng_impl=rbg --set model.attention_impl=cudnn \
       --set model.attention_dropout_rate=0.0 "$@" ;;
     large_unrolled) row "$spec" "${large[@]}" --set train.prng_impl=rbg --set model.scan_layers=False "$@" ;;
+    large_scan_unroll) row "$spec" "${large[@]}" --set train.prng_impl=rbg --set model.scan_unroll=24 "$@" ;;
     large_pallas) row "$spec" "${large[@]}" --set train.prng_impl=rbg --set model.attention_impl=pallas "$@" ;;
     large_pallas_unrolled) row "$spec" "${large[@]}" --set train.prng_impl=rbg --set model.attention_impl=pallas \
       --set model.scan_layers=False "$@" ;;

@@ -1,6 +1,7 @@
 """The model against the seeds' equations, a NumPy reference and its own invariants."""
 import flax.linen as nn
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -170,6 +171,28 @@ def test_scan_equals_unrolled():
   rcfg = scfg.replace(remat="full")
   r = model.BertForPreTraining(rcfg).apply({"params": sparams}, b)
   np.testing.assert_allclose(a["mlm_logits"], r["mlm_logits"], atol=1e-5)
+
+
+@pytest.mark.parametrize("unroll", [2, 3])
+def test_scan_unroll_changes_neither_parameters_nor_results(unroll):
+  """Unrolling the layer scan (3 layers; 2 leaves a remainder) keeps the stacked parameter layout, the per-layer
+  dropout draws, the outputs and the gradients of the plain scan."""
+  cfg = tiny(scan_layers=True).replace(num_layers=3)
+  b = random_batch(cfg)
+  m1, mu = model.BertForPreTraining(cfg), model.BertForPreTraining(cfg.replace(scan_unroll=unroll))
+  params = init(m1, cfg)
+  assert jax.tree_util.tree_structure(params) == jax.tree_util.tree_structure(init(mu, cfg))
+
+  def loss(p, m):
+    out = m.apply({"params": p}, b, deterministic=False, rngs={"dropout": jax.random.key(4)})
+    return jnp.sum(out["mlm_logits"] ** 2) * 1e-3 + jnp.sum(out["nsp_logits"] ** 2)
+
+  (l1, g1), (lu, gu) = (jax.value_and_grad(loss)(params, m) for m in (m1, mu))
+  np.testing.assert_allclose(lu, l1, rtol=1e-6)
+  for a, c in zip(jax.tree_util.tree_leaves(g1), jax.tree_util.tree_leaves(gu)):
+    np.testing.assert_allclose(np.asarray(c), np.asarray(a), rtol=1e-5, atol=1e-6)
+  with pytest.raises(ValueError, match="scan_unroll must be a positive integer"):
+    cfg.replace(scan_unroll=0)
 
 
 def test_dropout_is_active_in_training_mode():
