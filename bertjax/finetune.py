@@ -32,7 +32,7 @@ def load_init(config):
   """(tokenizer, BertConfig, encoder params or None) from config.init (bertjax workdir | HF folder | "")."""
   init = config.init
   model_over = {k: config.model[k] for k in ("dropout_rate", "attention_dropout_rate", "dtype", "scan_layers",
-                                              "remat", "attention_impl", "embedding_lookup")}
+                                              "scan_unroll", "remat", "attention_impl", "embedding_lookup")}
   tok_path, lower = config.data.tokenizer, config.data.do_lower_case
   if init and os.path.exists(os.path.join(init, "finetune.json")):  # a fine-tuned encoder (e.g. MNLI before RTE)
     meta, _, _, head_params, _ = load_finetuned(init)
@@ -264,8 +264,8 @@ def _finetune(config, workdir: str) -> dict:
   from bertjax import train as train_lib  # pylint: disable=import-outside-toplevel
   jax.config.update("jax_threefry_partitionable", True)
   is_main = jax.process_index() == 0
-  if config.train.prng_impl not in train_lib.PRNG_IMPLS:
-    raise ValueError(f"train.prng_impl {config.train.prng_impl!r} is not one of {train_lib.PRNG_IMPLS}")
+  if train_lib.prng_impl_error(config):
+    raise ValueError(train_lib.prng_impl_error(config))
   task = tasks.get(config.task, tuple(config.data.labels), config.data.regression)
   tok, mcfg, encoder_params, tok_path, lower = load_init(config)
   if config.data.max_seq_length > mcfg.max_position_embeddings:

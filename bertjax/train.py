@@ -36,6 +36,12 @@ class NonFiniteError(FloatingPointError):
 PRNG_IMPLS = ("threefry2x32", "rbg", "unsafe_rbg")
 
 
+def prng_impl_error(config) -> str | None:
+  """What is wrong with `train.prng_impl` (pre-training and fine-tuning alike), or None."""
+  impl = config.train.get("prng_impl", "threefry2x32")
+  return None if impl in PRNG_IMPLS else f"train.prng_impl {impl!r} is not one of {PRNG_IMPLS}"
+
+
 def validate(config, num_devices: int, creation: dict | None = None, tokenizer_vocab: int | None = None
              ) -> model_lib.BertConfig:
   """The model config, or a ConfigError listing every problem found."""
@@ -86,8 +92,8 @@ def validate(config, num_devices: int, creation: dict | None = None, tokenizer_v
     if mcfg is not None and creation.get("vocab_size") not in (None, mcfg.vocab_size):
       errors.append(f"model.vocab_size {mcfg.vocab_size} does not match the data's tokenizer vocabulary "
                     f"{creation['vocab_size']} ({creation.get('tokenizer')})")
-  if config.train.get("prng_impl", "threefry2x32") not in PRNG_IMPLS:
-    errors.append(f"train.prng_impl {config.train.prng_impl!r} is not one of {PRNG_IMPLS}")
+  if prng_impl_error(config):
+    errors.append(prng_impl_error(config))
   if config.data.get("packing") and config.data.dynamic_masking:
     errors.append("data.packing with data.dynamic_masking is not supported: masks are drawn per example before "
                   "packing; use static masking with packing")

@@ -397,6 +397,34 @@ def test_finetune_from_an_hf_folder_through_main(tmp_path, vocab):
   assert pred.returncode == 0 and json.loads(pred.stdout.splitlines()[-1])["label"] in ("neg", "pos")
 
 
+def test_init_from_an_hf_folder_takes_the_architecture_from_it_and_the_run_settings_from_the_config(tmp_path,
+                                                                                                   vocab):
+  torch = pytest.importorskip("torch")
+  transformers = pytest.importorskip("transformers")
+  torch.manual_seed(0)
+  n = tokenizer.load(vocab).vocab_size
+  transformers.BertModel(transformers.BertConfig(vocab_size=n, hidden_size=64, num_hidden_layers=3,
+                                                 num_attention_heads=4, intermediate_size=128,
+                                                 max_position_embeddings=64)).save_pretrained(tmp_path / "hf")
+  c = finetune_config.get_config(f"task=local,init={tmp_path / 'hf'},seq=32")
+  c.data.tokenizer = vocab
+  c.model.scan_layers, c.model.scan_unroll, c.model.attention_impl = True, 3, "splash"
+  c.model.embedding_lookup, c.model.attention_dropout_rate = "one_hot", 0.0
+  _, mcfg, params, _, _ = finetune.load_init(c)
+  assert (mcfg.num_layers, mcfg.hidden_size, mcfg.vocab_size) == (3, 64, n)
+  assert (mcfg.scan_layers, mcfg.scan_unroll, mcfg.attention_impl, mcfg.embedding_lookup) == (
+      True, 3, "splash", "one_hot")
+  assert params is not None
+
+
+def test_a_bad_prng_impl_stops_finetuning_before_it_starts(tmp_path, vocab):
+  c = finetune_config.get_config("task=local,seq=32")
+  c.train.prng_impl = "philox"
+  with pytest.raises(ValueError, match="train.prng_impl 'philox' is not one of"):
+    finetune._finetune(c, str(tmp_path / "w"))  # pylint: disable=protected-access
+  assert not (tmp_path / "w").exists()
+
+
 # ------------------------------------------------------------------ bad input
 def test_bad_task_files(tmp_path, vocab):
   task = tasks.get("local", ("neg", "pos"))
