@@ -61,7 +61,9 @@ class BertConfig:
   dtype: str = "float32"  # computation dtype of activations and matmuls
   param_dtype: str = "float32"
   scan_layers: bool = False  # nn.scan over layers: compile time flat in depth
-  scan_unroll: int = 1  # layers per scan iteration (scan_layers): between scanned (1) and unrolled (num_layers)
+  # Layers per scan iteration (scan_layers): 1 = scanned; num_layers or more = all layers in one iteration
+  # (unrolled, with the scanned parameter layout kept).
+  scan_unroll: int = 1
   remat: str = "none"  # none | full | dots (save matmul outputs)
   # xla (einsum) | cudnn | auto: jax.nn.dot_product_attention (fused without dropout) | pallas: bertjax.attention
   # (fused with dropout; GPU, L <= 256, batch and heads may be split over a mesh) | splash: TPU Pallas splash
@@ -315,7 +317,7 @@ class Encoder(nn.Module):
     cfg = self.cfg
     if cfg.scan_layers:
       stack = nn.scan(_ScanLayer, variable_axes={"params": 0}, split_rngs={"params": True, "dropout": True},
-                      in_axes=(nn.broadcast,), length=cfg.num_layers, unroll=cfg.scan_unroll,
+                      in_axes=(nn.broadcast,), length=cfg.num_layers, unroll=min(cfg.scan_unroll, cfg.num_layers),
                       metadata_params={nn.PARTITION_NAME: "layers"})
       x, _ = stack(cfg, deterministic, name="layers")(x, mask)
     else:

@@ -2,10 +2,12 @@
 # GPU benchmark: BERT-large and BERT-base at seq 128 in bfloat16, each beside HF transformers' PyTorch BERT on the
 # same GPU (bf16 autocast) in the same run. One JSON + log per row under OUT (default bench_gpu/).
 #   bash launch/bench_gpu.sh [OUT] [extra bench args...]
-# Rows (ROWS=...): large fixed-length with rbg dropout bits (the target: >= 1,800 sequences/s, MFU >= 45% on an
-# H100), the same with threefry bits, with cuDNN attention (attention-probability dropout off), with the layers
-# unrolled instead of scanned (scan_layers=False, or scan_unroll=24 keeping the scanned parameters), with the fused
-# Pallas attention (dropout on; scanned and unrolled); base.
+# Default rows (ROWS=...): the GPU recipe (rbg dropout bits, fused Pallas attention with dropout, all layers in one
+# scan iteration: model.scan_unroll >= num_layers) for large fixed-length rows (the target: >= 1,800 sequences/s,
+# MFU >= 45% on an H100), large on the pretraining length distribution, base; and large with scanned layers and
+# XLA attention (the config defaults but rbg bits). Ablation rows: large_threefry, large_cudnn (attention dropout
+# off), large_unrolled (scan_layers=False), large_scan_unroll (XLA attention), large_pallas (scanned),
+# large_pallas_unrolled, large_nodropout (the recipe with dropout off: the ceiling dropout leaves).
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit
 out=${1:-bench_gpu}
@@ -26,14 +28,20 @@ row() {
 # cuBLAS for every matrix product (rather than Triton GEMM fusions): faster here, and compiles in a third of the time.
 export XLA_FLAGS=${XLA_FLAGS:---xla_gpu_enable_triton_gemm=false}
 large=(--variant large --seq 128 --batch 128 --regime fixed)
-for spec in ${ROWS:-large_fixed large_threefry large_cudnn large_unrolled base_fixed}; do
+recipe=(--set train.prng_impl=rbg --set model.attention_impl=pallas --set model.scan_unroll=64)
+for spec in ${ROWS:-large_recipe large_recipe_pretrain base_recipe large_fixed}; do
   case $spec in
+    large_recipe) row "$spec" "${large[@]}" "${recipe[@]}" "$@" ;;
+    large_recipe_pretrain) row "$spec" --variant large --seq 128 --batch 128 --regime pretrain "${recipe[@]}" "$@" ;;
+    base_recipe) row "$spec" --variant base --seq 128 --batch 256 --regime fixed "${recipe[@]}" "$@" ;;
+    large_nodropout) row "$spec" "${large[@]}" "${recipe[@]}" --set model.dropout_rate=0.0 \
+      --set model.attention_dropout_rate=0.0 "$@" ;;
     large_fixed) row "$spec" "${large[@]}" --set train.prng_impl=rbg "$@" ;;
     large_threefry) row "$spec" "${large[@]}" "$@" ;;
     large_cudnn) row "$spec" "${large[@]}" --set train.prng_impl=rbg --set model.attention_impl=cudnn \
       --set model.attention_dropout_rate=0.0 "$@" ;;
     large_unrolled) row "$spec" "${large[@]}" --set train.prng_impl=rbg --set model.scan_layers=False "$@" ;;
-    large_scan_unroll) row "$spec" "${large[@]}" --set train.prng_impl=rbg --set model.scan_unroll=24 "$@" ;;
+    large_scan_unroll) row "$spec" "${large[@]}" --set train.prng_impl=rbg --set model.scan_unroll=64 "$@" ;;
     large_pallas) row "$spec" "${large[@]}" --set train.prng_impl=rbg --set model.attention_impl=pallas "$@" ;;
     large_pallas_unrolled) row "$spec" "${large[@]}" --set train.prng_impl=rbg --set model.attention_impl=pallas \
       --set model.scan_layers=False "$@" ;;

@@ -173,10 +173,21 @@ def test_scan_equals_unrolled():
   np.testing.assert_allclose(a["mlm_logits"], r["mlm_logits"], atol=1e-5)
 
 
-@pytest.mark.parametrize("unroll", [2, 3])
+def _all_eqns(jaxpr):
+  """Every equation of a jaxpr, those inside sub-jaxprs (pjit, custom_vjp, remat) included."""
+  for e in jaxpr.eqns:
+    yield e
+    for v in e.params.values():
+      for sub in (v if isinstance(v, (list, tuple)) else [v]):
+        inner = getattr(sub, "jaxpr", sub)
+        if hasattr(inner, "eqns"):
+          yield from _all_eqns(inner)
+
+
+@pytest.mark.parametrize("unroll", [2, 3, 8])
 def test_scan_unroll_changes_neither_parameters_nor_results(unroll):
-  """Unrolling the layer scan (3 layers; 2 leaves a remainder) keeps the stacked parameter layout, the per-layer
-  dropout draws, the outputs and the gradients of the plain scan."""
+  """Unrolling the layer scan (3 layers; 2 leaves a remainder; 8 means all of them) keeps the stacked parameter
+  layout, the per-layer dropout draws, the outputs and the gradients of the plain scan."""
   cfg = tiny(scan_layers=True).replace(num_layers=3)
   b = random_batch(cfg)
   m1, mu = model.BertForPreTraining(cfg), model.BertForPreTraining(cfg.replace(scan_unroll=unroll))
@@ -191,6 +202,9 @@ def test_scan_unroll_changes_neither_parameters_nor_results(unroll):
   np.testing.assert_allclose(lu, l1, rtol=1e-6)
   for a, c in zip(jax.tree_util.tree_leaves(g1), jax.tree_util.tree_leaves(gu)):
     np.testing.assert_allclose(np.asarray(c), np.asarray(a), rtol=1e-5, atol=1e-6)
+  # More than num_layers is one iteration of all layers (no empty loop plus a remainder).
+  scans = [e for e in _all_eqns(jax.make_jaxpr(lambda p: loss(p, mu))(params).jaxpr) if e.primitive.name == "scan"]
+  assert scans and all(e.params["unroll"] == min(unroll, 3) for e in scans)
   with pytest.raises(ValueError, match="scan_unroll must be a positive integer"):
     cfg.replace(scan_unroll=0)
 
