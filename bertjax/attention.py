@@ -5,7 +5,7 @@ softmax(QKᵀ/√d_k + mask)·V with dropout on the probabilities, forward and b
 and mask to memory and reads them back several times; here they never leave the chip. The dropout mask is a
 counter-based hash of (seed, batch, head, query, key), so the backward pass recomputes the forward's mask exactly
 and nothing [B, H, L, L] is stored. Used by `model.SelfAttention` when `attention_impl="pallas"`; on CPU the same
-kernels run in Pallas' interpreter (tests), on TPU use `xla`.
+kernels run in Pallas' interpreter (tests); on TPU use `xla` or `splash`.
 
 For TPUs, `splash_attention` wraps JAX's Pallas splash attention kernel (`attention_impl="splash"`): fused, no
 dropout, packed rows masked by segment ids.

@@ -264,8 +264,8 @@ def _finetune(config, workdir: str) -> dict:
   from bertjax import train as train_lib  # pylint: disable=import-outside-toplevel
   jax.config.update("jax_threefry_partitionable", True)
   is_main = jax.process_index() == 0
-  if train_lib.prng_impl_error(config):
-    raise ValueError(train_lib.prng_impl_error(config))
+  if prng_problem := train_lib.prng_impl_error(config):
+    raise ValueError(prng_problem)
   task = tasks.get(config.task, tuple(config.data.labels), config.data.regression)
   tok, mcfg, encoder_params, tok_path, lower = load_init(config)
   if config.data.max_seq_length > mcfg.max_position_embeddings:

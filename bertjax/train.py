@@ -92,8 +92,8 @@ def validate(config, num_devices: int, creation: dict | None = None, tokenizer_v
     if mcfg is not None and creation.get("vocab_size") not in (None, mcfg.vocab_size):
       errors.append(f"model.vocab_size {mcfg.vocab_size} does not match the data's tokenizer vocabulary "
                     f"{creation['vocab_size']} ({creation.get('tokenizer')})")
-  if prng_impl_error(config):
-    errors.append(prng_impl_error(config))
+  if prng_problem := prng_impl_error(config):
+    errors.append(prng_problem)
   if config.data.get("packing") and config.data.dynamic_masking:
     errors.append("data.packing with data.dynamic_masking is not supported: masks are drawn per example before "
                   "packing; use static masking with packing")
