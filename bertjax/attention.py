@@ -19,17 +19,10 @@ import jax.numpy as jnp
 import numpy as np
 from jax.experimental import pallas as pl
 
+from bertjax import dropout as dropout_lib
+
 MAX_LENGTH = 256
-_GOLDEN = np.uint32(0x9E3779B9)
-
-
-def _mix(x):
-  """A bijective 32-bit integer hash (xor-shift-multiply, 'lowbias32'): uniform bits from a counter."""
-  x = x ^ (x >> 16)
-  x = x * jnp.uint32(0x7FEB352D)
-  x = x ^ (x >> 15)
-  x = x * jnp.uint32(0x846CA68B)
-  return x ^ (x >> 16)
+_GOLDEN = dropout_lib.GOLDEN
 
 
 def keep_mask(seed, b, h, num_heads, length_q, length_k, rate, q_index, k_index):
@@ -37,9 +30,7 @@ def keep_mask(seed, b, h, num_heads, length_q, length_k, rate, q_index, k_index)
   to within 2⁻²⁴. The same function serves the kernels and the reference."""
   base = (b * num_heads + h) * length_q
   counter = ((base + q_index) * jnp.uint32(length_k) + k_index).astype(jnp.uint32)
-  bits = _mix(counter ^ _mix(seed.astype(jnp.uint32) + _GOLDEN))
-  threshold = np.int32(round(rate * (1 << 24)))
-  return (bits >> 8).astype(jnp.int32) >= threshold
+  return dropout_lib.keep_from_counter(seed, counter, rate)
 
 
 def reference(q, k, v, mask, seed, rate):

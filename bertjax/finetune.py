@@ -32,7 +32,8 @@ def load_init(config):
   """(tokenizer, BertConfig, encoder params or None) from config.init (bertjax workdir | HF folder | "")."""
   init = config.init
   model_over = {k: config.model[k] for k in ("dropout_rate", "attention_dropout_rate", "dtype", "scan_layers",
-                                              "scan_unroll", "remat", "attention_impl", "embedding_lookup")}
+                                              "scan_unroll", "remat", "attention_impl", "embedding_lookup",
+                                              "dropout_impl")}
   tok_path, lower = config.data.tokenizer, config.data.do_lower_case
   if init and os.path.exists(os.path.join(init, "finetune.json")):  # a fine-tuned encoder (e.g. MNLI before RTE)
     meta, _, _, head_params, _ = load_finetuned(init)

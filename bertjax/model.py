@@ -23,6 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from bertjax import attention as attention_lib
+from bertjax import dropout as dropout_lib
 
 # (layers, hidden, heads, ffn) by name.
 VARIANTS = {
@@ -72,6 +73,9 @@ class BertConfig:
   # Word (and packed-position) lookups: gather | one_hot (a matmul: its gradient is a matmul, not a scatter-add;
   # the original's use_one_hot_embeddings) | auto (one_hot on GPU, where the scatter-add is slow; gather elsewhere).
   embedding_lookup: str = "auto"
+  # Dropout masks: rng (flax nn.Dropout: bits from the `dropout` PRNG stream, the mask kept for the backward) |
+  # hash (bertjax.dropout: a counter hash fused into the elementwise work, recomputed in the backward).
+  dropout_impl: str = "rng"
 
   def __post_init__(self):
     positive = ("vocab_size", "hidden_size", "num_layers", "num_heads", "intermediate_size",
@@ -86,7 +90,7 @@ class BertConfig:
     choices = {"hidden_act": ACTIVATIONS, "position_embedding": ("learned", "sinusoidal"),
                "layer_norm": ("post", "pre"), "dtype": DTYPES, "param_dtype": DTYPES,
                "remat": ("none", "full", "dots"), "attention_impl": ("xla", "cudnn", "auto", "pallas", "splash"),
-               "embedding_lookup": ("gather", "one_hot", "auto")}
+               "embedding_lookup": ("gather", "one_hot", "auto"), "dropout_impl": ("rng", "hash")}
     for name, allowed in choices.items():
       if getattr(self, name) not in allowed:
         raise ValueError(f"BertConfig.{name}={getattr(self, name)!r}; choose one of {sorted(allowed)}")
@@ -180,6 +184,22 @@ def layer_norm(cfg: BertConfig, name: str | None = None):
                       name=name)
 
 
+class HashDropout(nn.Module):
+  """`nn.Dropout`'s interface over `bertjax.dropout.hash_dropout`, its per-call seed from the `dropout` stream."""
+  rate: float
+
+  @nn.compact
+  def __call__(self, x, deterministic: bool):
+    if deterministic or self.rate == 0.0:
+      return x
+    return dropout_lib.hash_dropout(x, jax.random.bits(self.make_rng("dropout"), (), jnp.uint32), self.rate)
+
+
+def dropout(cfg: BertConfig):
+  """Hidden dropout at `cfg.dropout_rate`, masks drawn as `cfg.dropout_impl` says."""
+  return HashDropout(cfg.dropout_rate) if cfg.dropout_impl == "hash" else nn.Dropout(cfg.dropout_rate)
+
+
 def sinusoidal_positions(length: int, dim: int) -> np.ndarray:
   """PE(i, 2k) = sin(i / 10000^(2k/d)), PE(i, 2k+1) = cos(i / 10000^(2k/d))."""
   pos = np.arange(length, dtype=np.float64)[:, None]
@@ -205,15 +225,19 @@ def attention_mask(input_mask, attention_segment_ids=None):
   return same & keys & (seg[:, None, :, None] > 0)
 
 
-def dot_product_attention(q, k, v, mask, *, dropout_rate=0.0, dropout_rng=None, deterministic=True):
+def dot_product_attention(q, k, v, mask, *, dropout_rate=0.0, dropout_rng=None, deterministic=True,
+                          dropout_impl="rng"):
   """softmax(QKᵀ/√d_k)·V per head. q, k, v: [B, L, H, D]; mask [B, 1|H, Lq, Lk]. Softmax in float32."""
   scores = jnp.einsum("bqhd,bkhd->bhqk", q, k, preferred_element_type=jnp.float32)
   scores = scores / np.sqrt(q.shape[-1]).astype(np.float32)
   scores = jnp.where(mask, scores, jnp.finfo(jnp.float32).min)
   probs = jax.nn.softmax(scores, axis=-1)
   if not deterministic and dropout_rate > 0.0:
-    keep = jax.random.bernoulli(dropout_rng, 1.0 - dropout_rate, probs.shape)
-    probs = jnp.where(keep, probs / (1.0 - dropout_rate), 0.0)
+    if dropout_impl == "hash":
+      probs = dropout_lib.hash_dropout(probs, jax.random.bits(dropout_rng, (), jnp.uint32), dropout_rate)
+    else:
+      keep = jax.random.bernoulli(dropout_rng, 1.0 - dropout_rate, probs.shape)
+      probs = jnp.where(keep, probs / (1.0 - dropout_rate), 0.0)
   return jnp.einsum("bhqk,bkhd->bqhd", probs.astype(v.dtype), v)
 
 
@@ -237,7 +261,7 @@ class SelfAttention(nn.Module):
       else:
         z = dot_product_attention(q, k, v, attention_mask(mask > 0, mask),
                                   dropout_rate=cfg.attention_dropout_rate, dropout_rng=self.make_rng("dropout"),
-                                  deterministic=False)
+                                  deterministic=False, dropout_impl=cfg.dropout_impl)
     elif cfg.attention_impl == "pallas":
       training = not deterministic and cfg.attention_dropout_rate > 0.0
       seed = jax.random.bits(self.make_rng("dropout"), (), jnp.uint32) if training else None
@@ -251,7 +275,7 @@ class SelfAttention(nn.Module):
     else:
       rng = None if deterministic or cfg.attention_dropout_rate == 0.0 else self.make_rng("dropout")
       z = dot_product_attention(q, k, v, mask, dropout_rate=cfg.attention_dropout_rate,
-                                dropout_rng=rng, deterministic=deterministic)
+                                dropout_rng=rng, deterministic=deterministic, dropout_impl=cfg.dropout_impl)
     z = _constrain(z, names)
     return Dense((cfg.hidden_size,), ("heads", "kv", "embed"), cfg, in_dims=2, name="out")(z)
 
@@ -275,7 +299,7 @@ class Layer(nn.Module):
   @nn.compact
   def __call__(self, x, mask, deterministic: bool):
     cfg = self.cfg
-    drop = nn.Dropout(cfg.dropout_rate)
+    drop = dropout(cfg)
     act_names = ("activation_batch", "activation_length", "activation_embed")
     dtype = cfg.compute_dtype
     if cfg.layer_norm == "post":
@@ -344,7 +368,7 @@ class Embeddings(nn.Module):
       self.position_embeddings = embed(cfg.max_position_embeddings, embedding_init=nn.with_logical_partitioning(
           _init(cfg), ("position", "embed")))
     self.ln = layer_norm(cfg)
-    self.dropout = nn.Dropout(cfg.dropout_rate)
+    self.dropout = dropout(cfg)
 
   def _one_hot(self, table, ids):
     """table[ids] as a one-hot matmul (exact: one non-zero product per output)."""
@@ -468,7 +492,7 @@ class BertForSequenceClassification(nn.Module):
   @nn.compact
   def __call__(self, batch, deterministic: bool = True):
     out = BertModel(self.cfg, name="bert")(batch, deterministic)
-    x = nn.Dropout(self.cfg.dropout_rate)(out["pooled"], deterministic=deterministic)
+    x = dropout(self.cfg)(out["pooled"], deterministic=deterministic)
     out["logits"] = Dense((self.num_labels,), ("mlp", "classes"), self.cfg, name="classifier")(x).astype(
         jnp.float32)
     return out
@@ -482,7 +506,7 @@ class BertForTokenClassification(nn.Module):
   @nn.compact
   def __call__(self, batch, deterministic: bool = True):
     out = BertModel(self.cfg, name="bert")(batch, deterministic)
-    x = nn.Dropout(self.cfg.dropout_rate)(out["hidden"], deterministic=deterministic)
+    x = dropout(self.cfg)(out["hidden"], deterministic=deterministic)
     out["logits"] = Dense((self.num_labels,), ("embed", "classes"), self.cfg, name="classifier")(x).astype(
         jnp.float32)
     return out

@@ -35,6 +35,7 @@ def get_config(arg=None):
   c.model.remat = "none"
   c.model.attention_impl = "xla"
   c.model.embedding_lookup = "auto"  # gather | one_hot | auto (one_hot on GPU)
+  c.model.dropout_impl = "hash"  # hash (counter hash, recomputed in the backward: faster) | rng (nn.Dropout)
 
   c.data = ml_collections.ConfigDict()
   c.data.tfds_data_dir = ""  # where tfds keeps glue/squad ("" = tfds default)

@@ -41,6 +41,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # xla | cudnn | auto (fused when dropout is off) | pallas (fused with dropout, GPU) | splash (TPU, no dropout)
   c.model.attention_impl = "xla"
   c.model.embedding_lookup = "auto"  # gather | one_hot | auto (one_hot on GPU: no scatter-add in the backward)
+  c.model.dropout_impl = "hash"  # hash (counter hash, recomputed in the backward: faster) | rng (nn.Dropout)
 
   c.data = ml_collections.ConfigDict()
   c.data.data_dir = ""  # output of `python -m bertjax.data.dataset` (has creation.json)
