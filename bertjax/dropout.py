@@ -1,7 +1,8 @@
 """Dropout whose mask is a hash of (seed, element index), recomputed in the backward pass.
 
-`model.dropout_impl="rng"` (the default) is flax's `nn.Dropout`: the mask comes from the `dropout` PRNG stream
-(threefry or rbg bits, `train.prng_impl`) and is kept from the forward pass for the backward. With `"hash"` the
+`model.dropout_impl="rng"` (`BertConfig`'s default) is flax's `nn.Dropout`: the mask comes from the `dropout` PRNG
+stream (threefry or rbg bits, `train.prng_impl`) and is kept from the forward pass for the backward. With `"hash"`
+(the default of `configs/pretrain.py` and `configs/finetune.py`; hidden and XLA-path attention dropout) the
 mask is a 32-bit integer hash of a counter (the element's flat index) and a per-call seed drawn from the same
 stream: a few integer operations that fuse into the surrounding elementwise work, and a backward pass that
 recomputes the mask instead of reading a stored one, so nothing of the activation's size is written for it. The
