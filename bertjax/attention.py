@@ -22,7 +22,6 @@ from jax.experimental import pallas as pl
 from bertjax import dropout as dropout_lib
 
 MAX_LENGTH = 256
-_GOLDEN = dropout_lib.GOLDEN
 
 
 def keep_mask(seed, b, h, num_heads, length_q, length_k, rate, q_index, k_index):
@@ -167,7 +166,7 @@ def fused_attention(q, k, v, mask, *, dropout_rate=0.0, seed=None, interpret=Non
     block = jnp.uint32(0)
     for a in batch_axes + head_axes:
       block = block * jnp.uint32(mesh.shape[a]) + jax.lax.axis_index(a).astype(jnp.uint32)
-    return _attention(q, k, v, mask, seed + block * _GOLDEN, rate, interpret)
+    return _attention(q, k, v, mask, seed + block * dropout_lib.GOLDEN, rate, interpret)
 
   return jax.shard_map(local, mesh=mesh, in_specs=(spec, spec, spec, mask_spec, jax.sharding.PartitionSpec()),
                        out_specs=spec, check_vma=False)(q, k, v, mask, seed)

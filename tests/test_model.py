@@ -262,6 +262,8 @@ def test_bad_configs_are_clear_errors():
     model.BertConfig(hidden_size=-768)
   with pytest.raises(ValueError, match="hidden_act='swish'"):
     model.BertConfig(hidden_act="swish")
+  with pytest.raises(ValueError, match="dropout_impl='philox'"):
+    model.BertConfig(dropout_impl="philox")
   with pytest.raises(ValueError, match="unknown BertConfig fields"):
     model.BertConfig.from_dict({"variant": "tiny", "hiden_size": 3})
 
