@@ -46,6 +46,9 @@ def test_half_written_checkpoints_are_skipped(tmp_path, data_dir, capsys):
   assert "ignoring half-written checkpoint(s)" in out and "9.orbax-checkpoint-tmp-123" in out and "'12'" in out
 
 
+# After a TensorStore read error orbax abandons its other pending array reads; their coroutines are reported at
+# garbage collection as "never awaited" (dozens of tracebacks, some runs). The fallback itself is what is tested.
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 def test_truncated_latest_checkpoint_falls_back_to_the_previous(tmp_path, data_dir, caplog):
   w = tmp_path / "w"
   run(tt.small_config(data_dir), w)
