@@ -2,6 +2,11 @@
 
 The original's AdamWeightDecayOptimizer applies no bias correction; optax's adamw and lamb do. With
 beta2 = 0.999 the two differ only in the first few thousand steps, which the warmup covers.
+
+`train.fused_update` (the configs' default) runs clipping + AdamW as `fused_adamw`: the same maths and the same
+optimizer-state tree as optax's `chain(clip_by_global_norm, adamw)`, written as one elementwise expression per
+parameter, so that no clipped copy of the gradients is made between the two (on a 2-core CPU, BERT-base: 0.10 s
+per update against optax's 0.22-0.27 s).
 """
 from __future__ import annotations
 
@@ -31,16 +36,72 @@ def decay_mask(params):
   return jax.tree_util.tree_map_with_path(decide, params)
 
 
+def fused_adamw(learning_rate, b1: float, b2: float, eps: float, weight_decay: float, mask,
+                clip_norm: float = 0.0) -> optax.GradientTransformation:
+  """`optax.chain(optax.clip_by_global_norm(clip_norm), optax.adamw(...))` (the chain without clipping when
+  `clip_norm` is 0) computed in one elementwise pass per parameter.
+
+  For a gradient g with global norm n, s = min(1, clip_norm / n) (optax's rule) and step t = count + 1:
+    m <- b1·m + (1 - b1)·s·g,   v <- b2·v + (1 - b2)·s²·g²,
+    update = -lr(count)·[ (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps) + wd·θ·mask ].
+  Folding s into the scalar coefficients (rather than scaling g first, as the chain does) leaves no clipped copy
+  of the gradients between clipping and the moments. `init` is the chain's own, so the state tree, and any
+  checkpoint of it, is the same under either implementation.
+  """
+  reference = optax.adamw(learning_rate, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay, mask=mask)
+  if clip_norm > 0:
+    reference = optax.chain(optax.clip_by_global_norm(clip_norm), reference)
+
+  def update(grads, state, params=None):
+    if params is None:
+      raise ValueError("fused_adamw needs the parameters (for weight decay)")
+    clip_state, inner = state if clip_norm > 0 else (None, state)
+    adam, masked, sched = inner
+    count = optax.safe_increment(adam.count)
+    t = count.astype(jnp.float32)
+    bc1, bc2 = 1.0 - b1 ** t, 1.0 - b2 ** t
+    lr = learning_rate(sched.count) if callable(learning_rate) else learning_rate
+    scale = jnp.float32(1.0)
+    if clip_norm > 0:
+      norm = optax.global_norm(grads)
+      scale = jnp.where(norm < clip_norm, 1.0, clip_norm / norm)
+    c1, c2 = (1.0 - b1) * scale, (1.0 - b2) * scale * scale
+    decay = mask(params) if callable(mask) else mask
+    if decay is None:
+      decay = jax.tree_util.tree_map(lambda _: True, params)
+
+    def leaf(g, m, v, p, d):
+      m = b1 * m + c1.astype(m.dtype) * g
+      # (c2·g)·g rather than c2·g²: a g² would be shared with the global norm's and kept in memory between the two.
+      v = b2 * v + (c2.astype(v.dtype) * g) * g
+      u = (m / bc1) / (jnp.sqrt(v / bc2) + eps)
+      if d:
+        u = u + weight_decay * p
+      return m, v, (-lr * u).astype(p.dtype)
+
+    out = jax.tree_util.tree_map(leaf, grads, adam.mu, adam.nu, params, decay)
+    treedef = jax.tree_util.tree_structure(grads)
+    mu, nu, updates = (treedef.unflatten(x) for x in zip(*treedef.flatten_up_to(out)))
+    inner = (adam._replace(count=count, mu=mu, nu=nu), masked,
+             sched._replace(count=optax.safe_increment(sched.count)))
+    return updates, ((clip_state, inner) if clip_norm > 0 else inner)
+
+  return optax.GradientTransformation(reference.init, update)
+
+
 def make(cfg_train) -> tuple[optax.GradientTransformation, callable]:
   """(optimizer, learning-rate schedule) from `config.train`."""
   t = cfg_train
   lr = schedule(t.learning_rate, t.warmup_steps, t.num_steps)
+  clip = t.grad_clip_norm if t.grad_clip_norm and t.grad_clip_norm > 0 else 0.0
+  if t.optimizer == "adamw" and t.get("fused_update", False):
+    return fused_adamw(lr, t.b1, t.b2, t.eps, t.weight_decay, decay_mask, clip), lr
   if t.optimizer == "adamw":
     opt = optax.adamw(lr, b1=t.b1, b2=t.b2, eps=t.eps, weight_decay=t.weight_decay, mask=decay_mask)
   elif t.optimizer == "lamb":
     opt = optax.lamb(lr, b1=t.b1, b2=t.b2, eps=t.eps, weight_decay=t.weight_decay, mask=decay_mask)
   else:
     raise ValueError(f"unknown optimizer {t.optimizer!r}; choose adamw or lamb")
-  if t.grad_clip_norm and t.grad_clip_norm > 0:
-    opt = optax.chain(optax.clip_by_global_norm(t.grad_clip_norm), opt)
+  if clip:
+    opt = optax.chain(optax.clip_by_global_norm(clip), opt)
   return opt, lr

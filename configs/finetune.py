@@ -67,6 +67,7 @@ def get_config(arg=None):
   c.train.eps = 1e-6
   c.train.weight_decay = 0.01
   c.train.grad_clip_norm = 1.0
+  c.train.fused_update = True  # clipping + AdamW in one pass per parameter (False: optax chain, same maths and state)
   c.train.stop_after_steps = 0  # stop (with a checkpoint) after this many steps in this run; 0 = run to the end
   c.train.prng_impl = "threefry2x32"  # dropout bits: threefry2x32 (portable) | rbg | unsafe_rbg (faster on GPU/TPU)
 

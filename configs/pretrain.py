@@ -69,6 +69,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.train.eps = 1e-6
   c.train.weight_decay = 0.01  # decoupled, not applied to LayerNorm parameters or biases
   c.train.grad_clip_norm = 1.0  # clip by global norm (0 disables)
+  c.train.fused_update = True  # clipping + AdamW in one pass per parameter (False: optax chain, same maths and state)
   c.train.use_nsp = a.nsp  # L = L_MLM + L_NSP; False trains on L_MLM alone (the NSP ablation)
   c.train.stop_after_steps = 0  # stop (with a checkpoint) after this many steps in this run; 0 = run to num_steps
   c.train.prng_impl = "threefry2x32"  # dropout bits: threefry2x32 (portable) | rbg | unsafe_rbg (faster on GPU/TPU)

@@ -6,12 +6,13 @@ import subprocess
 import sys
 import time
 
+import flax.linen as nn
 import jax
 import numpy as np
 import optax
 import pytest
 
-from bertjax import checkpoint as checkpoint_lib, metrics, model as model_lib, optim, predict, train
+from bertjax import checkpoint as checkpoint_lib, losses, metrics, model as model_lib, optim, predict, train
 from bertjax.data import dataset, pretraining, tokenizer
 from configs import common, pretrain
 
@@ -183,25 +184,30 @@ def test_schedule_and_decay_mask_follow_the_original():
   assert any("word_embeddings" in k for k in decayed)
 
 
-def test_adamw_step_matches_a_numpy_adamw():
-  """One AdamW step with bias correction and decoupled decay lr·wd·θ, on a masked tree, by hand."""
-  c = small_config(grad_clip_norm=0.0)
+@pytest.mark.parametrize("fused", [True, False])
+@pytest.mark.parametrize("clip", [0.0, 0.25])
+def test_adamw_step_matches_a_numpy_adamw(fused, clip):
+  """Three AdamW steps with bias correction, decoupled decay lr·wd·θ on a masked tree and (clip > 0) clipping by
+  global norm (the gradients' norm is 1.52, so 0.25 clips), by hand in float64."""
+  c = small_config(grad_clip_norm=clip, fused_update=fused)
   tx, lr = optim.make(c.train)
   params = {"w": np.array([1.0, -2.0, 3.0], np.float32), "bias": np.array([0.5, 0.5], np.float32)}
   grads = {"w": np.array([0.1, 0.2, -0.3], np.float32), "bias": np.array([1.0, -1.0], np.float32)}
   state = tx.init(params)
-  for _ in range(3):  # step 3: lr = 1e-3 * (1 - 3/6) after the 2 warmup steps... computed below
+  for _ in range(3):
     updates, state = tx.update(grads, state, params)
-    params_new = optax.apply_updates(params, updates)
-    params = params_new
+    params = optax.apply_updates(params, updates)
   # NumPy reference
   p = {"w": np.array([1.0, -2.0, 3.0]), "bias": np.array([0.5, 0.5])}
   m = {k: np.zeros_like(v) for k, v in p.items()}
   v = {k: np.zeros_like(x) for k, x in p.items()}
+  norm = np.sqrt(sum(np.sum(g.astype(np.float64) ** 2) for g in grads.values()))
+  scale = min(1.0, clip / norm) if clip else 1.0
+  assert (scale < 1.0) == bool(clip)
   for t in range(3):
     rate = float(lr(t))
     for k in p:
-      g = grads[k].astype(np.float64)
+      g = grads[k].astype(np.float64) * scale
       m[k] = 0.9 * m[k] + 0.1 * g
       v[k] = 0.999 * v[k] + 0.001 * g * g
       mh, vh = m[k] / (1 - 0.9 ** (t + 1)), v[k] / (1 - 0.999 ** (t + 1))
@@ -209,6 +215,39 @@ def test_adamw_step_matches_a_numpy_adamw():
       p[k] = p[k] - rate * upd
   for k in p:
     np.testing.assert_allclose(params[k], p[k], rtol=1e-5, atol=1e-7)
+
+
+def test_fused_update_equals_optax_chain_on_bert():
+  """`train.fused_update` against optax's chain(clip_by_global_norm, adamw) on a BERT's real gradients: the same
+  state tree (a checkpoint of one restores into the other) and the same parameters and moments after five steps,
+  clipping active in some steps and not in others."""
+  cfg = model_lib.BertConfig.from_variant("tiny", vocab_size=128, hidden_size=64, num_heads=4, intermediate_size=128)
+  module = model_lib.BertForPreTraining(cfg)
+  batch = model_lib.dummy_batch(cfg, 4, 16, 3)
+  rng = np.random.default_rng(0)
+  batch["input_ids"] = rng.integers(0, 128, batch["input_ids"].shape).astype(np.int32)
+  batch["masked_lm_ids"] = rng.integers(0, 128, batch["masked_lm_ids"].shape).astype(np.int32)
+  batch["masked_lm_weights"] = np.ones_like(batch["masked_lm_weights"])
+  params0 = nn.meta.unbox(module.init(jax.random.key(0), batch)["params"])
+  grad_fn = jax.jit(jax.grad(lambda p, s: losses.pretraining_loss(module.apply({"params": p}, batch), batch)[0] * s))
+  results = {}
+  for fused in (True, False):
+    c = small_config(fused_update=fused)
+    c.train.grad_clip_norm = 2.0
+    tx, _ = optim.make(c.train)
+    params, state, norms = params0, tx.init(params0), []
+    update = jax.jit(tx.update)
+    for i, s in enumerate((1.0, 30.0, 0.1, 50.0, 1.0)):  # gradient scales: norms below and above 2.0
+      g = grad_fn(params, s)
+      norms.append(float(optax.global_norm(g)))
+      u, state = update(g, state, params)
+      params = optax.apply_updates(params, u)
+    results[fused] = (params, state, norms)
+  assert min(results[True][2]) < 2.0 < max(results[True][2])
+  assert jax.tree_util.tree_structure(results[True][1]) == jax.tree_util.tree_structure(results[False][1])
+  for a, b in ((results[True][0], results[False][0]), (results[True][1], results[False][1])):
+    jax.tree_util.tree_map(lambda x, y: np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=2e-5,
+                                                                   atol=1e-7), a, b)
 
 
 # ------------------------------------------------------------------ validation before compiling
@@ -431,3 +470,4 @@ def test_periodic_rule():
   assert [s for s in range(1, 11) if metrics.every(s, 4, 10)] == [4, 8, 10]
   assert [s for s in range(1, 4) if metrics.every(s, 0, 3)] == [3]
   assert common.parse_arg("a=1,b=true", a=0, b=False).to_dict() == {"a": 1, "b": True}
+
