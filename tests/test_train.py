@@ -471,3 +471,11 @@ def test_periodic_rule():
   assert [s for s in range(1, 4) if metrics.every(s, 0, 3)] == [3]
   assert common.parse_arg("a=1,b=true", a=0, b=False).to_dict() == {"a": 1, "b": True}
 
+
+def test_cpu_peak_is_shared_by_fake_devices(monkeypatch):
+  """One device's jnp.dot already uses every core, so each of the 8 fake CPU devices gets an eighth of it: MFU over
+  8 devices is then model FLOP/s over the machine's measured peak, not over 8 times it."""
+  monkeypatch.setattr(metrics, "measure_matmul_tflops", lambda *a, **k: 0.4)
+  peak, source = metrics.peak_tflops_per_device()
+  assert jax.local_device_count() == 8 and peak == pytest.approx(0.05) and "shared by 8" in source
+  assert metrics.peak_tflops_per_device(2.5) == (2.5, "configured")
