@@ -4,7 +4,10 @@
 
 Reads the newest perfetto_trace.json.gz under DIR; sums the durations of the accelerator's kernels (the host's
 when there is no accelerator) by name and by kind (matrix products, fusions, copies, collectives, the rest), and
-prints per-step milliseconds (three steps are profiled).
+prints per-step milliseconds (three steps are profiled). On a CPU the times are per host thread: a YNNPACK
+fusion (`ynn_fusion`, counted as matmul; a few are reductions) shows on the thread that called it while it runs
+on every core, and the executor's own bookkeeping events (ThunkExecutor, ThreadpoolListener, the `end:` markers)
+are left out.
 """
 import argparse
 import collections
@@ -14,12 +17,15 @@ import json
 import os
 import re
 
-KINDS = (("matmul", re.compile(r"gemm|xmma|cutlass|cublas|nvjet|wgmma|dot|convolution", re.I)),
+KINDS = (("matmul", re.compile(r"gemm|xmma|cutlass|cublas|nvjet|wgmma|dot|convolution|ynn_fusion|xnn_fusion", re.I)),
          ("attention", re.compile(r"cudnn|flash|fmha|attention", re.I)),
          ("collective", re.compile(r"nccl|all-reduce|all-gather|reduce-scatter|all_reduce|all_gather", re.I)),
          ("copy/transpose", re.compile(r"copy|transpose|memcpy|memset|dynamic-update-slice|dynamic_update", re.I)),
          ("reduction fusion", re.compile(r"reduce|reduction", re.I)),
          ("elementwise fusion", re.compile(r"fusion|loop_|input_", re.I)))
+
+
+BOOKKEEPING = ("$", "ThunkExecutor", "ThreadpoolListener", "end: ", "SlinkyThreadPool", "Wait for")
 
 
 def kind_of(name):
@@ -48,7 +54,7 @@ def main():
   by_name, by_kind = collections.Counter(), collections.Counter()
   count = collections.Counter()
   for e in events:
-    if e.get("ph") == "X" and e.get("pid") in pids and not e["name"].startswith("$"):
+    if e.get("ph") == "X" and e.get("pid") in pids and not e["name"].startswith(BOOKKEEPING):
       ms = e.get("dur", 0) / 1e3 / args.steps
       by_name[e["name"]] += ms
       by_kind[kind_of(e["name"])] += ms
