@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 from typing import Any, Mapping
 
 import flax.linen as nn
@@ -34,8 +35,20 @@ VARIANTS = {
     "base": (12, 768, 12, 3072),
     "large": (24, 1024, 16, 4096),
 }
+
+
+def gelu(x):
+  """Exact GELU, x·Φ(x) = x·½·(1 + erf(x/√2)), written as google-research/bert's `gelu` and HF's "gelu" are.
+
+  `jax.nn.gelu(approximate=False)` computes x·½·erfc(-x/√2): the same function (it keeps relative precision in
+  the far negative tail, where both are ~0 in absolute terms), but XLA's CPU erfc takes an exp and branches, and
+  on a 2-core CPU the BERT-base layer's forward + backward took about 4% longer with it.
+  """
+  return x * 0.5 * (1.0 + jax.lax.erf(x * (1.0 / math.sqrt(2.0))))
+
+
 ACTIVATIONS = {
-    "gelu": functools.partial(jax.nn.gelu, approximate=False),  # exact erf form: BERT's and HF's "gelu"
+    "gelu": gelu,  # exact erf form: BERT's and HF's "gelu"
     "gelu_tanh": functools.partial(jax.nn.gelu, approximate=True),
     "relu": jax.nn.relu,
 }

@@ -157,6 +157,17 @@ def test_activations_are_the_named_functions():
   np.testing.assert_allclose(model.ACTIVATIONS["relu"](x), np.maximum(x, 0), atol=1e-7)
 
 
+def test_exact_gelu_value_gradient_and_dtype():
+  """GELU(x) = x·Φ(x) and GELU'(x) = Φ(x) + x·φ(x) (scipy's normal distribution, float64) over [-10, 10]; bfloat16 in
+  gives bfloat16 out."""
+  from scipy.stats import norm
+  x = np.linspace(-10, 10, 4001)
+  xf = jnp.asarray(x, jnp.float32)
+  np.testing.assert_allclose(model.gelu(xf), x * norm.cdf(x), atol=2e-6, rtol=2e-6)
+  np.testing.assert_allclose(jax.vmap(jax.grad(model.gelu))(xf), norm.cdf(x) + x * norm.pdf(x), atol=2e-6, rtol=2e-6)
+  assert model.gelu(xf.astype(jnp.bfloat16)).dtype == jnp.bfloat16
+
+
 def test_scan_equals_unrolled():
   from bertjax import convert
   cfg = tiny()
