@@ -294,7 +294,7 @@ def _finetune(config, workdir: str) -> dict:
   tcfg.num_steps, tcfg.warmup_steps = total, int(config.train.warmup_fraction * total)
   tx, lr_fn = optim.make(tcfg)
 
-  module = head_module(task, mcfg)
+  module = head_module(task, mcfg.for_platform(mesh.devices.flat[0].platform))
   dummy = next(batches({k: v[:rows_per_step] for k, v in train.items()}, rows_per_step))
   abstract, shardings = state_lib.abstract_state(module, tx, dummy, mesh, rules)
   ckpt = checkpoint_lib.Checkpointer(workdir, keep=config.keep_checkpoints)

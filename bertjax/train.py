@@ -248,6 +248,7 @@ def build(config, mcfg: model_lib.BertConfig, devices=None) -> Run:
   mesh = sharding_lib.make_mesh(config, devices)
   rules = sharding_lib.rules(config)
   batch_sharding = sharding_lib.batch_sharding(mesh)
+  mcfg = mcfg.for_platform(mesh.devices.flat[0].platform)
   model = model_lib.BertForPreTraining(mcfg)
   tx, lr_fn = optim.make(config.train)
   micro = config.train.global_batch_size // config.train.grad_accum_steps

@@ -216,8 +216,22 @@ def test_scan_unroll_changes_neither_parameters_nor_results(unroll):
   # More than num_layers is one iteration of all layers (no empty loop plus a remainder).
   scans = [e for e in _all_eqns(jax.make_jaxpr(lambda p: loss(p, mu))(params).jaxpr) if e.primitive.name == "scan"]
   assert scans and all(e.params["unroll"] == min(unroll, 3) for e in scans)
-  with pytest.raises(ValueError, match="scan_unroll must be a positive integer"):
-    cfg.replace(scan_unroll=0)
+  with pytest.raises(ValueError, match="scan_unroll must be a non-negative integer"):
+    cfg.replace(scan_unroll=-1)
+
+
+def test_scan_unroll_auto_unrolls_on_cpu_only():
+  """scan_unroll 0 (auto): all layers in one iteration on CPU, one layer per iteration on GPU/TPU; resolved from
+  the mesh's devices by train.build, and from the default backend when a module is built directly."""
+  cfg = tiny(scan_layers=True).replace(num_layers=3, scan_unroll=0)
+  assert [cfg.for_platform(p).scan_unroll for p in ("cpu", "gpu", "tpu")] == [3, 1, 1]
+  assert cfg.replace(scan_unroll=2).for_platform("cpu").scan_unroll == 2  # an explicit choice stays
+  b = random_batch(cfg)
+  mod = model.BertForPreTraining(cfg)
+  params = init(mod, cfg)
+  jaxpr = jax.make_jaxpr(lambda p: mod.apply({"params": p}, b, deterministic=True)["mlm_logits"])(params).jaxpr
+  scans = [e for e in _all_eqns(jaxpr) if e.primitive.name == "scan"]
+  assert jax.default_backend() == "cpu" and scans and all(e.params["unroll"] == 3 for e in scans)
 
 
 def test_dropout_is_active_in_training_mode():

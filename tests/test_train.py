@@ -354,6 +354,7 @@ def test_restore_on_a_different_mesh(tmp_path, data_dir):
   ckpt = checkpoint_lib.Checkpointer(str(tmp_path / "w"))
   mcfg = model_lib.BertConfig.from_dict(c.model.to_dict())
   run = train.build(c, mcfg)
+  assert (mcfg.scan_unroll, run.model.cfg.scan_unroll) == (0, 2)  # the configs' auto: both layers per step on CPU
   state, data_state, step = ckpt.restore(run.abstract)
   assert step == 6 and data_state["step"] == 6
   emb = state.params["bert"]["embeddings"]["word_embeddings"]["embedding"]
