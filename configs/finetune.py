@@ -31,7 +31,7 @@ def get_config(arg=None):
   c.model.attention_dropout_rate = 0.1
   c.model.dtype = a.dtype
   c.model.scan_layers = a.scan
-  c.model.scan_unroll = 0  # with scan: layers per scan iteration; 0 = auto (all on CPU, 1 on GPU/TPU)
+  c.model.scan_unroll = 0  # with scan: layers per scan iteration; 0 = auto (all on CPU/GPU, 1 on TPU)
   c.model.remat = "none"
   c.model.attention_impl = "xla"
   c.model.embedding_lookup = "auto"  # gather | one_hot | auto (one_hot on GPU)

@@ -37,7 +37,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.model.dtype = a.dtype  # computation dtype: float32 | bfloat16 (params stay float32; losses in float32)
   c.model.scan_layers = a.scan  # nn.scan over layers: compile time flat in depth
   # Layers per scan iteration: 1 (compile time flat in depth); >= num_layers: unrolled (same parameter layout);
-  # 0 = auto: all layers on CPU (15-20% faster there), 1 on GPU/TPU.
+  # 0 = auto: all layers on CPU and GPU (15-20% faster on CPU, 1.3x on an H100), 1 on TPU.
   c.model.scan_unroll = 0
   c.model.remat = a.remat  # none | full | dots: rematerialise activations in the backward pass
   # xla | cudnn | auto (fused when dropout is off) | pallas (fused with dropout, GPU) | splash (TPU, no dropout)

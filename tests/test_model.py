@@ -220,11 +220,11 @@ def test_scan_unroll_changes_neither_parameters_nor_results(unroll):
     cfg.replace(scan_unroll=-1)
 
 
-def test_scan_unroll_auto_unrolls_on_cpu_only():
-  """scan_unroll 0 (auto): all layers in one iteration on CPU, one layer per iteration on GPU/TPU; resolved from
+def test_scan_unroll_auto_unrolls_except_on_tpu():
+  """scan_unroll 0 (auto): all layers in one iteration on CPU and GPU, one layer per iteration on TPU; resolved from
   the mesh's devices by train.build, and from the default backend when a module is built directly."""
   cfg = tiny(scan_layers=True).replace(num_layers=3, scan_unroll=0)
-  assert [cfg.for_platform(p).scan_unroll for p in ("cpu", "gpu", "tpu")] == [3, 1, 1]
+  assert [cfg.for_platform(p).scan_unroll for p in ("cpu", "gpu", "tpu")] == [3, 3, 1]
   assert cfg.replace(scan_unroll=2).for_platform("cpu").scan_unroll == 2  # an explicit choice stays
   b = random_batch(cfg)
   mod = model.BertForPreTraining(cfg)
