@@ -460,7 +460,6 @@ def test_classification_features_follow_run_classifier(vocab):
 
 
 @pytest.mark.slow
-@pytest.mark.ci
 def test_sweep_runs_a_grid_and_tabulates_median_and_best(tmp_path, vocab):
   write_sentiment(tmp_path / "train.csv", 48, 0)
   write_sentiment(tmp_path / "dev.csv", 16, 1)

@@ -66,3 +66,36 @@ def test_bench_writes_the_agreed_fields(tmp_path):
               "mfu", "peer", "peer_tokens_per_s", "ratio"):
     assert key in row, key
   assert row["ratio"] == pytest.approx(row["tokens_per_s"] / row["peer_tokens_per_s"])
+
+
+def test_sweep_prints_the_grid_and_tabulates_whatever_finished(tmp_path):
+  """The grid's commands, then the table over the runs' own result files (fine-tuning reports in the format
+  bertjax.finetune writes, one run that never finished); the full sweep through real runs is a slow test."""
+  import json
+  import numpy as np
+  env = dict(os.environ, PYTHONPATH=ROOT)
+  root = tmp_path / "sweep"
+  sweep = [sys.executable, os.path.join(ROOT, "launch", "sweep.py")]
+  out = subprocess.run([*sweep, "run", "--config", "configs/finetune.py:task=glue/mrpc", "--grid", "lr=2e-5,5e-5",
+                        "--grid", "seed=0,1,2", "--root", str(root), "--print", "--", "--config.log_every=5"],
+                       capture_output=True, text=True, env=env, cwd=ROOT, timeout=120)
+  assert out.returncode == 0, out.stderr
+  lines = out.stdout.strip().splitlines()
+  assert len(lines) == 6 and all(x.endswith("--config.log_every=5") for x in lines)
+  assert "--config=configs/finetune.py:task=glue/mrpc,lr=5e-5,seed=2 --workdir=" in lines[-1], lines[-1]
+  scores = {("2e-5", "0"): 0.81, ("2e-5", "1"): 0.84, ("2e-5", "2"): 0.79, ("5e-5", "0"): 0.86, ("5e-5", "2"): 0.70}
+  for (lr, seed), f1 in scores.items():  # lr=5e-5,seed=1 never finished: no report
+    d = root / f"lr-{lr}_seed-{seed}"
+    d.mkdir(parents=True)
+    best = {"epoch": 2, "value": f1, "metrics": {"validation": {"f1": f1, "accuracy": f1 - 0.05}}}
+    (d / "report.json").write_text(json.dumps({"task": "glue/mrpc", "main_metric": "f1", "epochs": [], "best": best}))
+  out = subprocess.run([*sweep, "table", "--root", str(root)], capture_output=True, text=True, env=env, cwd=ROOT,
+                       timeout=120)
+  assert out.returncode == 0, out.stderr
+  rows = json.loads((root / "sweep.json").read_text())
+  assert [r["setting"] for r in rows] == [{"lr": "2e-5"}, {"lr": "5e-5"}]
+  for r in rows:
+    mine = [v for (lr, _), v in scores.items() if lr == r["setting"]["lr"]]
+    assert r["metric"] == "f1" and r["runs"] == len(mine)
+    assert (r["median"], r["best"], r["worst"]) == pytest.approx((np.median(mine), max(mine), min(mine)))
+  assert (root / "sweep.png").read_bytes()[:4] == b"\x89PNG"
