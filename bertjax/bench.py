@@ -1,13 +1,15 @@
 """Train-step benchmark, side by side with HF transformers' PyTorch BERT in the same run.
 
   python -m bertjax.bench --variant base --seq 128 --batch 8 --regime fixed [--regime pretrain --regime glue]
-      [--dtype float32] [--shard dp] [--steps 10] [--peer hf|none] [--out bench.json]
+      [--dtype float32] [--shard dp] [--steps 10] [--peer hf [--peer hf_compile] | --peer none] [--out bench.json]
 
 Regimes: `fixed` (every row full), `pretrain` (lengths as data creation makes them with short_seq_prob 0.1),
 `glue` (short sentence pairs, pre-training step), `glue_finetune` (the same pairs through the fine-tuning step
 of a sentence classifier, against HF `BertForSequenceClassification`). In the variable regimes the peer pads
 every example to the sequence length and bertjax packs examples into rows; both are credited with real
-(non-padding) tokens only.
+(non-padding) tokens only. Peers: `hf` (eager PyTorch, as HF's examples train) and `hf_compile` (the same model
+under `torch.compile`, inductor; its compile time is reported apart). The first `--peer` fills `peer` and `ratio`;
+every peer is listed under `peers`.
 
 Model FLOPs per sequence: 3·[L·(24·S·d² + 4·S²·d) + 2·P·(d² + d·V) + 2·d²] (S² -> Σ nᵢ² for packed rows).
 MFU is model FLOP/s over the peak: on CPU the best `jnp.dot` FLOP/s measured in this run, on GPU/TPU the chip's
@@ -16,6 +18,7 @@ dense bf16 peak. Timings go to the table and JSON only; tests check correctness,
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import statistics
@@ -24,6 +27,7 @@ import time
 import numpy as np
 
 REGIMES = ("fixed", "pretrain", "glue", "glue_finetune")
+PEERS = {"hf": False, "hf_compile": True}  # name -> through torch.compile
 
 
 def sample_lengths(regime: str, n: int, seq: int, rng: np.random.Generator) -> np.ndarray:
@@ -197,10 +201,12 @@ def _hf_config(variant, seq, **kw):
                                  intermediate_size=ffn, max_position_embeddings=max(512, seq), **kw)
 
 
-def _time_torch(m, lr, examples, batch, steps, warmup, labels_fn, dtype="float32"):
+def _time_torch(m, lr, examples, batch, steps, warmup, labels_fn, dtype="float32", compile_model=False):
   """Times full PyTorch train steps (forward, backward, clipping, AdamW) on `batch`-sized slices of `examples`;
   `labels_fn(stacked_batch)` gives the loss's keyword arguments. On a CUDA GPU when PyTorch sees one (parameters
-  in float32, bfloat16 autocast when `dtype` is bfloat16, as bertjax computes), else on all CPU cores."""
+  in float32, bfloat16 autocast when `dtype` is bfloat16, as bertjax computes), else on all CPU cores.
+  `compile_model`: the model's forward (and so its backward) through `torch.compile`; every batch has the same
+  shape, so it compiles once, in the first warm-up step, whose time is returned as `compile_s`."""
   import torch  # pylint: disable=import-outside-toplevel
   import transformers  # pylint: disable=import-outside-toplevel
   device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -208,11 +214,15 @@ def _time_torch(m, lr, examples, batch, steps, warmup, labels_fn, dtype="float32
   if len(examples) < (warmup + steps) * batch:
     raise ValueError("not enough examples for the peer")
   m = m.to(device)
-  opt = torch.optim.AdamW(m.parameters(), lr=lr, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.01,
+  params = list(m.parameters())
+  if compile_model:
+    torch._dynamo.reset()  # pylint: disable=protected-access  # each row times its own compile, none cached
+    m = torch.compile(m, dynamic=False)
+  opt = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.01,
                           fused=device == "cuda")
   autocast = torch.autocast(device, dtype=torch.bfloat16, enabled=dtype == "bfloat16")
   sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
-  times, tokens = [], []
+  times, tokens, first = [], [], 0.0
   for i in range(warmup + steps):
     b = stack(examples[i * batch:(i + 1) * batch])
     args = dict(input_ids=torch.tensor(b["input_ids"], dtype=torch.long),
@@ -226,16 +236,19 @@ def _time_torch(m, lr, examples, batch, steps, warmup, labels_fn, dtype="float32
     with autocast:
       loss = m(**args).loss
     loss.backward()
-    torch.nn.utils.clip_grad_norm_(m.parameters(), 1.0)
+    torch.nn.utils.clip_grad_norm_(params, 1.0)
     opt.step()
     sync()
+    if i == 0:
+      first = time.perf_counter() - t
     if i >= warmup:
       times.append(time.perf_counter() - t)
       tokens.append(float(b["input_mask"].sum()))
   step = statistics.median(times)
   where = torch.cuda.get_device_name() if device == "cuda" else f"{torch.get_num_threads()} threads"
   return {"step_time_s": step, "tokens_per_s": statistics.median(tokens) / step, "sequences_per_s": batch / step,
-          "version": transformers.__version__, "torch": torch.__version__, "where": where}
+          "compile_s": max(first - step, 0.0) if compile_model else None, "version": transformers.__version__,
+          "torch": torch.__version__, "where": where}
 
 
 def _release_torch_memory():
@@ -246,15 +259,15 @@ def _release_torch_memory():
     torch.cuda.empty_cache()
 
 
-def run_hf_finetune(variant, seq, batch, steps, examples, dtype="float32", warmup=2):
+def run_hf_finetune(variant, seq, batch, steps, examples, dtype="float32", warmup=2, compile_model=False):
   """HF `BertForSequenceClassification`, each example padded to `seq`, AdamW and clipping."""
   import transformers  # pylint: disable=import-outside-toplevel
   m = transformers.BertForSequenceClassification(_hf_config(variant, seq, num_labels=2)).train()
   return _time_torch(m, 2e-5, examples, batch, steps, warmup,
-                     lambda b: {"labels": b["next_sentence_labels"].astype(np.int64)}, dtype)
+                     lambda b: {"labels": b["next_sentence_labels"].astype(np.int64)}, dtype, compile_model)
 
 
-def run_hf(variant, seq, batch, preds, steps, examples, dtype="float32", warmup=2):
+def run_hf(variant, seq, batch, preds, steps, examples, dtype="float32", warmup=2, compile_model=False):
   """HF `BertForPreTraining` (MLM over the full sequence with -100 labels off the masked positions, NSP)."""
   del preds  # the peer's MLM head runs over every position; labels select the masked ones
   import transformers  # pylint: disable=import-outside-toplevel
@@ -267,7 +280,7 @@ def run_hf(variant, seq, batch, preds, steps, examples, dtype="float32", warmup=
       labels[r, b["masked_lm_positions"][r][w]] = b["masked_lm_ids"][r][w]
     return {"labels": labels, "next_sentence_label": b["next_sentence_labels"].astype(np.int64)}
 
-  return _time_torch(m, 1e-4, examples, batch, steps, warmup, labels_fn, dtype)
+  return _time_torch(m, 1e-4, examples, batch, steps, warmup, labels_fn, dtype, compile_model)
 
 
 def main(argv=None):
@@ -280,7 +293,8 @@ def main(argv=None):
   p.add_argument("--shard", default="dp")
   p.add_argument("--steps", type=int, default=10)
   p.add_argument("--regime", action="append", choices=REGIMES)
-  p.add_argument("--peer", default="hf", choices=["hf", "none"])
+  p.add_argument("--peer", action="append", choices=list(PEERS) + ["none"],
+                 help="repeatable; the first fills `peer`/`ratio` (default: hf)")
   p.add_argument("--examples", type=int, default=0, help="examples per regime (default: enough for the steps)")
   p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                  help="config override for bertjax, e.g. model.attention_impl=cudnn or train.prng_impl=rbg")
@@ -292,6 +306,11 @@ def main(argv=None):
   import jax  # pylint: disable=import-outside-toplevel
   from bertjax import metrics  # pylint: disable=import-outside-toplevel
   regimes = args.regime or ["fixed"]
+  peers = list(dict.fromkeys(args.peer or ["hf"]))
+  if "none" in peers:
+    if len(peers) > 1:
+      p.error("--peer none cannot be combined with other peers")
+    peers = []
   platform = jax.devices()[0].platform
 
   def cpu_peak():
@@ -314,10 +333,11 @@ def main(argv=None):
     n = args.examples or (args.steps + 2) * args.batch * (8 if regime != "fixed" else 1)
     examples = make_examples(sample_lengths(regime, n, args.seq, rng), args.seq, args.preds, 30522, rng)
     finetuning = regime == "glue_finetune"
-    theirs = None
-    if args.peer == "hf" and platform in ("cpu", "gpu"):  # first, so that its GPU memory is released before ours
-      theirs = (run_hf_finetune(args.variant, args.seq, args.batch, args.steps, examples, args.dtype) if finetuning
-                else run_hf(args.variant, args.seq, args.batch, args.preds, args.steps, examples, args.dtype))
+    theirs = {}
+    for name in peers if platform in ("cpu", "gpu") else ():  # first, so that its GPU memory is released before ours
+      run = run_hf_finetune if finetuning else functools.partial(run_hf, preds=args.preds)
+      theirs[name] = run(args.variant, args.seq, args.batch, steps=args.steps, examples=examples, dtype=args.dtype,
+                         compile_model=PEERS[name])
       _release_torch_memory()
     if finetuning:
       ours = run_bertjax_finetune(args.variant, args.seq, args.batch, args.dtype, args.shard, args.steps, examples,
@@ -338,12 +358,20 @@ def main(argv=None):
     row["peer"] = None
     row["peer_tokens_per_s"] = None
     row["ratio"] = None
-    if theirs is not None:
+    row["peers"] = []
+    for name, t in theirs.items():
       head = "BertForSequenceClassification" if finetuning else "BertForPreTraining"
-      row.update(peer=f"HF transformers {theirs['version']} {head} (PyTorch {theirs['torch']}, "
-                      f"{theirs['where']}, padded)", peer_tokens_per_s=theirs["tokens_per_s"],
-                 peer_sequences_per_s=theirs["sequences_per_s"],
-                 peer_step_time_s=theirs["step_time_s"], ratio=row["tokens_per_s"] / theirs["tokens_per_s"])
+      mode = "torch.compile" if PEERS[name] else "eager"
+      row["peers"].append({"name": name, "peer": f"HF transformers {t['version']} {head} (PyTorch {t['torch']} "
+                                                 f"{mode}, {t['where']}, padded)",
+                           "tokens_per_s": t["tokens_per_s"], "sequences_per_s": t["sequences_per_s"],
+                           "step_time_s": t["step_time_s"], "compile_s": t["compile_s"],
+                           "ratio": row["tokens_per_s"] / t["tokens_per_s"]})
+    if row["peers"]:
+      first = row["peers"][0]
+      row.update(peer=first["peer"], peer_tokens_per_s=first["tokens_per_s"],
+                 peer_sequences_per_s=first["sequences_per_s"], peer_step_time_s=first["step_time_s"],
+                 ratio=first["ratio"])
     rows.append(row)
     print(json.dumps(row), flush=True)
   print(f"\n{'regime':13s} {'tok/s':>9s} {'seq/s':>8s} {'step s':>8s} {'compile s':>9s} {'TFLOP/s':>8s} {'peak':>7s} "
@@ -354,6 +382,12 @@ def main(argv=None):
     print(f"{r['regime']:13s} {r['tokens_per_s']:9.0f} {r['sequences_per_s']:8.1f} {r['step_time_s']:8.3f} "
           f"{r['compile_s']:9.1f} "
           f"{r['model_tflops_per_s']:8.3f} {r['matmul_peak_tflops_per_s']:7.3f} {r['mfu']:6.2f} {peer} {ratio}")
+  extra = [(r["regime"], q) for r in rows for q in r["peers"][1:]]
+  if extra:
+    print(f"\n{'regime':13s} {'other peer':12s} {'tok/s':>9s} {'step s':>8s} {'compile s':>9s} {'ratio':>6s}")
+    for regime, q in extra:
+      comp = f"{q['compile_s']:9.1f}" if q["compile_s"] is not None else f"{'-':>9s}"
+      print(f"{regime:13s} {q['name']:12s} {q['tokens_per_s']:9.0f} {q['step_time_s']:8.3f} {comp} {q['ratio']:6.2f}")
   with open(args.out, "w", encoding="utf-8") as f:
     json.dump(rows, f, indent=2)
 

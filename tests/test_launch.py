@@ -66,7 +66,17 @@ def test_bench_writes_the_agreed_fields(tmp_path):
               "mfu", "peer", "peer_tokens_per_s", "ratio"):
     assert key in row, key
   assert row["ratio"] == pytest.approx(row["tokens_per_s"] / row["peer_tokens_per_s"])
+  (peer,) = row["peers"]
+  assert peer["name"] == "hf" and "eager" in peer["peer"] and peer["ratio"] == row["ratio"]
 
+
+def test_bench_refuses_peer_none_beside_a_peer(tmp_path):
+  env = dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu")
+  out = subprocess.run([sys.executable, "-m", "bertjax.bench", "--variant", "tiny", "--peer", "none", "--peer",
+                        "hf_compile", "--out", str(tmp_path / "b.json")], capture_output=True, text=True, env=env,
+                       cwd=ROOT, timeout=300)
+  assert out.returncode == 2 and "--peer none cannot be combined" in out.stderr
+  assert not (tmp_path / "b.json").exists()
 
 def test_sweep_prints_the_grid_and_tabulates_whatever_finished(tmp_path):
   """The grid's commands, then the table over the runs' own result files (fine-tuning reports in the format
