@@ -216,7 +216,7 @@ def _time_torch(m, lr, examples, batch, steps, warmup, labels_fn, dtype="float32
   m = m.to(device)
   params = list(m.parameters())
   if compile_model:
-    torch._dynamo.reset()  # pylint: disable=protected-access  # each row times its own compile, none cached
+    torch.compiler.reset()  # each row times its own compile, none cached
     m = torch.compile(m, dynamic=False)
   opt = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.01,
                           fused=device == "cuda")
@@ -359,8 +359,8 @@ def main(argv=None):
     row["peer_tokens_per_s"] = None
     row["ratio"] = None
     row["peers"] = []
+    head = "BertForSequenceClassification" if finetuning else "BertForPreTraining"
     for name, t in theirs.items():
-      head = "BertForSequenceClassification" if finetuning else "BertForPreTraining"
       mode = "torch.compile" if PEERS[name] else "eager"
       row["peers"].append({"name": name, "peer": f"HF transformers {t['version']} {head} (PyTorch {t['torch']} "
                                                  f"{mode}, {t['where']}, padded)",
