@@ -87,8 +87,10 @@ def compile_step(config, topology: str, per_chip_batch: int, num_slices: int = 1
                 compiler_flops_per_chip=float(cost.get("flops", 0.0)),  # counts a scanned layer body once
                 estimated_step_s=estimate if estimate and estimate > 0 else None, fits=True)
   tokens = config.train.global_batch_size * config.data.max_seq_length
+  preds = config.data.max_predictions_per_seq
   result["model_tflops_per_chip"] = model_lib.model_flops_per_sequence(
-      mcfg, config.data.max_seq_length, config.data.max_predictions_per_seq) * per_chip_batch / 1e12
+      mcfg, config.data.max_seq_length, preds,
+      final_layer_rows=1 + preds if mcfg.prune_final_layer else None) * per_chip_batch / 1e12
   result["tokens_per_step"] = tokens
   return result
 

@@ -87,6 +87,30 @@ def bertjax_batches(examples, batch, seq, preds, pack, per_row=8):
   return out
 
 
+def pruned_flops(mcfg, b, mlm: bool = True) -> float:
+  """Training FLOPs that `prune_final_layer` leaves out of batch `b`, counted conservatively: every position but
+  the real [CLS] tokens (and, with `mlm`, the real masked positions) skipped, and each kept query scored against
+  the tokens of its own example only (the model-FLOP convention of the attention term)."""
+  from bertjax import model as model_lib  # pylint: disable=import-outside-toplevel
+  if not mcfg.prune_final_layer:
+    return 0.0
+  mask = np.asarray(b["input_mask"])
+  seg = np.asarray(b.get("attention_segment_ids", mask))
+  if "cls_positions" in b:
+    weights = np.asarray(b.get("example_weights", b.get("next_sentence_weights")))
+    rows, cols = np.nonzero(weights > 0)
+    queries = [(r, int(b["cls_positions"][r, c])) for r, c in zip(rows, cols)]
+  else:
+    queries = [(r, 0) for r in range(mask.shape[0])]
+  if mlm:
+    rows, cols = np.nonzero(np.asarray(b["masked_lm_weights"]) > 0)
+    queries += [(r, int(b["masked_lm_positions"][r, c])) for r, c in zip(rows, cols)]
+  keys = sum(int(((seg[r] == seg[r, t]) & (mask[r] > 0)).sum()) for r, t in queries)
+  ex_sq = sum(int(((seg[r] == s) & (mask[r] > 0)).sum()) ** 2 for r in range(mask.shape[0])
+              for s in np.unique(seg[r][mask[r] > 0]))
+  return model_lib.pruned_final_layer_flops(mcfg, mask.size - len(queries), ex_sq - keys)
+
+
 def run_bertjax(variant, seq, batch, preds, dtype, shard, steps, regime, examples, overrides=(), profile="",
                 warmup=2):
   import jax  # pylint: disable=import-outside-toplevel
@@ -116,7 +140,7 @@ def run_bertjax(variant, seq, batch, preds, dtype, shard, steps, regime, example
     attn = 3 * mcfg.num_layers * 4 * s2 * mcfg.hidden_size
     npred = float(np.asarray(b["masked_lm_weights"]).sum())  # real predictions only (conservative)
     head = 3 * 2 * npred * (mcfg.hidden_size ** 2 + mcfg.hidden_size * mcfg.vocab_size)
-    flops.append(batch * per_pos + attn + head)
+    flops.append(batch * per_pos + attn + head - pruned_flops(mcfg, b))
   step = statistics.median(times)
   tokens = [float(np.asarray(b["input_mask"]).sum()) for b in timed]
   seqs = [float(np.asarray(b["next_sentence_weights"]).sum()) for b in timed]
@@ -186,7 +210,8 @@ def run_bertjax_finetune(variant, seq, batch, dtype, shard, steps, examples, ove
     compile_s, times, timed = _timed(step_fn, state, rows, warmup, steps, bsh, profile)
   step = statistics.median(times)
   per_pos = model_lib.model_flops_per_sequence(mcfg, seq, 0, seq_len_squared=0.0)
-  flops = [batch * per_pos + 3 * mcfg.num_layers * 4 * sq[warmup + i] * mcfg.hidden_size for i in range(steps)]
+  flops = [batch * per_pos + 3 * mcfg.num_layers * 4 * sq[warmup + i] * mcfg.hidden_size
+           - pruned_flops(mcfg, rows[warmup + i], mlm=False) for i in range(steps)]
   tokens = [float(b["input_mask"].sum()) for b in timed]
   seqs = [float(b["example_weights"].sum()) for b in timed]
   return {"compile_s": compile_s, "step_time_s": step, "tokens_per_s": statistics.median(tokens) / step,

@@ -92,6 +92,11 @@ class BertConfig:
   # Dropout masks: rng (flax nn.Dropout: bits from the `dropout` PRNG stream, the mask kept for the backward) |
   # hash (bertjax.dropout: a counter hash fused into the elementwise work, recomputed in the backward).
   dropout_impl: str = "rng"
+  # The last layer only at the positions a head reads ([CLS] and, in pre-training, the masked positions): its
+  # keys and values still come from every token, so the heads' outputs, the loss and the gradients are the same
+  # (exact), while the last layer's queries, output projection, FFN and LayerNorms run on a few rows instead of
+  # all. Honoured by BertForPreTraining and BertForSequenceClassification; the per-token heads need every row.
+  prune_final_layer: bool = False
 
   def __post_init__(self):
     positive = ("vocab_size", "hidden_size", "num_layers", "num_heads", "intermediate_size",
@@ -107,7 +112,8 @@ class BertConfig:
     choices = {"hidden_act": ACTIVATIONS, "position_embedding": ("learned", "sinusoidal"),
                "layer_norm": ("post", "pre"), "dtype": DTYPES, "param_dtype": DTYPES,
                "remat": ("none", "full", "dots"), "attention_impl": ("xla", "cudnn", "auto", "pallas", "splash"),
-               "embedding_lookup": ("gather", "one_hot", "auto"), "dropout_impl": ("rng", "hash")}
+               "embedding_lookup": ("gather", "one_hot", "auto"), "dropout_impl": ("rng", "hash"),
+               "prune_final_layer": (False, True)}
     for name, allowed in choices.items():
       if getattr(self, name) not in allowed:
         raise ValueError(f"BertConfig.{name}={getattr(self, name)!r}; choose one of {sorted(allowed)}")
@@ -250,6 +256,18 @@ def attention_mask(input_mask, attention_segment_ids=None):
   return same & keys & (seg[:, None, :, None] > 0)
 
 
+def mask_rows(mask, queries):
+  """The rows of a boolean mask [B, 1, Lq|1, Lk] for the query positions `queries` [B, Q]."""
+  if mask.shape[2] == 1:
+    return mask
+  return jnp.take_along_axis(mask, queries[:, None, :, None], axis=2)
+
+
+def take_rows(x, positions):
+  """x[b, positions[b]]: [B, L, ...] -> [B, Q, ...]."""
+  return jnp.take_along_axis(x, positions.reshape(positions.shape + (1,) * (x.ndim - 2)).astype(jnp.int32), axis=1)
+
+
 def dot_product_attention(q, k, v, mask, *, dropout_rate=0.0, dropout_rng=None, deterministic=True,
                           dropout_impl="rng"):
   """softmax(QKᵀ/√d_k)·V per head. q, k, v: [B, L, H, D]; mask [B, 1|H, Lq, Lk]. Softmax in float32."""
@@ -270,30 +288,36 @@ class SelfAttention(nn.Module):
   cfg: BertConfig
 
   @nn.compact
-  def __call__(self, x, mask, deterministic: bool):
+  def __call__(self, x, mask, deterministic: bool, queries=None):
+    """Self-attention of x [B, L, d]; with `queries` [B, Q] only those positions' outputs ([B, Q, d]), every
+    position still a key and value. `mask` as the attention implementation takes it (see BertModel)."""
     cfg = self.cfg
     shape = (cfg.num_heads, cfg.head_dim)
-    q = Dense(shape, ("embed", "heads", "kv"), cfg, name="query")(x)
+    q = Dense(shape, ("embed", "heads", "kv"), cfg, name="query")(x if queries is None else take_rows(x, queries))
     k = Dense(shape, ("embed", "heads", "kv"), cfg, name="key")(x)
     v = Dense(shape, ("embed", "heads", "kv"), cfg, name="value")(x)
     names = ("activation_batch", "activation_length", "activation_heads", "activation_kv")
     q, k, v = (_constrain(t, names) for t in (q, k, v))
     no_dropout = deterministic or cfg.attention_dropout_rate == 0.0
     use_fused = cfg.attention_impl in ("cudnn", "auto") and no_dropout
-    if cfg.attention_impl == "splash":  # `mask` holds splash_segments ids [B, L]
+    impl = cfg.attention_impl
+    if queries is not None:  # a few query rows: the Pallas kernels take square blocks; masks as the XLA path has
+      mask = mask_rows(attention_mask(mask > 0, mask) if impl == "splash" else mask, queries)
+      impl = impl if use_fused else "xla"
+    if impl == "splash":  # `mask` holds splash_segments ids [B, L]
       if no_dropout:
         z = attention_lib.splash_attention(q, k, v, mask, partition=nn.logical_to_mesh_axes(names))
       else:
         z = dot_product_attention(q, k, v, attention_mask(mask > 0, mask),
                                   dropout_rate=cfg.attention_dropout_rate, dropout_rng=self.make_rng("dropout"),
                                   deterministic=False, dropout_impl=cfg.dropout_impl)
-    elif cfg.attention_impl == "pallas":
+    elif impl == "pallas":
       training = not deterministic and cfg.attention_dropout_rate > 0.0
       seed = jax.random.bits(self.make_rng("dropout"), (), jnp.uint32) if training else None
       z = attention_lib.fused_attention(q, k, v, mask, dropout_rate=cfg.attention_dropout_rate, seed=seed,
                                         partition=nn.logical_to_mesh_axes(names))
     elif use_fused:
-      impl = "cudnn" if cfg.attention_impl == "cudnn" else None
+      impl = "cudnn" if impl == "cudnn" else None
       # cuDNN takes the mask as a bias of full [B, 1, Lq, Lk] shape, not a key-padding [B, 1, 1, Lk] broadcast.
       mask = jnp.broadcast_to(mask, mask.shape[:2] + (q.shape[1], k.shape[1]))
       z = jax.nn.dot_product_attention(q, k, v, mask=mask, implementation=impl)
@@ -322,20 +346,22 @@ class Layer(nn.Module):
   cfg: BertConfig
 
   @nn.compact
-  def __call__(self, x, mask, deterministic: bool):
+  def __call__(self, x, mask, deterministic: bool, queries=None):
+    """x [B, L, d] -> [B, L, d]; with `queries` [B, Q] the block's output at those positions only, [B, Q, d]."""
     cfg = self.cfg
     drop = dropout(cfg)
     act_names = ("activation_batch", "activation_length", "activation_embed")
     dtype = cfg.compute_dtype
+    rows = (lambda t: t) if queries is None else (lambda t: take_rows(t, queries))
     if cfg.layer_norm == "post":
-      a = SelfAttention(cfg, name="attention")(x, mask, deterministic)
-      x = layer_norm(cfg, "attention_ln")(drop(a, deterministic=deterministic) + x).astype(dtype)
+      a = SelfAttention(cfg, name="attention")(x, mask, deterministic, queries)
+      x = layer_norm(cfg, "attention_ln")(drop(a, deterministic=deterministic) + rows(x)).astype(dtype)
       f = Mlp(cfg, name="mlp")(x)
       x = layer_norm(cfg, "mlp_ln")(drop(f, deterministic=deterministic) + x).astype(dtype)
     else:
       a = SelfAttention(cfg, name="attention")(layer_norm(cfg, "attention_ln")(x).astype(dtype), mask,
-                                               deterministic)
-      x = x + drop(a, deterministic=deterministic)
+                                               deterministic, queries)
+      x = rows(x) + drop(a, deterministic=deterministic)
       f = Mlp(cfg, name="mlp")(layer_norm(cfg, "mlp_ln")(x).astype(dtype))
       x = x + drop(f, deterministic=deterministic)
     return _constrain(x, act_names)
@@ -358,22 +384,54 @@ def _layer_class(cfg: BertConfig):
   return nn.remat(Layer, policy=policy, static_argnums=(3,))
 
 
+def _scanned_layers(cfg: BertConfig, deterministic: bool, length: int, name: str):
+  """`length` layers under nn.scan, parameters stacked on a leading `layers` axis (built in the caller's scope)."""
+  unroll = cfg.for_platform(jax.default_backend()).scan_unroll  # built without a mesh: the default backend's
+  return nn.scan(_ScanLayer, variable_axes={"params": 0}, split_rngs={"params": True, "dropout": True},
+                 in_axes=(nn.broadcast,), length=length, unroll=min(unroll, length),
+                 metadata_params={nn.PARTITION_NAME: "layers"})(cfg, deterministic, name=name)
+
+
+class _SplitStack(nn.Module):
+  """The scanned stack with its last layer computed only at `queries`. Reads the stacked parameters as `head`
+  (layers 0..L-2, scanned) and `last` (layer L-1), a view `Encoder` makes with nn.map_variables; apply only."""
+  cfg: BertConfig
+  deterministic: bool
+
+  @nn.compact
+  def __call__(self, x, mask, queries):
+    cfg = self.cfg
+    if cfg.num_layers > 1:
+      x, _ = _scanned_layers(cfg, self.deterministic, cfg.num_layers - 1, "head")(x, mask)
+    return _layer_class(cfg)(cfg, name="last")(x, mask, self.deterministic, queries)
+
+
+def _split_last(variables):
+  """Stacked layer parameters {"layer": [L, ...]} as {"head": {"layer": [L-1, ...]}, "last": [...]}."""
+  layer = variables["params"]["layer"]
+  last = jax.tree_util.tree_leaves(layer)[0].shape[0] - 1
+  return {"params": {"head": {"layer": jax.tree_util.tree_map(lambda a: a[:last], layer)},
+                     "last": jax.tree_util.tree_map(lambda a: a[last], layer)}}
+
+
 class Encoder(nn.Module):
   cfg: BertConfig
 
   @nn.compact
-  def __call__(self, x, mask, deterministic: bool):
+  def __call__(self, x, mask, deterministic: bool, queries=None):
+    """x [B, L, d] -> [B, L, d]; with `queries` [B, Q], the last layer only at those positions: [B, Q, d]."""
     cfg = self.cfg
     if cfg.scan_layers:
-      unroll = cfg.for_platform(jax.default_backend()).scan_unroll  # built without a mesh: the default backend's
-      stack = nn.scan(_ScanLayer, variable_axes={"params": 0}, split_rngs={"params": True, "dropout": True},
-                      in_axes=(nn.broadcast,), length=cfg.num_layers, unroll=min(unroll, cfg.num_layers),
-                      metadata_params={nn.PARTITION_NAME: "layers"})
-      x, _ = stack(cfg, deterministic, name="layers")(x, mask)
+      if queries is None or self.is_initializing():  # init always builds the whole stacked layout
+        x, _ = _scanned_layers(cfg, deterministic, cfg.num_layers, "layers")(x, mask)
+        x = x if queries is None else take_rows(x, queries)
+      else:  # the same stacked parameters, viewed as layers 0..L-2 and layer L-1
+        x = nn.map_variables(_SplitStack, "params", trans_in_fn=_split_last, mutable=False)(
+            cfg, deterministic, name="layers")(x, mask, queries)
     else:
       layer = _layer_class(cfg)
       for i in range(cfg.num_layers):
-        x = layer(cfg, name=f"layer_{i}")(x, mask, deterministic)
+        x = layer(cfg, name=f"layer_{i}")(x, mask, deterministic, queries if i == cfg.num_layers - 1 else None)
     if cfg.layer_norm == "pre":
       x = layer_norm(cfg, "final_ln")(x).astype(cfg.compute_dtype)
     return x
@@ -459,17 +517,24 @@ class BertModel(nn.Module):
     self.encoder = Encoder(self.cfg)
     self.pooler = Dense((self.cfg.hidden_size,), ("embed", "mlp"), self.cfg)
 
-  def __call__(self, batch, deterministic: bool = True):
+  def __call__(self, batch, deterministic: bool = True, positions=None):
+    """With `positions` [B, Q] (prune_final_layer): "hidden" is [B, Q, d] at those positions only, the last layer
+    computed at them and at [CLS] alone; "pooled" is the same as without."""
     check_batch(self.cfg, batch)
     ids = batch["input_ids"]
-    positions = batch.get("position_ids")
     if self.cfg.attention_impl == "splash":  # the kernel masks by segment ids, not a boolean [L, L] mask
       mask = attention_lib.splash_segments(batch["input_mask"], batch.get("attention_segment_ids"))
     else:
       mask = attention_mask(batch["input_mask"], batch.get("attention_segment_ids"))
-    x = self.embeddings(ids, batch["segment_ids"], positions, deterministic)
-    h = self.encoder(x, mask, deterministic)
-    return {"hidden": h, "pooled": self.pool(h, batch.get("cls_positions"))}
+    x = self.embeddings(ids, batch["segment_ids"], batch.get("position_ids"), deterministic)
+    cls_positions = batch.get("cls_positions")
+    if positions is None:
+      h = self.encoder(x, mask, deterministic)
+      return {"hidden": h, "pooled": self.pool(h, cls_positions)}
+    cls = jnp.zeros((ids.shape[0], 1), jnp.int32) if cls_positions is None else cls_positions.astype(jnp.int32)
+    h = self.encoder(x, mask, deterministic, jnp.concatenate([cls, positions.astype(jnp.int32)], axis=1))
+    pooled = jnp.tanh(self.pooler(h[:, :cls.shape[1]]))
+    return {"hidden": h[:, cls.shape[1]:], "pooled": pooled[:, 0] if cls_positions is None else pooled}
 
   def pool(self, hidden, cls_positions=None):
     """tanh(Dense(h_[CLS])); with `cls_positions` [B, K] (packed rows) one pooled vector per example."""
@@ -500,9 +565,13 @@ class BertForPreTraining(nn.Module):
 
   def __call__(self, batch, deterministic: bool = True):
     check_batch(self.cfg, batch, ENCODER_KEYS + ("masked_lm_positions",))
-    out = self.bert(batch, deterministic)
     positions = batch["masked_lm_positions"]
-    x = jnp.take_along_axis(out["hidden"], positions[..., None].astype(jnp.int32), axis=1)  # [B, P, d]
+    if self.cfg.prune_final_layer:
+      out = self.bert(batch, deterministic, positions)
+      x = out["hidden"]  # [B, P, d]
+    else:
+      out = self.bert(batch, deterministic)
+      x = take_rows(out["hidden"], positions)  # [B, P, d]
     x = ACTIVATIONS[self.cfg.hidden_act](self.mlm_transform(x))
     x = self.mlm_ln(x).astype(self.cfg.compute_dtype)
     out["mlm_logits"] = self.bert.attend(x) + self.mlm_bias.astype(jnp.float32)
@@ -517,7 +586,8 @@ class BertForSequenceClassification(nn.Module):
 
   @nn.compact
   def __call__(self, batch, deterministic: bool = True):
-    out = BertModel(self.cfg, name="bert")(batch, deterministic)
+    none = jnp.zeros((batch["input_ids"].shape[0], 0), jnp.int32)  # pruned: the last layer at [CLS] only
+    out = BertModel(self.cfg, name="bert")(batch, deterministic, none if self.cfg.prune_final_layer else None)
     x = dropout(self.cfg)(out["pooled"], deterministic=deterministic)
     out["logits"] = Dense((self.num_labels,), ("mlp", "classes"), self.cfg, name="classifier")(x).astype(
         jnp.float32)
@@ -568,16 +638,26 @@ def count_params(params) -> int:
 
 
 def model_flops_per_sequence(cfg: BertConfig, seq_len: int, num_predictions: int,
-                             seq_len_squared: float | None = None) -> float:
+                             seq_len_squared: float | None = None, final_layer_rows: int | None = None) -> float:
   """Training FLOPs (forward + backward = 3x forward) of one sequence, MLM head at gathered positions only.
 
   3·[L·(24·S·d² + 4·S²·d) + 2·P·(d² + d·V) + 2·d²]; for packed rows pass the sum of each example's squared
   length as `seq_len_squared`. (Counts the 4·d² attention projections and 2·d·d_ff FFN with d_ff = 4d, as
-  the usual 24·S·d²; for other FFN widths the FFN term is scaled.)
+  the usual 24·S·d²; for other FFN widths the FFN term is scaled.) With `final_layer_rows` Q (prune_final_layer:
+  [CLS] and the masked positions of an unpacked row), less what the last layer then leaves out.
   """
   d, L, V, P = cfg.hidden_size, cfg.num_layers, cfg.vocab_size, num_predictions
   s2 = seq_len * seq_len if seq_len_squared is None else seq_len_squared
   per_layer = 2 * seq_len * (4 * d * d + 2 * d * cfg.intermediate_size) + 4 * s2 * d
-  return 3.0 * (L * per_layer + 2 * P * (d * d + d * V) + 2 * d * d)
+  total = 3.0 * (L * per_layer + 2 * P * (d * d + d * V) + 2 * d * d)
+  if final_layer_rows is not None:
+    total -= pruned_final_layer_flops(cfg, seq_len - final_layer_rows, s2 - final_layer_rows * seq_len)
+  return total
 
 
+def pruned_final_layer_flops(cfg: BertConfig, rows: float, score_pairs: float) -> float:
+  """Training FLOPs the pruned last layer leaves out: for each of `rows` positions no head reads, its query and
+  output projections and FFN (its key and value projections stay: every position is a key); `score_pairs`
+  (query, key) pairs fewer in QKᵀ and in the probabilities times V."""
+  d = cfg.hidden_size
+  return 3.0 * (2 * rows * (2 * d * d + 2 * d * cfg.intermediate_size) + 4 * score_pairs * d)

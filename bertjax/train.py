@@ -344,7 +344,8 @@ def _train_and_evaluate(config, workdir: str) -> dict:
 
   total = config.train.num_steps
   start = int(jax.device_get(state.step))
-  flops_per_step = model_lib.model_flops_per_sequence(mcfg, seq, preds) * gbs
+  flops_per_step = model_lib.model_flops_per_sequence(
+      mcfg, seq, preds, final_layer_rows=1 + preds if mcfg.prune_final_layer else None) * gbs
   peak, peak_source = peak_tflops_per_device_cached(config)
   writer = metrics_lib.Writer(workdir)
   progress = metrics_lib.Progress(total, start)

@@ -36,6 +36,7 @@ def get_config(arg=None):
   c.model.attention_impl = "xla"
   c.model.embedding_lookup = "auto"  # gather | one_hot | auto (one_hot on GPU)
   c.model.dropout_impl = "hash"  # hash (counter hash, recomputed in the backward: faster) | rng (nn.Dropout)
+  c.model.prune_final_layer = True  # last layer only where the heads read it ([CLS], masked positions): exact
 
   c.data = ml_collections.ConfigDict()
   c.data.tfds_data_dir = ""  # where tfds keeps glue/squad ("" = tfds default)

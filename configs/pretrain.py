@@ -44,6 +44,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.model.attention_impl = "xla"
   c.model.embedding_lookup = "auto"  # gather | one_hot | auto (one_hot on GPU: no scatter-add in the backward)
   c.model.dropout_impl = "hash"  # hash (counter hash, recomputed in the backward: faster) | rng (nn.Dropout)
+  c.model.prune_final_layer = True  # last layer only where the heads read it ([CLS], masked positions): exact
 
   c.data = ml_collections.ConfigDict()
   c.data.data_dir = ""  # output of `python -m bertjax.data.dataset` (has creation.json)

@@ -1,4 +1,6 @@
 """The model against the seeds' equations, a NumPy reference and its own invariants."""
+import functools
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -182,6 +184,55 @@ def test_scan_equals_unrolled():
   rcfg = scfg.replace(remat="full")
   r = model.BertForPreTraining(rcfg).apply({"params": sparams}, b)
   np.testing.assert_allclose(a["mlm_logits"], r["mlm_logits"], atol=1e-5)
+
+
+@pytest.mark.parametrize("scan,ln,layers,full_check", [(True, "post", 3, True), (False, "pre", 2, False),
+                                                        (True, "post", 1, False)])
+def test_pruned_final_layer_is_exact(scan, ln, layers, full_check):
+  """prune_final_layer (the last layer at [CLS] and the masked positions only) keeps the parameters and gives the
+  whole model's head outputs; in the default layout also its loss and gradients, training (dropout on) and the
+  pruned sentence classifier."""
+  cfg = tiny(scan_layers=scan, layer_norm=ln, num_layers=layers)
+  full, pruned = model.BertForPreTraining(cfg), model.BertForPreTraining(cfg.replace(prune_final_layer=True))
+  params = init(full, cfg)
+  shapes = lambda t: jax.tree_util.tree_map(jnp.shape, t)  # pylint: disable=unnecessary-lambda-assignment
+  assert shapes(init(pruned, cfg)) == shapes(params)
+  b = random_batch(cfg)  # row 2 is mostly padding
+  a, p = (jax.jit(m.apply)({"params": params}, b) for m in (full, pruned))
+  for k in ("mlm_logits", "nsp_logits", "pooled"):
+    np.testing.assert_allclose(p[k], a[k], atol=1e-5)
+  np.testing.assert_allclose(p["hidden"], np.take_along_axis(a["hidden"], b["masked_lm_positions"][..., None], 1),
+                             atol=1e-5)
+  if not full_check:
+    return
+
+  def loss(m):
+    return jax.jit(jax.value_and_grad(lambda q: losses.pretraining_loss(m.apply({"params": q}, b), b)[0]))(params)
+  (la, ga), (lp, gp) = loss(full), loss(pruned)
+  np.testing.assert_allclose(lp, la, rtol=1e-6)
+  for x, y in zip(jax.tree_util.tree_leaves(gp), jax.tree_util.tree_leaves(ga)):
+    np.testing.assert_allclose(x, y, atol=1e-6 + 1e-4 * float(np.abs(y).max()))
+  train = jax.jit(functools.partial(pruned.apply, deterministic=False))({"params": params}, b,
+                                                                        rngs={"dropout": jax.random.key(1)})
+  assert train["mlm_logits"].shape == a["mlm_logits"].shape and np.isfinite(train["mlm_logits"]).all()
+  assert np.abs(train["mlm_logits"] - p["mlm_logits"]).max() > 1e-3  # dropout is on
+  cls_full = model.BertForSequenceClassification(cfg, 3)
+  cls_params = init(cls_full, cfg)
+  cls_pruned = model.BertForSequenceClassification(cfg.replace(prune_final_layer=True), 3)
+  np.testing.assert_allclose(jax.jit(cls_pruned.apply)({"params": cls_params}, b)["logits"],
+                             jax.jit(cls_full.apply)({"params": cls_params}, b)["logits"], atol=1e-5)
+
+
+def test_flop_formula_of_the_pruned_final_layer():
+  """With the last layer at Q rows, its query/output projections, FFN and score rows shrink to Q; keys and values
+  stay at every position. Hand count of the difference for a small config."""
+  cfg = model.BertConfig(vocab_size=50, hidden_size=8, num_layers=2, num_heads=2, intermediate_size=32)
+  s, p, d, f, q = 6, 2, 8, 32, 3
+  full_layer = 3 * 2 * s * d * d + 2 * s * s * d * 2 + 2 * s * d * d + 2 * s * d * f * 2
+  pruned_layer = 2 * q * d * d + 2 * 2 * s * d * d + 2 * q * s * d * 2 + 2 * q * d * d + 2 * q * d * f * 2
+  saved = 3 * (full_layer - pruned_layer)
+  assert model.model_flops_per_sequence(cfg, s, p) - model.model_flops_per_sequence(
+      cfg, s, p, final_layer_rows=q) == saved
 
 
 def _all_eqns(jaxpr):

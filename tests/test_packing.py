@@ -2,6 +2,7 @@
 import flax.linen as nn
 import jax
 import numpy as np
+import pytest
 from hypothesis import given, settings, strategies as st
 
 from bertjax import losses, model as model_lib, train
@@ -32,7 +33,10 @@ def examples(n=7, src_len=24, preds=4, vocab=97, seed=0):
   return out
 
 
-def test_packed_outputs_equal_unpacked():
+@pytest.mark.parametrize("prune", [False, True])
+def test_packed_outputs_equal_unpacked(prune):
+  """With `prune` the packed rows' last layer runs at each example's [CLS] and masked positions only (the
+  reference stays the whole unpacked model)."""
   cfg = model_lib.BertConfig.from_variant("tiny", vocab_size=97, max_position_embeddings=64)
   m = model_lib.BertForPreTraining(cfg)
   exs = examples()
@@ -45,12 +49,13 @@ def test_packed_outputs_equal_unpacked():
   assert sorted(sum(rows, [])) == list(range(len(exs))) and len(rows) < len(exs)
   packed = [packing.pack_row([exs[i] for i in r], 48, 12, 4) for r in rows]
   batch = {k: np.stack([p[k] for p in packed]) for k in packed[0]}
-  out = m.apply({"params": params}, batch)
+  out = model_lib.BertForPreTraining(cfg.replace(prune_final_layer=prune)).apply({"params": params}, batch)
   for b, r in enumerate(rows):
     t = q = 0
     for k, i in enumerate(r):
       n, p = lengths[i], preds[i]
-      np.testing.assert_allclose(out["hidden"][b, t:t + n], ref["hidden"][i, :n], atol=1e-5)
+      if not prune:
+        np.testing.assert_allclose(out["hidden"][b, t:t + n], ref["hidden"][i, :n], atol=1e-5)
       np.testing.assert_allclose(out["nsp_logits"][b, k], ref["nsp_logits"][i], atol=1e-5)
       np.testing.assert_allclose(out["pooled"][b, k], ref["pooled"][i], atol=1e-5)
       np.testing.assert_allclose(out["mlm_logits"][b, q:q + p], ref["mlm_logits"][i, :p], atol=1e-5)
