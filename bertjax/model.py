@@ -530,19 +530,15 @@ class BertModel(nn.Module):
     cls_positions = batch.get("cls_positions")
     if positions is None:
       h = self.encoder(x, mask, deterministic)
-      return {"hidden": h, "pooled": self.pool(h, cls_positions)}
+      return {"hidden": h, "pooled": self.pool(h[:, 0] if cls_positions is None else take_rows(h, cls_positions))}
     cls = jnp.zeros((ids.shape[0], 1), jnp.int32) if cls_positions is None else cls_positions.astype(jnp.int32)
     h = self.encoder(x, mask, deterministic, jnp.concatenate([cls, positions.astype(jnp.int32)], axis=1))
-    pooled = jnp.tanh(self.pooler(h[:, :cls.shape[1]]))
-    return {"hidden": h[:, cls.shape[1]:], "pooled": pooled[:, 0] if cls_positions is None else pooled}
+    k = cls.shape[1]
+    return {"hidden": h[:, k:], "pooled": self.pool(h[:, 0] if cls_positions is None else h[:, :k])}
 
-  def pool(self, hidden, cls_positions=None):
-    """tanh(Dense(h_[CLS])); with `cls_positions` [B, K] (packed rows) one pooled vector per example."""
-    if cls_positions is None:
-      cls = hidden[:, 0]
-    else:
-      cls = jnp.take_along_axis(hidden, cls_positions[..., None], axis=1)
-    return jnp.tanh(self.pooler(cls))
+  def pool(self, cls_hidden):
+    """tanh(Dense(h_[CLS])) of the [CLS] states: [B, d], or [B, K, d] for packed rows (one per example)."""
+    return jnp.tanh(self.pooler(cls_hidden))
 
   def attend(self, x):
     """Logits against the word-embedding table (the tied MLM decoder), in float32."""
