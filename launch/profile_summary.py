@@ -49,8 +49,11 @@ def main():
     trace = json.load(f)
   events = trace["traceEvents"] if isinstance(trace, dict) else trace
   names = {e["pid"]: e["args"].get("name", "") for e in events if e.get("ph") == "M" and e.get("name") == "process_name"}
-  device = [pid for pid, n in names.items() if re.search(r"GPU|TPU|device", n, re.I)]
-  pids = set(device or names)
+  # Only processes with kernel events count: with libtpu installed, a CPU trace also names an empty
+  # "/device:CUSTOM:Megascale Trace" process, which would otherwise hide the host's events.
+  busy = {e.get("pid") for e in events if e.get("ph") == "X"}
+  device = [pid for pid, n in names.items() if pid in busy and re.search(r"GPU|TPU|device", n, re.I)]
+  pids = set(device or (busy & set(names)) or names)
   by_name, by_kind = collections.Counter(), collections.Counter()
   count = collections.Counter()
   for e in events:
