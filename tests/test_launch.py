@@ -109,3 +109,23 @@ def test_sweep_prints_the_grid_and_tabulates_whatever_finished(tmp_path):
     assert r["metric"] == "f1" and r["runs"] == len(mine)
     assert (r["median"], r["best"], r["worst"]) == pytest.approx((np.median(mine), max(mine), min(mine)))
   assert (root / "sweep.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_profile_summary_reads_the_host_when_a_device_process_is_empty(tmp_path):
+  """A CPU trace with libtpu installed names an empty device process beside the host's; the host's kernels count."""
+  import gzip  # pylint: disable=import-outside-toplevel
+  import json  # pylint: disable=import-outside-toplevel
+  meta = [{"ph": "M", "name": "process_name", "pid": 1, "args": {"name": "/device:CUSTOM:Megascale Trace"}},
+          {"ph": "M", "name": "process_name", "pid": 7, "args": {"name": "/host:CPU"}}]
+  # Three profiled steps: 3 x 600 us of products, 3 x 300 us of an elementwise fusion, bookkeeping left out.
+  kernels = [{"ph": "X", "pid": 7, "tid": 1, "ts": i, "dur": dur, "name": name}
+             for i, (name, dur) in enumerate([("ynn_fusion.1", 600), ("multiply_add_fusion.2", 300)] * 3)]
+  kernels.append({"ph": "X", "pid": 7, "tid": 1, "ts": 9, "dur": 10 ** 6, "name": "ThunkExecutor::Execute"})
+  folder = tmp_path / "plugins" / "profile" / "run"
+  folder.mkdir(parents=True)
+  with gzip.open(folder / "perfetto_trace.json.gz", "wt") as f:
+    json.dump({"traceEvents": meta + kernels}, f)
+  out = subprocess.run([sys.executable, os.path.join(ROOT, "launch", "profile_summary.py"), str(tmp_path)],
+                       capture_output=True, text=True, check=True).stdout
+  assert "processes: /host:CPU" in out and "kernel time per step: 0.90 ms" in out, out
+  assert "matmul                    0.60 ms" in out and "elementwise fusion        0.30 ms" in out, out
