@@ -1,5 +1,8 @@
 """Tests run on 8 fake CPU devices; the flags must be set before jax initialises."""
+import atexit
 import os
+import shutil
+import tempfile
 
 _flag = "--xla_force_host_platform_device_count=8"
 if _flag not in os.environ.get("XLA_FLAGS", ""):
@@ -7,6 +10,11 @@ if _flag not in os.environ.get("XLA_FLAGS", ""):
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# One persistent XLA compilation cache per test session, inherited by the subprocesses the tests start: the same
+# small programs compile once instead of in every restarted or second process (chaos restarts, multi-host pairs).
+if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+  os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="bertjax-xla-cache-")
+  atexit.register(shutil.rmtree, os.environ["JAX_COMPILATION_CACHE_DIR"], ignore_errors=True)
 
 import jax  # noqa: E402
 
