@@ -13,7 +13,8 @@
 # (orbax and tfds read gs:// through gcsfs, installed by the tpu extra). Environment on the workers:
 #   JAX_PLATFORMS=tpu (default there); TPU_WORKER_HOSTNAMES is set by the VM, so bertjax.main initialises
 #   jax.distributed on its own (--multihost=auto). A preempted VM delivers SIGTERM: the run saves and exits 0;
-#   rerun the same `run` command to resume from the bucket.
+#   rerun the same `run` command to resume from the bucket. JAX_COMPILATION_CACHE_DIR defaults to
+#   ~/.cache/bertjax-xla on each worker, so a resumed run on the same VM loads its compiled step.
 set -euo pipefail
 
 cmd="${1:?usage: launch/tpu_vm.sh create|setup|run|logs|stop|delete NAME ZONE ...}"
@@ -39,7 +40,8 @@ case "$cmd" in
   run)
     [ "${1:-}" = "--" ] && shift
     args=$(printf '%q ' "$@")
-    ssh_all "cd $repo_dir && nohup .venv/bin/python -m bertjax.main $args > $log 2>&1 &"
+    ssh_all "cd $repo_dir && JAX_COMPILATION_CACHE_DIR=\${JAX_COMPILATION_CACHE_DIR:-\$HOME/.cache/bertjax-xla} \
+      nohup .venv/bin/python -m bertjax.main $args > $log 2>&1 &"
     echo "started on all workers; follow with: launch/tpu_vm.sh logs $name $zone"
     ;;
   logs)
