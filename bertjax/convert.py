@@ -4,6 +4,8 @@ Only safetensors and JSON are read: no pickle (`pytorch_model.bin`, `.pt`, `.ckp
 
     cfg, params = convert.from_hf("hf_dir")   # BertForPreTraining, or encoder-only BertModel ("bert." or not)
     convert.to_hf(cfg, params, "out_dir")     # loads in transformers' BertForPreTraining.from_pretrained
+    cfg, params = convert.from_hf("hf_dir", head="token_classification")   # a fine-tuned model, head included
+    convert.to_hf(cfg, params, "out_dir", labels=("O", "B-PER", ...))        # BertForTokenClassification
 
 `NAME_TABLE(cfg)` lists, for every bertjax parameter, its HF state-dict name, its original TF checkpoint
 variable name and the layout change between them; `from_tf_variables` uses it for any TF-checkpoint reader.
@@ -23,6 +25,15 @@ from bertjax import model as model_lib
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle", ".h5")
 MAX_HEADER_BYTES = 100 * 1024 * 1024  # safetensors' own cap on the JSON header
 HEAD_PREFIXES = ("cls.", "classifier.", "qa_outputs.")
+# Fine-tuning heads: HF architecture, whether HF builds the pooler, and the head's rows (bertjax path, HF name,
+# original TF name, layout). The original run_classifier / run_squad keep their output weights as [out, in].
+TASK_HEADS = {
+    "sequence_classification": ("BertForSequenceClassification", True, "classifier"),
+    "token_classification": ("BertForTokenClassification", False, "classifier"),
+    "question_answering": ("BertForQuestionAnswering", False, "qa_outputs"),
+}
+_TF_HEAD_NAMES = {"classifier": ("output_weights", "output_bias"),
+                  "qa_outputs": ("cls/squad/output_weights", "cls/squad/output_bias")}
 IGNORED_BUFFERS = ("embeddings.position_ids",)  # a non-parameter buffer some HF checkpoints carry
 HF_ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh",
                   "gelu_fast": "gelu_tanh", "relu": "relu"}
@@ -101,6 +112,22 @@ def NAME_TABLE(cfg: model_lib.BertConfig, pretraining: bool = True):  # noqa: N8
       (("nsp", "bias"), "cls.seq_relationship.bias", "cls/seq_relationship/output_bias", "copy"),
   ]
   return rows
+
+
+def head_rows(head: str):
+  """(bertjax path, HF name, TF name, layout) rows of a fine-tuning head's own parameters."""
+  name = TASK_HEADS[head][2]
+  tf_w, tf_b = _TF_HEAD_NAMES[name]
+  return [((name, "kernel"), f"{name}.weight", tf_w, "dense"), ((name, "bias"), f"{name}.bias", tf_b, "copy")]
+
+
+def head_of_architecture(hf_cfg: Mapping) -> str | None:
+  """The fine-tuning head named by config.json's `architectures`, or None."""
+  archs = hf_cfg.get("architectures") or []
+  for head, (arch, _, _) in TASK_HEADS.items():
+    if arch in archs:
+      return head
+  return None
 
 
 # ----------------------------------------------------------------------------- safetensors I/O
@@ -242,12 +269,28 @@ def _map_encoder(params, fn):
   return params
 
 
-def _expected_shapes(cfg: model_lib.BertConfig, pretraining: bool) -> dict:
-  module = model_lib.BertForPreTraining(cfg) if pretraining else model_lib.BertModel(cfg)
+def _expected_shapes(cfg: model_lib.BertConfig, head: str, num_labels: int = 2) -> dict:
+  if head == "pretraining":
+    module = model_lib.BertForPreTraining(cfg)
+  elif head == "encoder":
+    module = model_lib.BertModel(cfg)
+  else:
+    module = task_module(cfg, head, num_labels)
   batch = model_lib.dummy_batch(cfg, 1, 4, 1)
   shapes = jax.eval_shape(lambda: module.init(jax.random.key(0), batch)["params"])
   shapes = jax.tree_util.tree_map(lambda x: x.shape, _unbox(shapes))
   return {path: shape for path, shape in _flatten(shapes)}
+
+
+def task_module(cfg: model_lib.BertConfig, head: str, num_labels: int):
+  """The bertjax module of a fine-tuning head."""
+  if head == "sequence_classification":
+    return model_lib.BertForSequenceClassification(cfg, num_labels)
+  if head == "token_classification":
+    return model_lib.BertForTokenClassification(cfg, num_labels)
+  if head == "question_answering":
+    return model_lib.BertForQuestionAnswering(cfg)
+  raise ValueError(f"unknown head {head!r}; choose pretraining, encoder or one of {sorted(TASK_HEADS)}")
 
 
 def _unbox(tree):
@@ -268,31 +311,41 @@ def from_state_dict(cfg: model_lib.BertConfig, state: Mapping[str, np.ndarray], 
                     names: str = "hf") -> tuple[model_lib.BertConfig, dict]:
   """bertjax params from an HF state dict (`names="hf"`) or original TF variables (`names="tf"`).
 
-  head: "pretraining" (BertForPreTraining tree), "encoder" (BertModel tree; head tensors ignored) or "auto"
-  (pretraining when the MLM/NSP tensors are present).
+  head: "pretraining" (BertForPreTraining tree), "encoder" (BertModel tree; head tensors ignored), a fine-tuning
+  head of TASK_HEADS (its `bert` encoder and head; the label count from the head's shape) or "auto"
+  (pretraining when the MLM/NSP tensors are present). A checkpoint without a pooler (HF builds none for token
+  classification and QA) gives params without `pooler`: the caller keeps a fresh one (no head reads it).
   """
   state = {k: v for k, v in state.items() if not k.endswith(IGNORED_BUFFERS)}
   sep = "." if names == "hf" else "/"
   has_heads = any(k.startswith("cls" + sep) for k in state)
   if head == "auto":
     head = "pretraining" if has_heads else "encoder"
-  if head not in ("pretraining", "encoder"):
-    raise ValueError(f"head must be auto, pretraining or encoder, got {head!r}")
-  pretraining = head == "pretraining"
+  if head not in ("pretraining", "encoder") and head not in TASK_HEADS:
+    raise ValueError(f"head must be auto, pretraining, encoder or one of {sorted(TASK_HEADS)}, got {head!r}")
   scan = cfg.scan_layers
   cfg_flat = cfg.replace(scan_layers=False)
   pick = (lambda hf, tf: hf) if names == "hf" else (lambda hf, tf: tf)
-  if pretraining:
+  num_labels = 2
+  if head == "pretraining":
     rows = [(p, pick(hf, tf), kind) for p, hf, tf, kind in NAME_TABLE(cfg_flat, pretraining=True)]
   else:  # an encoder may be stored with or without the "bert" prefix
     prefix = "bert" + sep if any(k.startswith("bert" + sep) for k in state) else ""
     rows = [(p, prefix + pick(hf, tf), kind) for p, hf, tf, kind in NAME_TABLE(cfg_flat, pretraining=False)]
+    if head in TASK_HEADS:
+      rows = [(("bert",) + p, name, kind) for p, name, kind in rows]
+      head_table = [(p, pick(hf, tf), kind) for p, hf, tf, kind in head_rows(head)]
+      if head != "question_answering" and head_table[0][1] in state:
+        num_labels = int(np.shape(state[head_table[0][1]])[0])
+      rows += head_table
+  pooler_optional = head in TASK_HEADS and not TASK_HEADS[head][1]
   layouts = _layouts(cfg)
-  expected = _expected_shapes(cfg_flat, pretraining)
+  expected = _expected_shapes(cfg_flat, head, num_labels)
   params, missing, misshaped, used = {}, [], [], set()
   for path, name, kind in rows:
     if name not in state:
-      missing.append(name)
+      if not (pooler_optional and "pooler" in path):
+        missing.append(name)
       continue
     used.add(name)
     arr = np.asarray(state[name])
@@ -313,7 +366,8 @@ def from_state_dict(cfg: model_lib.BertConfig, state: Mapping[str, np.ndarray], 
     _set(params, path, value.astype(np.float32))
   heads = tuple(p.replace(".", sep) for p in HEAD_PREFIXES)
   heads += tuple("bert" + sep + p for p in heads)
-  unexpected = sorted(k for k in state if k not in used and not (not pretraining and k.startswith(heads)))
+  ignore_heads = head != "pretraining"
+  unexpected = sorted(k for k in state if k not in used and not (ignore_heads and k.startswith(heads)))
   problems = []
   if missing:
     problems.append(f"missing {len(missing)}: {missing[:20]}")
@@ -330,9 +384,12 @@ def from_state_dict(cfg: model_lib.BertConfig, state: Mapping[str, np.ndarray], 
 
 
 def from_hf(path: str, *, head: str = "auto", **overrides) -> tuple[model_lib.BertConfig, dict]:
-  """Load an HF BERT folder (config.json + safetensors). Overrides go to BertConfig (e.g. scan_layers=True)."""
+  """Load an HF BERT folder (config.json + safetensors). Overrides go to BertConfig (e.g. scan_layers=True).
+  head "auto" also recognises a fine-tuned model by config.json's `architectures` (e.g. BertForTokenClassification)."""
   hf_cfg, state = read_hf_dir(path)
   cfg = hf_config_to_bert(hf_cfg, **overrides)
+  if head == "auto":
+    head = head_of_architecture(hf_cfg) or "auto"
   return from_state_dict(cfg, state, head=head, names="hf")
 
 
@@ -346,26 +403,46 @@ def from_tf_variables(cfg: model_lib.BertConfig, variables: Mapping[str, np.ndar
   return from_state_dict(cfg, variables, head=head, names="tf")
 
 
-def to_state_dict(cfg: model_lib.BertConfig, params: Mapping) -> dict[str, np.ndarray]:
-  """HF state dict (PyTorch layouts, tied decoder saved once as HF does) from bertjax params."""
+def to_state_dict(cfg: model_lib.BertConfig, params: Mapping, head: str | None = None) -> dict[str, np.ndarray]:
+  """HF state dict (PyTorch layouts, tied decoder saved once as HF does) from bertjax params: BertForPreTraining,
+  BertModel, or with `head` (TASK_HEADS) a fine-tuned model (no pooler where HF's architecture has none)."""
   params = jax.tree_util.tree_map(np.asarray, jax.device_get(_unbox(params)))
   if cfg.scan_layers:
     params = unstack_layers(params, cfg.num_layers)
-  pretraining = "bert" in params
-  rows = NAME_TABLE(cfg.replace(scan_layers=False), pretraining=pretraining)
   layouts = _layouts(cfg)
+  flat = cfg.replace(scan_layers=False)
+  if head is not None:
+    arch, pooler, _ = TASK_HEADS[head]
+    rows = [(("bert",) + p, "bert." + hf, kind) for p, hf, _, kind in NAME_TABLE(flat, pretraining=False)
+            if pooler or p[0] != "pooler"]
+    rows += [(p, hf, kind) for p, hf, _, kind in head_rows(head)]
+  else:
+    rows = [(p, hf, kind) for p, hf, _, kind in NAME_TABLE(flat, pretraining="mlm_bias" in params)]
   return {hf: np.ascontiguousarray(layouts[kind][1](_get(params, path)).astype(np.float32))
-          for path, hf, _, kind in rows}
+          for path, hf, kind in rows}
 
 
-def to_hf(cfg: model_lib.BertConfig, params: Mapping, out_dir: str) -> None:
-  """Write config.json + model.safetensors that transformers loads (BertForPreTraining or BertModel)."""
+def to_hf(cfg: model_lib.BertConfig, params: Mapping, out_dir: str, *, head: str | None = None,
+          labels=()) -> None:
+  """Write config.json + model.safetensors that transformers loads: BertForPreTraining or BertModel, or with
+  `head` the fine-tuned model (`labels` become config.json's id2label)."""
   from safetensors.numpy import save_file  # pylint: disable=import-outside-toplevel
-  state = to_state_dict(cfg, params)
-  arch = "BertForPreTraining" if any(k.startswith("cls.") for k in state) else "BertModel"
+  state = to_state_dict(cfg, params, head)
+  if head is not None:
+    arch = TASK_HEADS[head][0]
+  else:
+    arch = "BertForPreTraining" if any(k.startswith("cls.") for k in state) else "BertModel"
+  hf_cfg = bert_to_hf_config(cfg, arch)
+  if head in ("sequence_classification", "token_classification"):
+    n = int(state["classifier.weight"].shape[0])
+    names = list(labels) if len(labels) == n else [f"LABEL_{i}" for i in range(n)]
+    hf_cfg["id2label"] = {str(i): name for i, name in enumerate(names)}
+    hf_cfg["label2id"] = {name: i for i, name in enumerate(names)}
+    if head == "sequence_classification" and n == 1:
+      hf_cfg["problem_type"] = "regression"
   os.makedirs(out_dir, exist_ok=True)
   tmp = os.path.join(out_dir, "model.safetensors.tmp")
   save_file(state, tmp, metadata={"format": "pt"})
   os.replace(tmp, os.path.join(out_dir, "model.safetensors"))
   with open(os.path.join(out_dir, "config.json"), "w", encoding="utf-8") as f:
-    json.dump(bert_to_hf_config(cfg, arch), f, indent=2)
+    json.dump(hf_cfg, f, indent=2)

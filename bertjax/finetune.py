@@ -28,8 +28,15 @@ from bertjax.data import conll, dataset, packing, squad, tasks, tokenizer as tok
 
 
 # ----------------------------------------------------------------------------- init: tokenizer, config, encoder
-def load_init(config):
-  """(tokenizer, BertConfig, encoder params or None) from config.init (bertjax workdir | HF folder | "")."""
+HF_HEADS = {"classification": "sequence_classification", "regression": "sequence_classification",
+            "tagging": "token_classification", "qa": "question_answering"}
+
+
+def load_init(config, task: tasks.Task | None = None):
+  """(tokenizer, BertConfig, initial params or None, tokenizer path, lower-casing) from config.init: a bertjax
+  pre-training workdir, a fine-tuned workdir, an HF folder, or "" (random init). The params are a partial tree:
+  `bert` (the encoder; its pooler may be missing) and, where an HF folder already holds a head of this task's
+  kind with the same number of labels (HF's `from_pretrained` keeps it too), that head."""
   init = config.init
   model_over = {k: config.model[k] for k in ("dropout_rate", "attention_dropout_rate", "dtype", "scan_layers",
                                               "scan_unroll", "remat", "attention_impl", "embedding_lookup",
@@ -38,21 +45,30 @@ def load_init(config):
   if init and os.path.exists(os.path.join(init, "finetune.json")):  # a fine-tuned encoder (e.g. MNLI before RTE)
     meta, _, _, head_params, _ = load_finetuned(init)
     mcfg = model_lib.BertConfig.from_dict({**meta["model"], **model_over})
-    params = head_params["bert"]
+    params = {"bert": head_params["bert"]}
     if not tok_path:
       tok_path, lower = meta["tokenizer"], meta["do_lower_case"]
   elif init and os.path.isdir(os.path.join(init, "checkpoints")):
     with open(os.path.join(init, "config.json"), encoding="utf-8") as f:
       pre = ml_collections.ConfigDict(json.load(f))
     mcfg = model_lib.BertConfig.from_dict({**pre.model.to_dict(), **model_over})
-    params = checkpoint_lib.Checkpointer(init).restore_params()["bert"]
+    params = {"bert": checkpoint_lib.Checkpointer(init).restore_params()["bert"]}
     if not tok_path:
       creation = dataset.read_creation(pre.data.data_dir)
       tok_path, lower = creation["tokenizer"], creation.get("do_lower_case", True)
   elif init:
     hf_cfg, state = convert.read_hf_dir(init)
     mcfg = convert.hf_config_to_bert(hf_cfg, **model_over)
-    params = convert.from_state_dict(mcfg.replace(scan_layers=False), state, head="encoder")[1]
+    flat = mcfg.replace(scan_layers=False)
+    head = convert.head_of_architecture(hf_cfg)
+    params = None
+    if task is not None and head == HF_HEADS[task.kind]:
+      _, full = convert.from_state_dict(flat, state, head=head)
+      head_name = convert.TASK_HEADS[head][2]
+      if head == "question_answering" or full[head_name]["kernel"].shape[-1] == task.num_labels:
+        params = full
+    if params is None:
+      params = {"bert": convert.from_state_dict(flat, state, head="encoder")[1]}
     if not tok_path:
       tok_path = os.path.join(init, "vocab.txt")
       tc = os.path.join(init, "tokenizer_config.json")
@@ -68,12 +84,20 @@ def load_init(config):
   if tok.vocab_size != mcfg.vocab_size:
     raise tasks.TaskDataError(f"tokenizer {tok_path} has {tok.vocab_size} pieces, the model {mcfg.vocab_size}")
   if params is not None:
-    encoder = params["encoder"]
+    encoder = params["bert"]["encoder"]
     if mcfg.scan_layers and "layers" not in encoder:
-      params = convert.stack_layers(params, mcfg.num_layers)
+      params["bert"] = convert.stack_layers(params["bert"], mcfg.num_layers)
     elif not mcfg.scan_layers and "layers" in encoder:
-      params = convert.unstack_layers(params, mcfg.num_layers)
+      params["bert"] = convert.unstack_layers(params["bert"], mcfg.num_layers)
   return tok, mcfg, params, tok_path, lower
+
+
+def merge_init(fresh: dict, init: dict) -> dict:
+  """The freshly initialised params with the init's subtrees in place (a fresh pooler where the init has none)."""
+  out = dict(fresh)
+  for k, v in init.items():
+    out[k] = {**fresh[k], **v} if k == "bert" else v
+  return out
 
 
 def head_module(task: tasks.Task, mcfg):
@@ -196,34 +220,103 @@ def make_steps(module, task, tx, lr_fn, seed, prng_impl="threefry2x32"):
   return train_step, predict_step
 
 
-def batches(feats, batch_size, order=None, pad=False):
-  """Row dicts of `batch_size`; with `pad` the last partial batch is filled with zero rows of weight 0."""
+# Per-token features: cut to the batch's bucket length with the rows (the rest are per-row or per-slot).
+TOKEN_KEYS = ("input_ids", "input_mask", "segment_ids", "labels", "label_weights", "position_ids",
+              "attention_segment_ids")
+
+
+def bucket_length(mask: np.ndarray, multiple: int, full: int) -> int:
+  """The smallest multiple of `multiple` that holds the longest row of `mask` (at most `full`; `full` when
+  `multiple` is 0). Each distinct length is one compiled program: at most full/multiple of them."""
+  if not multiple:
+    return full
+  longest = int(np.max(np.sum(mask, axis=1))) if mask.size else 0
+  return min(full, max(multiple, -(-longest // multiple) * multiple))
+
+
+class Plan:
+  """Which rows each step trains on: every epoch a permutation (seed, epoch), cut into batches of
+  `rows_per_step`; the last batch of an epoch may be partial (filled with zero-weight rows), so every example is
+  seen once per epoch. A resume at step k recomputes the same batches and skips the first k."""
+
+  def __init__(self, n_rows: int, rows_per_step: int, num_epochs: int, seed: int, warmup_fraction: float):
+    self.n_rows, self.rows_per_step, self.num_epochs, self.seed = n_rows, rows_per_step, num_epochs, seed
+    self.steps_per_epoch = -(-n_rows // rows_per_step)
+    self.total_steps = self.steps_per_epoch * num_epochs
+    self.warmup_steps = int(warmup_fraction * self.total_steps)
+
+  def order(self, epoch: int) -> np.ndarray:
+    return np.random.default_rng([self.seed, epoch]).permutation(self.n_rows)
+
+  def batches(self, epoch: int) -> list[np.ndarray]:
+    order, r = self.order(epoch), self.rows_per_step
+    return [order[s:s + r] for s in range(0, self.n_rows, r)]
+
+  def epoch_batches(self) -> list[list[np.ndarray]]:
+    return [self.batches(e) for e in range(1, self.num_epochs + 1)]
+
+
+def make_batch(feats: dict, idx: np.ndarray, batch_size: int, bucket: int = 0) -> dict:
+  """The rows `idx` of `feats` as one batch of `batch_size` rows (zero rows of weight 0 fill a partial batch),
+  per-token features cut to the bucket length of its longest row."""
+  b = {k: v[idx] for k, v in feats.items()}
+  w = np.ones(len(idx), np.float32)
+  if len(idx) < batch_size:
+    extra = batch_size - len(idx)
+    b = {k: np.concatenate([v, np.zeros((extra,) + v.shape[1:], v.dtype)]) for k, v in b.items()}
+    w = np.concatenate([w, np.zeros(extra, np.float32)])
+  full = b["input_ids"].shape[1]
+  length = bucket_length(b["input_mask"], bucket, full)
+  if length < full:
+    b = {k: (v[:, :length] if k in TOKEN_KEYS and v.ndim >= 2 else v) for k, v in b.items()}
+  # Packed rows carry one weight per example slot (0 for an empty slot): scaled by the row's weight.
+  slots = b.pop("example_slot_weights", None)
+  b["example_weights"] = w if slots is None else slots * w[:, None]
+  return b
+
+
+def batches(feats, batch_size, order=None, pad=False, bucket=0):
+  """Batches of `batch_size` rows in `order`; with `pad` the last partial batch is kept (zero-weight rows)."""
   order = np.arange(len(next(iter(feats.values())))) if order is None else order
   n = len(order)
   stop = n if pad else n - n % batch_size
   for s in range(0, stop, batch_size):
-    idx = order[s:s + batch_size]
-    b = {k: v[idx] for k, v in feats.items()}
-    w = np.ones(len(idx), np.float32)
-    if len(idx) < batch_size:
-      extra = batch_size - len(idx)
-      b = {k: np.concatenate([v, np.zeros((extra,) + v.shape[1:], v.dtype)]) for k, v in b.items()}
-      w = np.concatenate([w, np.zeros(extra, np.float32)])
-    # Packed rows carry one weight per example slot (0 for an empty slot): scaled by the row's weight.
-    slots = b.pop("example_slot_weights", None)
-    b["example_weights"] = w if slots is None else slots * w[:, None]
-    yield b
+    yield make_batch(feats, order[s:s + batch_size], batch_size, bucket)
 
 
-def predict_all(predict_step, params, feats, batch_size, batch_sharding):
+def _pad_tokens(x: np.ndarray, length: int, fill) -> np.ndarray:
+  if x.ndim < 2 or x.shape[1] >= length:
+    return x
+  pad = np.full((x.shape[0], length - x.shape[1]) + x.shape[2:], fill, x.dtype)
+  return np.concatenate([x, pad], axis=1)
+
+
+def predict_all(predict_step, params, feats, batch_size, batch_sharding, bucket=0):
+  """Outputs for every row of `feats` in order. Rows are batched by length (shortest first) so that each batch
+  is padded only to its own bucket; per-token outputs come back at the features' full length."""
   n = len(feats["input_ids"])
+  if n == 0:
+    return {}
+  full = feats["input_ids"].shape[1]
+  order = np.argsort(np.sum(feats["input_mask"], axis=1), kind="stable") if bucket else np.arange(n)
   outs = []
   from jax.experimental import multihost_utils  # pylint: disable=import-outside-toplevel
-  for b in batches(feats, batch_size, pad=True):
+  for s in range(0, n, batch_size):
+    b = make_batch(feats, order[s:s + batch_size], batch_size, bucket)
     out = predict_step(params, jax.device_put(b, batch_sharding))
     # Rows live on every process's devices: gather them everywhere (a plain copy in one process).
-    outs.append(jax.tree_util.tree_map(np.asarray, multihost_utils.process_allgather(out, tiled=True)))
-  return {k: np.concatenate([o[k] for o in outs])[:n] for k in outs[0]} if outs else {}
+    out = jax.tree_util.tree_map(np.asarray, multihost_utils.process_allgather(out, tiled=True))
+    outs.append({k: _pad_tokens(v, full, np.finfo(np.float32).min if k.endswith("_logits") else 0)
+                 for k, v in out.items()})
+  merged = {k: np.concatenate([o[k] for o in outs])[:n] for k in outs[0]}
+  inverse = np.empty(n, np.int64)
+  inverse[order] = np.arange(n)
+  return {k: v[inverse] for k, v in merged.items()}
+
+
+def read_train_metrics(workdir: str) -> list[dict]:
+  """The training rows of WORKDIR/metrics.jsonl (one per logged step)."""
+  return [r for r in metrics_lib.read_jsonl(os.path.join(workdir, "metrics.jsonl")) if r.get("split") == "train"]
 
 
 def score(task: tasks.Task, ev: EvalSet, preds: dict, config) -> dict:
@@ -268,7 +361,7 @@ def _finetune(config, workdir: str) -> dict:
   if prng_problem := train_lib.prng_impl_error(config):
     raise ValueError(prng_problem)
   task = tasks.get(config.task, tuple(config.data.labels), config.data.regression)
-  tok, mcfg, encoder_params, tok_path, lower = load_init(config)
+  tok, mcfg, init_params, tok_path, lower = load_init(config, task)
   if config.data.max_seq_length > mcfg.max_position_embeddings:
     raise tasks.TaskDataError(f"data.max_seq_length {config.data.max_seq_length} exceeds the model's "
                               f"max_position_embeddings {mcfg.max_position_embeddings}")
@@ -286,16 +379,17 @@ def _finetune(config, workdir: str) -> dict:
   if config.data.packing:
     train, rows_per_step, pack_note = pack_train(train, task, config, dp)
   n_rows = len(train["input_ids"])
-  steps_per_epoch = n_rows // rows_per_step
-  if steps_per_epoch == 0:
-    raise tasks.TaskDataError(f"{n_train} training examples is fewer than one batch of {gbs}")
-  total = steps_per_epoch * config.train.num_epochs
+  if n_rows == 0:
+    raise tasks.TaskDataError("no training examples")
+  plan = Plan(n_rows, rows_per_step, config.train.num_epochs, config.seed, config.train.warmup_fraction)
+  steps_per_epoch, total = plan.steps_per_epoch, plan.total_steps
+  bucket = config.data.get("bucket_multiple", 0)
   tcfg = ml_collections.ConfigDict(config.train.to_dict())
-  tcfg.num_steps, tcfg.warmup_steps = total, int(config.train.warmup_fraction * total)
+  tcfg.num_steps, tcfg.warmup_steps = total, plan.warmup_steps
   tx, lr_fn = optim.make(tcfg)
 
   module = head_module(task, mcfg.for_platform(mesh.devices.flat[0].platform))
-  dummy = next(batches({k: v[:rows_per_step] for k, v in train.items()}, rows_per_step))
+  dummy = make_batch(train, np.arange(min(rows_per_step, n_rows)), rows_per_step)
   abstract, shardings = state_lib.abstract_state(module, tx, dummy, mesh, rules)
   ckpt = checkpoint_lib.Checkpointer(workdir, keep=config.keep_checkpoints)
   report = {"task": task.name, "main_metric": task.main_metric, "epochs": [], "best": None}
@@ -310,15 +404,18 @@ def _finetune(config, workdir: str) -> dict:
       print(f"resuming the fine-tuning run in {workdir} at step {start}/{total}", flush=True)
   else:
     state = state_lib.init_state(module, tx, dummy, mesh, rules, shardings, jax.random.key(config.seed))
-    if encoder_params is not None:
-      params = jax.device_get(state.params)
-      checkpoint_lib.check_params_fit(encoder_params, params["bert"])
-      params["bert"] = encoder_params
+    if init_params is not None:
+      fresh = jax.device_get(state.params)
+      params = merge_init(fresh, init_params)
+      checkpoint_lib.check_params_fit(params, fresh)
       state = state_lib.with_params(state, params, tx, shardings, mesh, rules)
   train_step_fn, predict_fn = make_steps(module, task, tx, lr_fn, config.seed, config.train.prng_impl)
   train_step = jax.jit(train_step_fn, in_shardings=(shardings, batch_sharding), out_shardings=(shardings, None),
                        donate_argnums=(0,))
   predict_step = jax.jit(predict_fn, in_shardings=(shardings.params, batch_sharding))
+  eval_batch = config.train.get("eval_batch_size", 0) or gbs
+  if eval_batch % dp:
+    raise tasks.TaskDataError(f"train.eval_batch_size {eval_batch} is not divisible by the data-parallel size {dp}")
 
   os.makedirs(workdir, exist_ok=True)
   meta = {"task": task.name, "kind": task.kind, "labels": list(task.labels), "tokenizer": os.path.abspath(tok_path),
@@ -346,9 +443,9 @@ def _finetune(config, workdir: str) -> dict:
     for epoch in range(1, config.train.num_epochs + 1):
       if epoch * steps_per_epoch <= start and any(r["epoch"] == epoch for r in report["epochs"]):
         continue  # finished (and evaluated) before the resume
-      order = np.random.default_rng([config.seed, epoch]).permutation(n_rows)
       done = max(0, start - (epoch - 1) * steps_per_epoch)  # steps of this epoch run before the resume
-      for b in batches(train, rows_per_step, order[done * rows_per_step:steps_per_epoch * rows_per_step]):
+      for idx in plan.batches(epoch)[done:]:
+        b = make_batch(train, idx, rows_per_step, bucket)
         state, m = train_step(state, jax.device_put(b, batch_sharding))
         step += 1
         if metrics_lib.every(step, config.log_every, total):
@@ -373,7 +470,7 @@ def _finetune(config, workdir: str) -> dict:
         break
       row = {"epoch": epoch, "step": step}
       for ev in evals:
-        preds = predict_all(predict_step, state.params, ev.feats, gbs, batch_sharding)
+        preds = predict_all(predict_step, state.params, ev.feats, eval_batch, batch_sharding, bucket)
         row[ev.name] = score(task, ev, preds, config)
         writer.write(step, row[ev.name], f"eval_{ev.name}")
       report["epochs"].append(row)
@@ -394,12 +491,14 @@ def _finetune(config, workdir: str) -> dict:
   if stopped is not None:
     if is_main:
       print(f"{stopped}: saved a checkpoint at step {step}/{total}; run the same command to continue", flush=True)
-    return {"report": report, "state": state, "task": task, "preempted": True, "step": step}
+    return {"report": report, "state": state, "task": task, "preempted": True, "step": step, "plan": plan,
+            "model_config": mcfg, "train_features": train}
   if not evals:
     _save_params(best_dir, state.params)
   if is_main:
     _write_report(workdir, report)
-  return {"report": report, "state": state, "task": task, "preempted": False, "step": step}
+  return {"report": report, "state": state, "task": task, "preempted": False, "step": step, "plan": plan,
+          "model_config": mcfg, "train_features": train}
 
 
 def _save_params(path: str, params) -> None:

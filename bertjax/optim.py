@@ -1,7 +1,16 @@
 """Optimizers as the original BERT sets them up: AdamW (or LAMB), warmup + linear decay, no decay on LayerNorm/bias.
 
-The original's AdamWeightDecayOptimizer applies no bias correction; optax's adamw and lamb do. With
-beta2 = 0.999 the two differ only in the first few thousand steps, which the warmup covers.
+`train.adam_bias_correction`: the original's AdamWeightDecayOptimizer divides m by √v as they are, with no bias
+correction; optax's and PyTorch's AdamW divide m/(1 − β1^t) by √(v/(1 − β2^t)). Early on the original's steps are
+larger by (1 − β1^t)/√(1 − β2^t): ×3.2 at step 100 and ×1.8 at step 360 with β2 = 0.999 — inside pre-training's
+10k-step warmup this hardly matters (×1.0 from step ~5k), over a fine-tuning run of a few hundred steps it
+doubles to quintuples every step. False reproduces the original; True is AdamW as PyTorch, HF and optax have it.
+
+`train.schedule`: linear (the original: lr·t/w during warmup, then lr·(1 − t/T)) | linear_from_warmup (HF's
+get_linear_schedule_with_warmup: lr·(T − t)/(T − w) after warmup, reaching 0 at T from the peak).
+
+LAMB follows the reference used for BERT (NVIDIA's and TF-Addons'): LayerNorm parameters and biases are left out
+of the layer-wise trust ratio as they are of weight decay (`optax.lamb` applies the ratio to every parameter).
 
 `train.fused_update` (the configs' default) runs clipping + AdamW as `fused_adamw`: the same maths and the same
 optimizer-state tree as optax's `chain(clip_by_global_norm, adamw)`, written as one elementwise expression per
@@ -15,12 +24,22 @@ import jax.numpy as jnp
 import optax
 
 
-def schedule(learning_rate: float, warmup_steps: int, num_steps: int):
-  """lr·step/warmup during warmup, then lr·(1 - step/num_steps) (the original's polynomial decay, power 1)."""
+SCHEDULES = ("linear", "linear_from_warmup")
+
+
+def schedule(learning_rate: float, warmup_steps: int, num_steps: int, kind: str = "linear"):
+  """lr·step/warmup during warmup, then (linear) lr·(1 - step/num_steps), the original's polynomial decay of
+  power 1, or (linear_from_warmup) lr·(num_steps - step)/(num_steps - warmup), HF's linear schedule."""
+  if kind not in SCHEDULES:
+    raise ValueError(f"unknown train.schedule {kind!r}; choose one of {list(SCHEDULES)}")
+
   def fn(step):
     step = jnp.asarray(step, jnp.float32)
     warm = learning_rate * step / max(warmup_steps, 1)
-    decay = learning_rate * jnp.maximum(0.0, 1.0 - step / max(num_steps, 1))
+    if kind == "linear":
+      decay = learning_rate * jnp.maximum(0.0, 1.0 - step / max(num_steps, 1))
+    else:
+      decay = learning_rate * jnp.maximum(0.0, (num_steps - step) / max(num_steps - warmup_steps, 1))
     return jnp.where(step < warmup_steps, warm, decay)
   return fn
 
@@ -36,8 +55,37 @@ def decay_mask(params):
   return jax.tree_util.tree_map_with_path(decide, params)
 
 
+def scale_by_adam(b1: float, b2: float, eps: float, bias_correction: bool = True) -> optax.GradientTransformation:
+  """optax.scale_by_adam, or with `bias_correction=False` the original BERT's m/(√v + eps) (same state tree)."""
+  if bias_correction:
+    return optax.scale_by_adam(b1=b1, b2=b2, eps=eps)
+  base = optax.scale_by_adam(b1=b1, b2=b2, eps=eps)
+
+  def update(grads, state, params=None):
+    del params
+    mu = jax.tree_util.tree_map(lambda g, m: b1 * m + (1.0 - b1) * g, grads, state.mu)
+    nu = jax.tree_util.tree_map(lambda g, v: b2 * v + (1.0 - b2) * g * g, grads, state.nu)
+    updates = jax.tree_util.tree_map(lambda m, v: m / (jnp.sqrt(v) + eps), mu, nu)
+    return updates, state._replace(count=optax.safe_increment(state.count), mu=mu, nu=nu)
+
+  return optax.GradientTransformation(base.init, update)
+
+
+def adamw(learning_rate, b1, b2, eps, weight_decay, mask, bias_correction=True) -> optax.GradientTransformation:
+  """optax.adamw's chain (same state tree) with the bias correction as a switch."""
+  return optax.chain(scale_by_adam(b1, b2, eps, bias_correction), optax.add_decayed_weights(weight_decay, mask),
+                     optax.scale_by_learning_rate(learning_rate))
+
+
+def lamb(learning_rate, b1, b2, eps, weight_decay, mask) -> optax.GradientTransformation:
+  """LAMB as NVIDIA's and TF-Addons' reference: Adam, decoupled weight decay on `mask`, then the layer-wise trust
+  ratio ‖θ‖/‖u‖ on the same `mask` only (LayerNorm and biases take the Adam step as it is)."""
+  return optax.chain(optax.scale_by_adam(b1=b1, b2=b2, eps=eps), optax.add_decayed_weights(weight_decay, mask),
+                     optax.masked(optax.scale_by_trust_ratio(), mask), optax.scale_by_learning_rate(learning_rate))
+
+
 def fused_adamw(learning_rate, b1: float, b2: float, eps: float, weight_decay: float, mask,
-                clip_norm: float = 0.0) -> optax.GradientTransformation:
+                clip_norm: float = 0.0, bias_correction: bool = True) -> optax.GradientTransformation:
   """`optax.chain(optax.clip_by_global_norm(clip_norm), optax.adamw(...))` (the chain without clipping when
   `clip_norm` is 0) computed in one elementwise pass per parameter.
 
@@ -46,9 +94,9 @@ def fused_adamw(learning_rate, b1: float, b2: float, eps: float, weight_decay: f
     update = -lr(count)·[ (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps) + wd·θ·mask ].
   Folding s into the scalar coefficients (rather than scaling g first, as the chain does) leaves no clipped copy
   of the gradients between clipping and the moments. `init` is the chain's own, so the state tree, and any
-  checkpoint of it, is the same under either implementation.
+  checkpoint of it, is the same under either implementation. Without bias correction both divisors are 1.
   """
-  reference = optax.adamw(learning_rate, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay, mask=mask)
+  reference = adamw(learning_rate, b1, b2, eps, weight_decay, mask)
   if clip_norm > 0:
     reference = optax.chain(optax.clip_by_global_norm(clip_norm), reference)
 
@@ -59,7 +107,7 @@ def fused_adamw(learning_rate, b1: float, b2: float, eps: float, weight_decay: f
     adam, masked, sched = inner
     count = optax.safe_increment(adam.count)
     t = count.astype(jnp.float32)
-    bc1, bc2 = 1.0 - b1 ** t, 1.0 - b2 ** t
+    bc1, bc2 = (1.0 - b1 ** t, 1.0 - b2 ** t) if bias_correction else (1.0, 1.0)
     lr = learning_rate(sched.count) if callable(learning_rate) else learning_rate
     scale = jnp.float32(1.0)
     if clip_norm > 0:
@@ -92,14 +140,15 @@ def fused_adamw(learning_rate, b1: float, b2: float, eps: float, weight_decay: f
 def make(cfg_train) -> tuple[optax.GradientTransformation, callable]:
   """(optimizer, learning-rate schedule) from `config.train`."""
   t = cfg_train
-  lr = schedule(t.learning_rate, t.warmup_steps, t.num_steps)
+  lr = schedule(t.learning_rate, t.warmup_steps, t.num_steps, t.get("schedule", "linear"))
   clip = t.grad_clip_norm if t.grad_clip_norm and t.grad_clip_norm > 0 else 0.0
+  bias_correction = t.get("adam_bias_correction", True)
   if t.optimizer == "adamw" and t.get("fused_update", False):
-    return fused_adamw(lr, t.b1, t.b2, t.eps, t.weight_decay, decay_mask, clip), lr
+    return fused_adamw(lr, t.b1, t.b2, t.eps, t.weight_decay, decay_mask, clip, bias_correction), lr
   if t.optimizer == "adamw":
-    opt = optax.adamw(lr, b1=t.b1, b2=t.b2, eps=t.eps, weight_decay=t.weight_decay, mask=decay_mask)
+    opt = adamw(lr, t.b1, t.b2, t.eps, t.weight_decay, decay_mask, bias_correction)
   elif t.optimizer == "lamb":
-    opt = optax.lamb(lr, b1=t.b1, b2=t.b2, eps=t.eps, weight_decay=t.weight_decay, mask=decay_mask)
+    opt = lamb(lr, t.b1, t.b2, t.eps, t.weight_decay, decay_mask)
   else:
     raise ValueError(f"unknown optimizer {t.optimizer!r}; choose adamw or lamb")
   if clip:

@@ -186,10 +186,14 @@ def test_schedule_and_decay_mask_follow_the_original():
 
 @pytest.mark.parametrize("fused", [True, False])
 @pytest.mark.parametrize("clip", [0.0, 0.25])
-def test_adamw_step_matches_a_numpy_adamw(fused, clip):
-  """Three AdamW steps with bias correction, decoupled decay lr·wd·θ on a masked tree and (clip > 0) clipping by
-  global norm (the gradients' norm is 1.52, so 0.25 clips), by hand in float64."""
-  c = small_config(grad_clip_norm=clip, fused_update=fused)
+@pytest.mark.parametrize("bias_correction", [True, False])
+def test_adamw_step_matches_a_numpy_adamw(fused, clip, bias_correction):
+  """Three AdamW steps, decoupled decay lr·wd·θ on a masked tree and (clip > 0) clipping by global norm (the
+  gradients' norm is 1.52, so 0.25 clips), by hand in float64: with bias correction as PyTorch/optax have it,
+  and without, transcribed from the original's AdamWeightDecayOptimizer.apply_gradients:
+    next_m = β1·m + (1 − β1)·g;  next_v = β2·v + (1 − β2)·g²;  update = next_m / (√next_v + ε) (+ wd·θ);
+    θ ← θ − lr·update."""
+  c = small_config(grad_clip_norm=clip, fused_update=fused, adam_bias_correction=bias_correction)
   tx, lr = optim.make(c.train)
   params = {"w": np.array([1.0, -2.0, 3.0], np.float32), "bias": np.array([0.5, 0.5], np.float32)}
   grads = {"w": np.array([0.1, 0.2, -0.3], np.float32), "bias": np.array([1.0, -1.0], np.float32)}
@@ -205,16 +209,63 @@ def test_adamw_step_matches_a_numpy_adamw(fused, clip):
   scale = min(1.0, clip / norm) if clip else 1.0
   assert (scale < 1.0) == bool(clip)
   for t in range(3):
-    rate = float(lr(t))
+    rate = 1e-3 * t / 2 if t < 2 else 1e-3 * (1 - t / 6)  # warmup 2, 6 steps: written out, not from optim
+    assert abs(float(lr(t)) - rate) < 1e-9
     for k in p:
       g = grads[k].astype(np.float64) * scale
       m[k] = 0.9 * m[k] + 0.1 * g
       v[k] = 0.999 * v[k] + 0.001 * g * g
-      mh, vh = m[k] / (1 - 0.9 ** (t + 1)), v[k] / (1 - 0.999 ** (t + 1))
+      if bias_correction:
+        mh, vh = m[k] / (1 - 0.9 ** (t + 1)), v[k] / (1 - 0.999 ** (t + 1))
+      else:
+        mh, vh = m[k], v[k]
       upd = mh / (np.sqrt(vh) + 1e-6) + (0.01 * p[k] if k == "w" else 0.0)
       p[k] = p[k] - rate * upd
   for k in p:
     np.testing.assert_allclose(params[k], p[k], rtol=1e-5, atol=1e-7)
+
+
+def test_lamb_matches_the_reference_lamb_in_numpy():
+  """LAMB as TF-Addons' and NVIDIA's reference (bias-corrected Adam, decoupled decay, trust ratio ‖θ‖/‖u‖ per
+  parameter), LayerNorm and biases excluded from the trust ratio as from weight decay; optax.lamb differs."""
+  c = small_config(optimizer="lamb", grad_clip_norm=0.0, weight_decay=0.01)
+  tx, lr = optim.make(c.train)
+  params = {"w": np.array([[1.0, -2.0], [3.0, 0.5]], np.float32), "bias": np.array([0.5, 0.25], np.float32),
+            "ln": {"scale": np.array([1.0, 1.0], np.float32)}}
+  grads = {"w": np.array([[0.1, 0.2], [-0.3, 0.05]], np.float32), "bias": np.array([1.0, -1.0], np.float32),
+           "ln": {"scale": np.array([0.3, -0.2], np.float32)}}
+  state = tx.init(params)
+  for _ in range(3):
+    updates, state = tx.update(grads, state, params)
+    params = optax.apply_updates(params, updates)
+  flat = lambda t: {"w": t["w"], "bias": t["bias"], "scale": t["ln"]["scale"]}  # noqa: E731
+  p = {k: np.asarray(v, np.float64) for k, v in flat({"w": np.array([[1.0, -2.0], [3.0, 0.5]]),
+                                                      "bias": np.array([0.5, 0.25]),
+                                                      "ln": {"scale": np.array([1.0, 1.0])}}).items()}
+  g = {k: np.asarray(v, np.float64) for k, v in flat(grads).items()}
+  m = {k: np.zeros_like(v) for k, v in p.items()}
+  v = {k: np.zeros_like(x) for k, x in p.items()}
+  for t in range(3):
+    rate = float(lr(t))
+    for k in p:
+      m[k] = 0.9 * m[k] + 0.1 * g[k]
+      v[k] = 0.999 * v[k] + 0.001 * g[k] ** 2
+      u = (m[k] / (1 - 0.9 ** (t + 1))) / (np.sqrt(v[k] / (1 - 0.999 ** (t + 1))) + 1e-6)
+      if k == "w":  # decayed and layer-adapted; bias and LayerNorm scale neither
+        u = u + 0.01 * p[k]
+        wn, un = np.linalg.norm(p[k]), np.linalg.norm(u)
+        u = u * (wn / un if wn > 0 and un > 0 else 1.0)
+      p[k] = p[k] - rate * u
+  for k, want in p.items():
+    np.testing.assert_allclose(flat(params)[k], want, rtol=1e-5, atol=1e-7)
+  # optax.lamb scales the bias and LayerNorm steps too: a different result
+  ref = optax.lamb(lr, b1=0.9, b2=0.999, eps=1e-6, weight_decay=0.01, mask=optim.decay_mask)
+  st, q = ref.init(grads), {"w": np.array([[1.0, -2.0], [3.0, 0.5]], np.float32),
+                             "bias": np.array([0.5, 0.25], np.float32), "ln": {"scale": np.ones(2, np.float32)}}
+  for _ in range(3):
+    u, st = ref.update(grads, st, q)
+    q = optax.apply_updates(q, u)
+  assert not np.allclose(np.asarray(q["bias"]), p["bias"], rtol=1e-3)
 
 
 def test_fused_update_equals_optax_chain_on_bert():

