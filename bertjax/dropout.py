@@ -59,7 +59,9 @@ def keep_mask(seed, shape, rate):
 
 def _apply(x, seed, rate):
   keep = keep_mask(seed, x.shape, rate)
-  return jnp.where(keep, x * jnp.asarray(1.0 / (1.0 - rate), x.dtype), jnp.zeros((), x.dtype))
+  # The scale stays float32: rounded to bfloat16, 1/(1 - 0.1) is 1.109375, a 0.16% shrink at every site.
+  scaled = (x.astype(jnp.float32) * jnp.float32(1.0 / (1.0 - rate))).astype(x.dtype)
+  return jnp.where(keep, scaled, jnp.zeros((), x.dtype))
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2,))

@@ -334,16 +334,9 @@ def score(task: tasks.Task, ev: EvalSet, preds: dict, config) -> dict:
   answers = squad.best_answers(examples, windows, preds["start_logits"], preds["end_logits"], config.data.n_best,
                                config.data.max_answer_length)
   golds = {ex.qid: [a for a, _ in ex.answers] if not ex.is_impossible else [] for ex in examples}
-  result = {}
   if task.name == "squad/v2.0" or any(ex.is_impossible for ex in examples):
-    one = lambda p, g: max(scores.squad_f1(p, a) for a in (g or [""]))  # noqa: E731
-    threshold, _ = squad.best_threshold(answers, golds, one)
-    result["null_threshold"] = threshold
-    predictions = squad.apply_null_threshold(answers, threshold)
-  else:
-    predictions = {q: t for q, (t, _, _) in answers.items()}
-  result.update(scores.squad_scores(predictions, golds))
-  return result
+    return squad.v2_scores(answers, golds, scores.squad_exact, scores.squad_f1)
+  return scores.squad_scores({q: t for q, (t, _, _) in answers.items()}, golds)
 
 
 # ----------------------------------------------------------------------------- the loop

@@ -103,18 +103,49 @@ def squad_scores(predictions: dict[str, str], golds: dict[str, Sequence[str]]) -
 
 
 # ----------------------------------------------------------------------------- NER (seqeval default mode)
+TAG_PREFIXES = ("B", "I", "E", "S")  # IOB1, IOB2 (BIO) and IOBES; O outside
+
+
+class TagSchemeError(ValueError):
+  """A tag outside IOB1 / IOB2 / IOBES (e.g. BILOU's U- and L-, or a bare type): named, never mis-scored."""
+
+
+def split_tag(tag: str) -> tuple[str, str]:
+  """("B", "PER") from "B-PER"; ("O", "") from "O"; refuses what the scorer does not understand."""
+  if tag == "O":
+    return "O", ""
+  prefix, sep, kind = tag.partition("-")
+  if not sep or prefix not in TAG_PREFIXES or not kind:
+    raise TagSchemeError(f"tag {tag!r} is not O or {'/'.join(TAG_PREFIXES)}-TYPE: the span scorer reads IOB1, "
+                         "IOB2 (BIO) and IOBES tags")
+  return prefix, kind
+
+
+def _ends(prev: str, tag: str, prev_kind: str, kind: str) -> bool:
+  """conlleval's endOfChunk: the chunk before this tag ends here."""
+  return (prev in ("E", "S") or (prev in ("B", "I") and tag in ("B", "S", "O"))
+          or (prev != "O" and prev_kind != kind))
+
+
+def _starts(prev: str, tag: str, prev_kind: str, kind: str) -> bool:
+  """conlleval's startOfChunk: a chunk starts at this tag."""
+  return (tag in ("B", "S") or (prev in ("E", "S", "O") and tag in ("E", "I"))
+          or (tag != "O" and prev_kind != kind))
+
+
 def bio_spans(tags: Sequence[str]) -> set[tuple[str, int, int]]:
-  """(type, start, end) chunks: B-X starts X; I-X continues X, or starts one after O or another type."""
-  spans, start, kind = set(), None, None
+  """(type, start, end) chunks as conlleval and seqeval's default mode read IOB1, IOB2 and IOBES: B-/S- start a
+  chunk, E-/S- end one, I- continues a chunk of its type or starts one after O, E-, S- or another type."""
+  spans, start = set(), None
+  prev, prev_kind = "O", ""
   for i, tag in enumerate(list(tags) + ["O"]):
-    prefix, _, label = tag.partition("-") if tag != "O" else ("O", "", "")
-    begins = prefix == "B" or (prefix == "I" and (kind is None or label != kind))
-    ends = prefix == "O" or begins or (prefix == "I" and label != kind)
-    if kind is not None and ends:
-      spans.add((kind, start, i - 1))
-      kind = None
-    if begins or (prefix == "I" and kind is None):
-      start, kind = i, label
+    cur, kind = split_tag(tag)
+    if start is not None and _ends(prev, cur, prev_kind, kind):
+      spans.add((prev_kind, start, i - 1))
+      start = None
+    if _starts(prev, cur, prev_kind, kind):
+      start = i
+    prev, prev_kind = cur, kind
   return spans
 
 

@@ -85,7 +85,7 @@ def create(input_files, tokenizer_path: str, out_dir: str, opts: pretraining.Cre
            overwrite: bool = False) -> dict:
   """Build the dataset; returns the creation record (options, tokenizer, counts, warnings, timing)."""
   input_files = [os.path.abspath(os.fspath(f)) for f in input_files]
-  tok = tokenizer_lib.load(tokenizer_path, do_lower_case=do_lower_case)  # fails early on a bad tokenizer
+  tok = tokenizer_lib.load(tokenizer_path, do_lower_case=do_lower_case, reference="original")  # fails early on a bad tokenizer
   record_path = os.path.join(out_dir, "creation.json")
   if os.path.exists(os.path.join(out_dir, NAME)):
     if not overwrite:

@@ -239,7 +239,7 @@ _WORKER: dict = {}
 
 
 def _init_worker(tokenizer_path: str, do_lower_case: bool):
-  tok = tokenizer_lib.load(tokenizer_path, do_lower_case=do_lower_case)
+  tok = tokenizer_lib.load(tokenizer_path, do_lower_case=do_lower_case, reference="original")
   _WORKER["tok"], _WORKER["vocab"] = tok, Vocab.of(tok)
 
 

@@ -194,3 +194,32 @@ def best_threshold(answers: dict, golds: dict, score_one) -> tuple[float, float]
     if total > best_total:
       best_total, best_t = total, diff
   return float(best_t), best_total / max(len(golds), 1)
+
+
+def v2_scores(answers: dict, golds: dict, exact_fn, f1_fn) -> dict:
+  """SQuAD v2.0 scores as the official evaluation script reports them.
+
+  exact / f1: the predictions at null threshold 0 ("" where null_score > best span score), as HF's run_qa
+  writes them; HasAns_* / NoAns_*: the same over answerable / unanswerable questions; best_exact / best_f1 and
+  their thresholds: the script's sweep over no-answer scores (null_score − best span score), each metric on its
+  own, flipping questions from "" to the threshold-0 prediction in increasing order of that score."""
+  preds = apply_null_threshold(answers, 0.0)
+  na_prob = {q: (answers[q][2] - answers[q][1]) if q in answers else np.inf for q in golds}
+  has_ans = {q: bool(g) for q, g in golds.items()}
+  out = {}
+  for name, fn in (("exact", exact_fn), ("f1", f1_fn)):
+    raw = {q: max(fn(preds.get(q, ""), a) for a in (g or [""])) for q, g in golds.items()}
+    out[name] = 100.0 * sum(raw.values()) / max(len(raw), 1)
+    for part, want in (("HasAns", True), ("NoAns", False)):
+      qs = [q for q in raw if has_ans[q] == want]
+      if qs:
+        out[f"{part}_{name}"] = 100.0 * sum(raw[q] for q in qs) / len(qs)
+    score = sum(1 for q in golds if not has_ans[q])  # every question answered ""
+    best, best_thresh = score, 0.0
+    for q in sorted(golds, key=lambda k: na_prob[k]):
+      score += raw[q] if has_ans[q] else (-1 if preds.get(q, "") else 0)
+      if score > best:
+        best, best_thresh = score, na_prob[q]
+    out[f"best_{name}"] = 100.0 * best / max(len(golds), 1)
+    out[f"best_{name}_thresh"] = float(best_thresh)
+  return out

@@ -59,6 +59,12 @@ def get(name: str, labels: Sequence[str] = (), regression: bool = False) -> Task
   if name == "ner":
     if not labels:
       raise TaskDataError("task ner needs config.data.labels (e.g. O,B-PER,I-PER,...)")
+    from bertjax import scores  # pylint: disable=import-outside-toplevel
+    for t in labels:
+      try:
+        scores.split_tag(t)
+      except scores.TagSchemeError as e:
+        raise TaskDataError(f"config.data.labels: {e}") from None
     return Task(name, "tagging", labels=tuple(labels), metrics=("f1", "precision", "recall"), main_metric="f1")
   if name == "local":
     if regression:

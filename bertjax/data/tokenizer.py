@@ -6,7 +6,11 @@
     tok.continues_word                           # bool per id: True where the piece continues a word
 
 The WordPiece pipeline is BERT's BasicTokenizer + WordpieceTokenizer as HF `tokenizers` implements them
-(clean text, CJK spacing, lowercasing with accent stripping, punctuation splitting, max 100 chars a word).
+(clean text, CJK spacing, lowercasing with accent stripping, punctuation splitting). `reference` picks whose
+behaviour it reproduces where the two differ: "hf" (fine-tuning, prediction; HF's BertTokenizer) maps literal
+special tokens in the text ("[MASK]", "[SEP]", ...) to their ids and makes a word over 100 characters one [UNK];
+"original" (pre-training data creation; google-research/bert's tokenization.py) splits "[MASK]" like any text
+("[", "mask", "]") and allows 200 characters a word.
 
 CLI: python -m bertjax.data.tokenizer --input a.txt b.txt --kind wordpiece|unigram|bpe --vocab_size 8000 --out DIR
 """
@@ -89,7 +93,10 @@ def _read_vocab(path: str) -> list[str]:
   return pieces
 
 
-def _load_wordpiece(path: str, do_lower_case: bool) -> Tokenizer:
+REFERENCES = {"hf": 100, "original": 200}  # -> characters a word at most before it becomes [UNK]
+
+
+def _load_wordpiece(path: str, do_lower_case: bool, reference: str = "hf") -> Tokenizer:
   from tokenizers import Tokenizer as HFTokenizer, decoders, models, normalizers, pre_tokenizers
   pieces = _read_vocab(path)
   vocab = {}
@@ -98,11 +105,14 @@ def _load_wordpiece(path: str, do_lower_case: bool) -> Tokenizer:
   if "[UNK]" not in vocab:
     raise TokenizerError(f"{path}: vocabulary lacks the special token(s) ['[UNK]']; BERT needs "
                          f"{list(SPECIAL_TOKENS)}")
-  tok = HFTokenizer(models.WordPiece(vocab, unk_token="[UNK]", max_input_chars_per_word=100))
+  tok = HFTokenizer(models.WordPiece(vocab, unk_token="[UNK]", max_input_chars_per_word=REFERENCES[reference]))
   tok.normalizer = normalizers.BertNormalizer(clean_text=True, handle_chinese_chars=True, strip_accents=None,
                                               lowercase=do_lower_case)
   tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
   tok.decoder = decoders.WordPiece(prefix="##")
+  if reference == "hf":
+    from tokenizers import AddedToken  # pylint: disable=import-outside-toplevel
+    tok.add_special_tokens([AddedToken(t, normalized=False) for t in SPECIAL_TOKENS if t in vocab])
   continues = np.array([p.startswith("##") for p in pieces], bool)
   def offsets(s):
     enc = tok.encode(s, add_special_tokens=False)
@@ -138,14 +148,17 @@ def _load_sentencepiece(path: str) -> Tokenizer:
                    pieces, continues)
 
 
-def load(path: str, do_lower_case: bool = True) -> Tokenizer:
-  """Load a BERT `vocab.txt` (WordPiece) or a sentencepiece `.model`, checked for BERT's special tokens."""
+def load(path: str, do_lower_case: bool = True, reference: str = "hf") -> Tokenizer:
+  """Load a BERT `vocab.txt` (WordPiece) or a sentencepiece `.model`, checked for BERT's special tokens.
+  `reference`: "hf" or "original" (see the module docstring; WordPiece only)."""
+  if reference not in REFERENCES:
+    raise ValueError(f"unknown tokenizer reference {reference!r}; choose one of {sorted(REFERENCES)}")
   path = os.fspath(path)
   if not os.path.exists(path):
     raise FileNotFoundError(f"{path}: tokenizer file not found")
   if path.endswith(".model"):
     return _load_sentencepiece(path)
-  return _load_wordpiece(path, do_lower_case)
+  return _load_wordpiece(path, do_lower_case, reference)
 
 
 # ----------------------------------------------------------------------------- training

@@ -1,0 +1,187 @@
+"""Fine-tuning's pieces against independent references: seqeval's tag schemes, HF's tokenizers, the official
+SQuAD v2.0 evaluation script's logic, and the bfloat16 dropout scale."""
+import collections
+import os
+import random
+import re
+import string
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from bertjax import dropout, scores
+from bertjax.data import squad, tasks, tokenizer
+
+transformers = pytest.importorskip("transformers")
+
+WORDS = ("the river runs north past old city walls where a great harbour meets small islands and good "
+         "people say fine things about London Paris king queen").split()
+
+
+@pytest.fixture(scope="module")
+def vocab(tmp_path_factory):
+  d = tmp_path_factory.mktemp("ref_tok")
+  rng = random.Random(0)
+  (d / "t.txt").write_text("\n".join(" ".join(rng.choice(WORDS) for _ in range(12)) for _ in range(300)))
+  return tokenizer.train([d / "t.txt"], d / "tok", vocab_size=150)
+
+
+# ------------------------------------------------------------------ NER tag schemes
+@pytest.mark.parametrize("scheme", ["IOB1", "IOB2", "IOBES"])
+def test_span_scores_match_seqeval_for_each_scheme(scheme):
+  seqeval = pytest.importorskip("seqeval.metrics")
+  prefixes = {"IOB1": "BI", "IOB2": "BI", "IOBES": "BIES"}[scheme]
+  tags = ["O"] + [f"{p}-{t}" for p in prefixes for t in ("PER", "geo-loc")]
+  rng = random.Random(0)
+  for _ in range(300):
+    gold = [[rng.choice(tags) for _ in range(rng.randint(1, 12))] for _ in range(3)]
+    pred = [[t if rng.random() < 0.6 else rng.choice(tags) for t in s] for s in gold]
+    ours = scores.span_f1(pred, gold)
+    assert abs(ours["f1"] - seqeval.f1_score(gold, pred)) < 1e-12, (gold, pred)
+    assert abs(ours["precision"] - seqeval.precision_score(gold, pred)) < 1e-12
+    assert abs(ours["recall"] - seqeval.recall_score(gold, pred)) < 1e-12
+  assert scores.bio_spans(["S-PER", "B-LOC", "E-LOC", "I-PER"]) == {("PER", 0, 0), ("LOC", 1, 2), ("PER", 3, 3)}
+
+
+@pytest.mark.parametrize("tag", ["U-PER", "L-PER", "PER", "B-"])
+def test_tags_outside_the_supported_schemes_are_refused_by_name(tag):
+  with pytest.raises(scores.TagSchemeError, match=re.escape(repr(tag))):
+    scores.span_f1([["O", tag]], [["O", "O"]])
+  with pytest.raises(tasks.TaskDataError, match=re.escape(repr(tag))):
+    tasks.get("ner", ("O", "B-PER", tag))
+
+
+# ------------------------------------------------------------------ tokenisation against HF
+def test_literal_special_tokens_map_to_their_ids_as_hf_does(vocab):
+  hf = transformers.BertTokenizer.from_pretrained(os.path.dirname(vocab))
+  ours = tokenizer.load(vocab, reference="hf")
+  for text in ["the [MASK] runs north", "[CLS] old city [SEP] small islands [SEP]", "harbour[MASK]walls",
+               "a [mask] in lower case stays text", "[PAD] [UNK] fine"]:
+    assert ours.encode(text) == hf.encode(text, add_special_tokens=False), text
+  assert ours.mask_id in ours.encode("the [MASK] runs")
+  original = tokenizer.load(vocab, reference="original")  # google-research/bert splits it like any text
+  assert original.mask_id not in original.encode("the [MASK] runs")
+
+
+def test_word_length_cap_follows_each_reference(vocab):
+  word = "river" * 30  # 150 characters: over HF's 100, under the original's 200
+  hf = transformers.BertTokenizer.from_pretrained(os.path.dirname(vocab))
+  ours = tokenizer.load(vocab, reference="hf")
+  assert ours.encode(word) == hf.encode(word, add_special_tokens=False) == [ours.unk_id]
+  original = tokenizer.load(vocab, reference="original")
+  assert ours.unk_id not in original.encode(word) and len(original.encode(word)) > 1
+  assert original.encode("river" * 41) == [original.unk_id]  # 205 characters
+
+
+def _original_truncate_seq_pair(tokens_a, tokens_b, max_length):
+  """run_classifier.py's _truncate_seq_pair, written out."""
+  while True:
+    if len(tokens_a) + len(tokens_b) <= max_length:
+      break
+    if len(tokens_a) > len(tokens_b):
+      tokens_a.pop()
+    else:
+      tokens_b.pop()
+
+
+def test_pair_encoding_matches_hf_tokenizer_and_the_original_truncation(vocab):
+  """[CLS] a [SEP] b [SEP] and segment ids as HF's tokenizer(a, b) makes them; truncation by the original's
+  rule (pop from the longer side; from b on a tie), which is HF's longest_first except on ties."""
+  hf = transformers.BertTokenizerFast.from_pretrained(os.path.dirname(vocab))
+  tok = tokenizer.load(vocab)
+  rng = random.Random(1)
+  examples = []
+  for _ in range(200):
+    a = " ".join(rng.choice(WORDS) for _ in range(rng.randint(1, 20)))
+    b = " ".join(rng.choice(WORDS) for _ in range(rng.randint(0, 20)))
+    examples.append({"text_a": a, "text_b": b, "label": 0})
+  seq = 16
+  ours = tasks.encode_pairs(examples, tok, seq)
+  same_as_hf = 0
+  for i, ex in enumerate(examples):
+    a = hf(ex["text_a"], add_special_tokens=False)["input_ids"]
+    b = hf(ex["text_b"], add_special_tokens=False)["input_ids"] if ex["text_b"] else []
+    _original_truncate_seq_pair(a, b, seq - (3 if b else 2))
+    ids = [hf.cls_token_id] + a + [hf.sep_token_id] + (b + [hf.sep_token_id] if b else [])
+    n = len(ids)
+    assert ours["input_ids"][i, :n].tolist() == ids, ex
+    assert ours["segment_ids"][i, :n].tolist() == [0] * (len(a) + 2) + [1] * (n - len(a) - 2)
+    assert ours["input_mask"][i].sum() == n and not ours["input_ids"][i, n:].any()
+    enc = hf(ex["text_a"], ex["text_b"] or None, truncation=True, max_length=seq)
+    if enc["input_ids"] == ids:
+      assert enc["token_type_ids"] == ours["segment_ids"][i, :n].tolist()
+      same_as_hf += 1
+  assert same_as_hf > 150  # all but the truncation ties
+
+
+# ------------------------------------------------------------------ SQuAD v2.0, as the official script scores it
+def _official_normalize(s):
+  s = s.lower()
+  s = "".join(ch for ch in s if ch not in set(string.punctuation))
+  s = re.sub(r"\b(a|an|the)\b", " ", s)
+  return " ".join(s.split())
+
+
+def _official_f1(gold, pred):
+  g, p = _official_normalize(gold).split(), _official_normalize(pred).split()
+  if not g or not p:
+    return int(g == p)
+  common = collections.Counter(g) & collections.Counter(p)
+  same = sum(common.values())
+  if same == 0:
+    return 0
+  prec, rec = same / len(p), same / len(g)
+  return 2 * prec * rec / (prec + rec)
+
+
+def _official_v2(preds, na_probs, golds):
+  """evaluate-v2.0.py's get_raw_scores, make_eval_dict and find_best_thresh, written out here."""
+  has_ans = {q: bool(g) for q, g in golds.items()}
+  exact, f1 = {}, {}
+  for q, g in golds.items():
+    gold = g or [""]
+    exact[q] = max(int(_official_normalize(a) == _official_normalize(preds[q])) for a in gold)
+    f1[q] = max(_official_f1(a, preds[q]) for a in gold)
+  out = {"exact": 100.0 * sum(exact.values()) / len(golds), "f1": 100.0 * sum(f1.values()) / len(golds)}
+  for name, raw in (("exact", exact), ("f1", f1)):
+    cur = best = sum(1 for q in golds if not has_ans[q])
+    thresh = 0.0
+    for q in sorted(na_probs, key=lambda k: na_probs[k]):
+      cur += raw[q] if has_ans[q] else (-1 if preds[q] else 0)
+      if cur > best:
+        best, thresh = cur, na_probs[q]
+    out[f"best_{name}"], out[f"best_{name}_thresh"] = 100.0 * best / len(golds), thresh
+  return out
+
+
+def test_squad_v2_scores_match_the_official_script():
+  rng = random.Random(2)
+  words = "the denver broncos won super bowl fifty in santa clara a an".split()
+  for _ in range(20):
+    answers, golds = {}, {}
+    for i in range(30):
+      q = f"q{i}"
+      golds[q] = [] if rng.random() < 0.4 else [" ".join(rng.choice(words) for _ in range(rng.randint(1, 3)))]
+      text = " ".join(rng.choice(words) for _ in range(rng.randint(1, 3)))
+      answers[q] = (text, rng.gauss(0, 2), rng.gauss(0, 2))
+    ours = squad.v2_scores(answers, golds, scores.squad_exact, scores.squad_f1)
+    preds = {q: ("" if null - s > 0 else t) for q, (t, s, null) in answers.items()}
+    theirs = _official_v2(preds, {q: null - s for q, (t, s, null) in answers.items()}, golds)
+    for k, v in theirs.items():
+      assert abs(ours[k] - v) < 1e-9, (k, ours[k], v)
+    assert "HasAns_f1" in ours and "NoAns_exact" in ours
+
+
+# ------------------------------------------------------------------ bfloat16 dropout
+def test_bfloat16_hash_dropout_scales_in_float32():
+  """Kept elements are x·(1/(1 − r)) computed in float32 and rounded once; a bfloat16 scale (1.109375 for
+  r = 0.1) would shrink the mean by 0.16%."""
+  x = jax.random.uniform(jax.random.key(0), (512, 1024), jnp.float32, 1.0, 2.0).astype(jnp.bfloat16)
+  y = dropout.hash_dropout(x, jnp.uint32(7), 0.1)
+  keep = np.asarray(y) != 0
+  want = (np.asarray(x, np.float32) / 0.9).astype(jnp.bfloat16)
+  np.testing.assert_array_equal(np.asarray(y)[keep], np.asarray(want)[keep])
+  ratio = np.asarray(y, np.float64)[keep].sum() / np.asarray(x, np.float64)[keep].sum()
+  assert abs(ratio * 0.9 - 1.0) < 2e-4, ratio
