@@ -352,7 +352,13 @@ def _finetune(config, workdir: str) -> dict:
   jax.config.update("jax_threefry_partitionable", True)
   is_main = jax.process_index() == 0
   if prng_problem := train_lib.prng_impl_error(config):
-    raise ValueError(prng_problem)
+    raise train_lib.ConfigError(prng_problem)
+  if config.train.get("schedule", "linear") not in optim.SCHEDULES:
+    raise train_lib.ConfigError(f"train.schedule {config.train.schedule!r} is not one of {list(optim.SCHEDULES)}")
+  if config.train.optimizer not in ("adamw", "lamb"):
+    raise train_lib.ConfigError(f"train.optimizer {config.train.optimizer!r} is not one of ['adamw', 'lamb']")
+  if config.data.get("bucket_multiple", 0) < 0:
+    raise train_lib.ConfigError(f"data.bucket_multiple must be >= 0, got {config.data.bucket_multiple}")
   task = tasks.get(config.task, tuple(config.data.labels), config.data.regression)
   tok, mcfg, init_params, tok_path, lower = load_init(config, task)
   if config.data.max_seq_length > mcfg.max_position_embeddings:
@@ -444,7 +450,7 @@ def _finetune(config, workdir: str) -> dict:
         if metrics_lib.every(step, config.log_every, total):
           m = {k: float(v) for k, v in jax.device_get(m).items()}
           if not np.isfinite(m["loss"]):
-            raise FloatingPointError(f"non-finite loss at step {step}; lower train.learning_rate")
+            raise train_lib.NonFiniteError(f"non-finite loss at step {step}; lower train.learning_rate")
           writer.write(step, m)
           if is_main:
             eta = (time.time() - t0) / (step - start) * (total - step)

@@ -43,19 +43,18 @@ def main(argv):
   from bertjax import checkpoint, train  # pylint: disable=import-outside-toplevel
   # Library INFO logs (orbax writes several lines per save) are off; progress is printed by process 0.
   absl_logging.set_verbosity(absl_logging.WARNING if jax.process_index() == 0 else absl_logging.ERROR)
-  if FLAGS.config.get("mode") == "finetune":
-    from bertjax import finetune  # pylint: disable=import-outside-toplevel
-    from bertjax.data import tasks  # pylint: disable=import-outside-toplevel
-    try:
-      finetune.finetune(FLAGS.config, FLAGS.workdir)
-    except (tasks.TaskDataError, checkpoint.CheckpointError, OSError) as e:
-      print(f"error: {e}", file=sys.stderr)
-      sys.exit(2)
-    return
+  from bertjax import convert  # pylint: disable=import-outside-toplevel
+  from bertjax.data import tasks, tokenizer  # pylint: disable=import-outside-toplevel
+  # The same mistakes give the same one-line error and exit code in every mode.
+  errors = (train.ConfigError, train.NonFiniteError, tasks.TaskDataError, checkpoint.CheckpointError,
+            checkpoint.WorkdirLockedError, convert.ConversionError, tokenizer.TokenizerError, OSError)
   try:
+    if FLAGS.config.get("mode") == "finetune":
+      from bertjax import finetune  # pylint: disable=import-outside-toplevel
+      finetune.finetune(FLAGS.config, FLAGS.workdir)
+      return
     summary = train.train_and_evaluate(FLAGS.config, FLAGS.workdir)
-  except (train.ConfigError, train.NonFiniteError, checkpoint.CheckpointError, checkpoint.WorkdirLockedError,
-          OSError) as e:
+  except errors as e:
     print(f"error: {e}", file=sys.stderr)
     sys.exit(2)
   if jax.process_index() == 0:

@@ -35,6 +35,7 @@ class Report:
   max_loss_rel_diff: float
   update_rel_diff: float  # ||Δθ_bertjax − Δθ_hf|| / ||Δθ_hf|| over every parameter
   update_norm: float  # ||Δθ_hf||: how far the run moved the parameters
+  bertjax_update_norm: float  # ||Δθ_bertjax||
   worst_params: list  # (name, relative update difference) of the five parameters that differ most
 
   def to_dict(self):
@@ -156,14 +157,17 @@ def hf_lr_lambda(schedule: str, warmup: int, total: int):
 
 
 def hf_loop(start_dir: str, task: tasks.Task, config, rows: list[dict], batches: list[np.ndarray],
-            total_steps: int, warmup_steps: int):
-  """(losses, final HF state dict) of an HF PyTorch loop over `batches` (lists of row indices)."""
+            total_steps: int, warmup_steps: int, seed: int = 0):
+  """(losses, final HF state dict) of an HF PyTorch loop over `batches` (lists of row indices), with the
+  config's dropout rates (0 for a step-by-step comparison)."""
   torch, _ = _torch()
   t = config.train
   if t.optimizer != "adamw" or not t.get("adam_bias_correction", True):
     raise ValueError("the HF loop steps torch.optim.AdamW: set train.optimizer=adamw with bias correction")
-  model = hf_class(task.kind).from_pretrained(start_dir, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
-                                              classifier_dropout=0.0, attn_implementation="eager")
+  torch.manual_seed(seed)
+  model = hf_class(task.kind).from_pretrained(
+      start_dir, hidden_dropout_prob=config.model.dropout_rate, classifier_dropout=config.model.dropout_rate,
+      attention_probs_dropout_prob=config.model.attention_dropout_rate, attn_implementation="eager")
   model.train()
   decay = [p for n, p in model.named_parameters() if not ("LayerNorm" in n or n.endswith("bias"))]
   no_decay = [p for n, p in model.named_parameters() if "LayerNorm" in n or n.endswith("bias")]
@@ -198,8 +202,10 @@ def hf_loop(start_dir: str, task: tasks.Task, config, rows: list[dict], batches:
 
 
 # ----------------------------------------------------------------------------- the comparison
-def compare(config, workdir: str, steps: int = 0) -> Report:
-  """Runs both loops for `steps` (0 = the whole run) from a common start in WORKDIR/start and compares them."""
+def compare(config, workdir: str, steps: int = 0, dropout: bool = False) -> Report:
+  """Runs both loops for `steps` (0 = the whole run) from a common start in WORKDIR/start and compares them.
+  With `dropout` both keep the config's dropout: each draws its own masks, so the two agree in distribution
+  only (loss curves and update sizes, not step by step)."""
   torch, transformers = _torch()
   torch.set_num_threads(max(1, os.cpu_count() or 1))
   config = config.copy_and_resolve_references() if hasattr(config, "copy_and_resolve_references") else config
@@ -208,7 +214,8 @@ def compare(config, workdir: str, steps: int = 0) -> Report:
   os.makedirs(workdir, exist_ok=True)
   start = make_start(config, task, os.path.join(workdir, "start"), seed=config.seed)
   config.init = start
-  config.model.dropout_rate = config.model.attention_dropout_rate = 0.0
+  if not dropout:
+    config.model.dropout_rate = config.model.attention_dropout_rate = 0.0
   config.log_every = 1
   config.data.eval_file = ""
   if steps:
@@ -226,7 +233,8 @@ def compare(config, workdir: str, steps: int = 0) -> Report:
     hf_rows = _qa_features(result["train_features"])
   else:
     hf_rows = hf_features(task, config, tok)
-  hf_losses, hf_state = hf_loop(start, task, config, hf_rows, batches, plan.total_steps, plan.warmup_steps)
+  hf_losses, hf_state = hf_loop(start, task, config, hf_rows, batches, plan.total_steps, plan.warmup_steps,
+                                config.seed)
 
   head = finetune.HF_HEADS[task.kind]
   mcfg = result["model_config"]
@@ -235,18 +243,18 @@ def compare(config, workdir: str, steps: int = 0) -> Report:
   _, hf_params = convert.from_state_dict(flat, hf_state, head=head)
   ours = jax.tree_util.tree_map(np.asarray, jax.device_get(result["state"].params))
   ours["bert"] = _unstacked(mcfg, ours["bert"])
-  diffs, num, den = [], 0.0, 0.0
+  diffs, num, den, ours_sq = [], 0.0, 0.0, 0.0
   for path, theirs in jax.tree_util.tree_leaves_with_path(hf_params):
     name = jax.tree_util.keystr(path)
     x0 = _at(start_params, path)
     d_ours, d_theirs = _at(ours, path) - x0, theirs - x0
     e, n = float(np.sum((d_ours - d_theirs) ** 2)), float(np.sum(d_theirs ** 2))
-    num, den = num + e, den + n
+    num, den, ours_sq = num + e, den + n, ours_sq + float(np.sum(d_ours ** 2))
     diffs.append((name, math.sqrt(e / n) if n > 0 else math.sqrt(e)))
   diffs.sort(key=lambda x: -x[1])
   rel = [abs(a - b) / max(abs(b), 1e-12) for a, b in zip(bj_losses, hf_losses)]
   return Report(bj_losses, hf_losses, max(rel) if rel else 0.0, math.sqrt(num / den) if den else 0.0,
-                math.sqrt(den), diffs[:5])
+                math.sqrt(den), math.sqrt(ours_sq), diffs[:5])
 
 
 def _at(tree, path):
@@ -261,12 +269,13 @@ def main(argv=None) -> None:
   config_flags.DEFINE_config_file("config", None, "configs/finetune.py:task=...,init=...", lock_config=False)
   flags.DEFINE_string("out", None, "Working folder: the common start, bertjax's run and report.json.")
   flags.DEFINE_integer("steps", 50, "Steps to compare (0 = the whole run).")
+  flags.DEFINE_bool("dropout", False, "Keep dropout on both sides (a comparison in distribution only).")
   flags.mark_flags_as_required(["config", "out"])
 
   def run(_):
     cfg = flags.FLAGS.config
     try:
-      rep = compare(cfg, flags.FLAGS.out, flags.FLAGS.steps)
+      rep = compare(cfg, flags.FLAGS.out, flags.FLAGS.steps, flags.FLAGS.dropout)
     except (tasks.TaskDataError, convert.ConversionError, OSError, ValueError) as e:
       print(f"error: {e}", file=sys.stderr)
       sys.exit(2)
@@ -274,7 +283,8 @@ def main(argv=None) -> None:
     for i, (a, b) in enumerate(zip(rep.bertjax_losses, rep.hf_losses), 1):
       print(f"{i:5d} {a:14.7f} {b:14.7f} {abs(a - b) / max(abs(b), 1e-12):10.2e}")
     print(f"max relative loss difference {rep.max_loss_rel_diff:.2e}; parameter updates differ by "
-          f"{rep.update_rel_diff:.2e} (relative, all parameters)")
+          f"{rep.update_rel_diff:.2e} (relative, all parameters); update norms: bertjax "
+          f"{rep.bertjax_update_norm:.4g}, HF {rep.update_norm:.4g}")
     with open(os.path.join(flags.FLAGS.out, "report.json"), "w", encoding="utf-8") as f:
       json.dump(rep.to_dict(), f, indent=2)
   app.run(run, argv=argv)

@@ -56,6 +56,11 @@ def validate(config, num_devices: int, creation: dict | None = None, tokenizer_v
   for name in ("global_batch_size", "grad_accum_steps", "num_steps"):
     if getattr(t, name) <= 0:
       errors.append(f"train.{name} must be positive, got {getattr(t, name)}")
+  from bertjax import optim  # pylint: disable=import-outside-toplevel
+  if t.get("schedule", "linear") not in optim.SCHEDULES:
+    errors.append(f"train.schedule {t.schedule!r} is not one of {list(optim.SCHEDULES)}")
+  if t.optimizer not in ("adamw", "lamb"):
+    errors.append(f"train.optimizer {t.optimizer!r} is not one of ['adamw', 'lamb']")
   if t.warmup_steps < 0 or t.learning_rate <= 0:
     errors.append(f"train.warmup_steps must be >= 0 and train.learning_rate > 0 (got {t.warmup_steps}, "
                   f"{t.learning_rate})")

@@ -3,6 +3,7 @@ import csv
 import json
 import os
 import random
+import re
 import subprocess
 import sys
 
@@ -522,3 +523,87 @@ def test_signal_stops_finetuning_with_a_checkpoint(tmp_path, vocab, sig):
                          timeout=300)
   assert again.returncode == 0, again.stderr[-3000:]
   assert f"at step {step}/375" in again.stdout and f"step {step + 1}/375" in again.stdout, again.stdout[-2000:]
+
+
+# ------------------------------------------------------------------ refusals through the real entry point
+def finetune_cmd(tmp_path, vocab, workdir, *extra, lr="1e-3"):
+  write_sentiment(tmp_path / "train.csv", 40, 0)
+  n = tokenizer.load(vocab).vocab_size
+  return [sys.executable, "-m", "bertjax.main",
+          f"--config={ROOT}/configs/finetune.py:task=local,variant=tiny,lr={lr},batch=8,epochs=1,seq=32",
+          f"--workdir={workdir}", f"--config.data.train_file={tmp_path / 'train.csv'}",
+          "--config.data.text_a_column=sentence", "--config.data.label_column=sentiment",
+          "--config.data.labels=('neg','pos')", f"--config.data.tokenizer={vocab}", f"--config.model.vocab_size={n}",
+          "--config.model.hidden_size=32", "--config.model.num_heads=2", "--config.model.intermediate_size=64",
+          "--config.model.max_position_embeddings=64", "--config.log_every=1", *extra]
+
+
+def run_cmd(cmd):
+  e = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+  return subprocess.run(cmd, cwd=ROOT, env=e, capture_output=True, text=True, timeout=600, check=False)
+
+
+def assert_one_line_error(proc, pattern):
+  assert proc.returncode == 2, proc.stderr[-2000:]
+  lines = [l for l in proc.stderr.splitlines() if l.startswith("error: ")]
+  assert len(lines) == 1 and re.search(pattern, lines[0]), proc.stderr[-2000:]
+  assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.ci
+def test_finetune_refusals_are_one_line_errors(tmp_path, vocab):
+  """A locked workdir, a non-finite loss, a bad config value and a tokenizer that does not fit the model each
+  give one `error:` line and exit code 2 through python -m bertjax.main (as pre-training does)."""
+  from bertjax import checkpoint as checkpoint_lib
+  locked = tmp_path / "locked"
+  with checkpoint_lib.WorkdirLock(str(locked)):
+    assert_one_line_error(run_cmd(finetune_cmd(tmp_path, vocab, locked)), "locked|in use|another")
+  assert_one_line_error(run_cmd(finetune_cmd(tmp_path, vocab, tmp_path / "nan", lr="1e30")), "non-finite loss")
+  assert_one_line_error(run_cmd(finetune_cmd(tmp_path, vocab, tmp_path / "sched",
+                                             "--config.train.schedule=cosine_typo")), "train.schedule")
+  assert_one_line_error(run_cmd(finetune_cmd(tmp_path, vocab, tmp_path / "vocab", "--config.model.vocab_size=7")),
+                        "pieces, the model 7")
+
+
+def test_fewer_examples_than_a_batch_train_on_one_partial_batch(tmp_path, vocab):
+  """Every example is seen once per epoch: 5 examples and batch 16 make one step per epoch (zero-weight rows
+  fill the batch), and an empty training file is refused."""
+  write_sentiment(tmp_path / "train.csv", 5, 0)
+  c = tiny_config("local", vocab, train_file=str(tmp_path / "train.csv"), text_a_column="sentence",
+                  label_column="sentiment", labels=("neg", "pos"))
+  out = finetune.finetune(c, str(tmp_path / "w"))
+  assert out["plan"].steps_per_epoch == 1 and out["step"] == 3
+  plan = finetune.Plan(37, 8, 2, 0, 0.1)
+  for epoch in plan.epoch_batches():
+    assert sorted(np.concatenate(epoch).tolist()) == list(range(37)) and [len(b) for b in epoch] == [8, 8, 8, 8, 5]
+  (tmp_path / "empty.csv").write_text("sentence,sentiment\n")
+  c.data.train_file = str(tmp_path / "empty.csv")
+  with pytest.raises(tasks.TaskDataError, match="no rows"):
+    finetune.finetune(c, str(tmp_path / "w2"))
+
+
+def test_bucketed_batches_give_the_same_loss_as_full_length_ones(vocab):
+  """A batch cut to its bucket length and the same batch at max_seq_length give the same loss and gradients
+  (padding is masked out everywhere), so bucketing changes speed only."""
+  import jax
+  from bertjax import model as model_lib
+  tok = tokenizer.load(vocab)
+  rng = random.Random(0)
+  words = "alpha beta gamma delta river mountain city island good bad".split()
+  ex = [{"text_a": " ".join(rng.choice(words) for _ in range(rng.randint(2, 9))), "text_b": "", "label": i % 2}
+        for i in range(8)]
+  feats = tasks.encode_pairs(ex, tok, 64)
+  cfg = model_lib.BertConfig.from_variant("tiny", vocab_size=tok.vocab_size, max_position_embeddings=64,
+                                          dropout_rate=0.0, attention_dropout_rate=0.0)
+  module = model_lib.BertForSequenceClassification(cfg, 2)
+  task = tasks.Task("local", "classification", labels=("a", "b"))
+  full = finetune.make_batch(feats, np.arange(8), 8, bucket=0)
+  cut = finetune.make_batch(feats, np.arange(8), 8, bucket=16)
+  assert full["input_ids"].shape[1] == 64 and cut["input_ids"].shape[1] == 16
+  params = module.init(jax.random.key(0), full)["params"]
+  loss = lambda p, b: finetune.task_loss(task, module.apply({"params": p}, b), b)  # noqa: E731
+  a, ga = jax.value_and_grad(loss)(params, full)
+  b, gb = jax.value_and_grad(loss)(params, cut)
+  assert abs(float(a) - float(b)) < 1e-5
+  jax.tree_util.tree_map(lambda x, y: np.testing.assert_allclose(np.asarray(x), np.asarray(y), atol=2e-6), ga, gb)
