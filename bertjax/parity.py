@@ -24,8 +24,8 @@ import sys
 import jax
 import numpy as np
 
-from bertjax import convert, finetune
-from bertjax.data import conll, squad, tasks
+from bertjax import checkpoint as checkpoint_lib, convert, finetune
+from bertjax.data import conll, tasks
 
 
 @dataclasses.dataclass
@@ -273,10 +273,13 @@ def main(argv=None) -> None:
   flags.mark_flags_as_required(["config", "out"])
 
   def run(_):
+    from absl import logging as absl_logging  # pylint: disable=import-outside-toplevel
+    absl_logging.set_verbosity(absl_logging.WARNING)  # orbax logs several INFO lines per save
     cfg = flags.FLAGS.config
     try:
       rep = compare(cfg, flags.FLAGS.out, flags.FLAGS.steps, flags.FLAGS.dropout)
-    except (tasks.TaskDataError, convert.ConversionError, OSError, ValueError) as e:
+    except (ValueError, FloatingPointError, OSError, checkpoint_lib.CheckpointError,
+            checkpoint_lib.WorkdirLockedError) as e:  # config, data, conversion, non-finite, workdir errors
       print(f"error: {e}", file=sys.stderr)
       sys.exit(2)
     print(f"{'step':>5} {'bertjax loss':>14} {'HF loss':>14} {'rel diff':>10}")

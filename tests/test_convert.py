@@ -257,3 +257,40 @@ def test_missing_folder_or_config(tmp_path):
   with pytest.raises(convert.ConversionError, match="not valid JSON"):
     convert.from_hf(tmp_path)
   assert os.path.exists(tmp_path / "config.json")  # nothing was overwritten
+
+
+@pytest.mark.parametrize("head,cls,labels", [
+    ("sequence_classification", "BertForSequenceClassification", 3),
+    ("sequence_classification", "BertForSequenceClassification", 1),
+    ("token_classification", "BertForTokenClassification", 5),
+    ("question_answering", "BertForQuestionAnswering", 2)])
+def test_task_heads_match_hf_both_directions(tmp_path, head, cls, labels):
+  """HF's fine-tuning models (random weights, non-zero biases) load into bertjax's heads with the same logits,
+  padded rows included, and bertjax's export loads back into HF with every tensor equal."""
+  kw = {} if head == "question_answering" else {"num_labels": labels}
+  hm = hf_model("mini", cls=getattr(transformers, cls), **kw)
+  hm.save_pretrained(tmp_path / "hf")
+  cfg, params = convert.from_hf(tmp_path / "hf")  # the head found from config.json's architectures
+  batch = batch_for(1000)
+  module = convert.task_module(cfg, head, labels)
+  if "pooler" not in params["bert"]:  # HF builds none for these heads; no head reads it
+    fresh = nn.meta.unbox(module.init(jax.random.key(0), batch)["params"])
+    params["bert"]["pooler"] = fresh["bert"]["pooler"]
+  ours = module.apply({"params": params}, batch)
+  with torch.no_grad():
+    theirs = hm(input_ids=torch.tensor(batch["input_ids"]), attention_mask=torch.tensor(batch["input_mask"]),
+                token_type_ids=torch.tensor(batch["segment_ids"]))
+  valid = batch["input_mask"].astype(bool)
+  if head == "question_answering":
+    for k in ("start_logits", "end_logits"):
+      diff = np.abs(np.asarray(ours[k]) - getattr(theirs, k).numpy())[valid].max()
+      assert diff < 1e-5, (k, diff)
+  elif head == "token_classification":
+    assert np.abs(np.asarray(ours["logits"]) - theirs.logits.numpy())[valid].max() < 1e-5
+  else:
+    assert np.abs(np.asarray(ours["logits"]) - theirs.logits.numpy()).max() < 1e-5
+  convert.to_hf(cfg, params, str(tmp_path / "back"), head=head, labels=[f"L{i}" for i in range(labels)])
+  back = getattr(transformers, cls).from_pretrained(tmp_path / "back")
+  want = hm.state_dict()
+  for name, value in back.state_dict().items():
+    np.testing.assert_array_equal(value.numpy(), want[name].numpy(), err_msg=name)

@@ -131,6 +131,60 @@ def test_v2_null_answer_when_the_null_score_wins(vocab):
   assert squad.apply_null_threshold(answers, t) == {"q1": "Zanzibar Pemba Island", "q2": ""}
 
 
+def _original_best_span(ex, windows, start_logits, end_logits, n_best, max_answer_length):
+  """run_squad.py's write_predictions, written out: the n_best start and end indexes of each window, skipping
+  positions outside the context, end < start, spans over max_answer_length and starts without max context; the
+  best start + end logit over all windows."""
+  best = (-np.inf, "")
+  for wi, w in enumerate(windows):
+    s, e = start_logits[wi], end_logits[wi]
+    starts = sorted(range(len(s)), key=lambda i: -s[i])[:n_best]
+    ends = sorted(range(len(e)), key=lambda i: -e[i])[:n_best]
+    for i in starts:
+      for j in ends:
+        if w.offsets[i][0] < 0 or w.offsets[j][0] < 0 or not w.max_context[i]:
+          continue
+        if j < i or j - i + 1 > max_answer_length:
+          continue
+        if s[i] + e[j] > best[0]:
+          best = (float(s[i] + e[j]), ex.context[w.offsets[i][0]:w.offsets[j][1]].strip())
+  return best[1]
+
+
+@pytest.mark.parametrize("n_best,max_len", [(20, 30), (3, 4), (1, 2)])
+def test_squad_post_processing_matches_the_original_rules(vocab, n_best, max_len):
+  """Random logits (where end < start, over-long spans and low-ranked indexes matter) against a transcription of
+  the original's n-best search, and the end-to-end EM/F1 of the predictions."""
+  tok = tokenizer.load(vocab)
+  exs = [planted_example(f"q{k}", seed=k) for k in range(3)]
+  feats, windows = squad.featurize(exs, tok, max_seq_length=64, doc_stride=16, max_query_length=16, training=False)
+  rng = np.random.default_rng(n_best)
+  s = rng.normal(0, 3, feats["input_ids"].shape)
+  e = rng.normal(0, 3, feats["input_ids"].shape)
+  answers = squad.best_answers(exs, windows, s, e, n_best=n_best, max_answer_length=max_len)
+  for k, ex in enumerate(exs):
+    mine = [i for i, w in enumerate(windows) if w.example == k]
+    want = _original_best_span(ex, [windows[i] for i in mine], s[mine], e[mine], n_best, max_len)
+    assert answers[ex.qid][0] == want
+  # end to end: the gold span's logits raised in one window make EM and F1 100 for that question only
+  task = tasks.get("squad_json")
+  tf, _ = squad.featurize([exs[0]], tok, max_seq_length=64, doc_stride=16, max_query_length=16, training=True)
+  # example 0's windows come first in both featurisations; take one that is the answer's max-context window
+  hit = [j for j in range(len(tf["input_ids"]))
+         if tf["start_positions"][j] > 0 and windows[j].max_context[tf["start_positions"][j]]][0]
+  s[hit, tf["start_positions"][hit]] = e[hit, tf["end_positions"][hit]] = 50.0
+  ev = finetune.EvalSet("validation", feats, {"examples": exs, "windows": windows})
+  c = finetune_config.get_config("task=squad_json")
+  c.data.n_best, c.data.max_answer_length = n_best, max(max_len, 3)
+  got = finetune.score(task, ev, {"start_logits": s, "end_logits": e}, c)
+  golds = {ex.qid: [a for a, _ in ex.answers] for ex in exs}
+  preds = {q: t for q, (t, _, _) in squad.best_answers(exs, windows, s, e, n_best, max(max_len, 3)).items()}
+  assert preds["q0"] == "Zanzibar Pemba Island"
+  em = np.mean([max(scores.squad_exact(preds[q], a) for a in golds[q]) for q in golds]) * 100
+  f1 = np.mean([max(scores.squad_f1(preds[q], a) for a in golds[q]) for q in golds]) * 100
+  assert abs(got["exact_match"] - em) < 1e-9 and abs(got["f1"] - f1) < 1e-9 and got["exact_match"] >= 100 / 3
+
+
 def test_answer_not_in_context_is_a_counted_skip(vocab):
   tok = tokenizer.load(vocab)
   ex = planted_example()
@@ -489,7 +543,7 @@ def test_sweep_runs_a_grid_and_tabulates_median_and_best(tmp_path, vocab):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("sig", ["SIGTERM", "SIGINT"])
+@pytest.mark.parametrize("sig", [pytest.param("SIGTERM", marks=pytest.mark.ci), "SIGINT"])
 def test_signal_stops_finetuning_with_a_checkpoint(tmp_path, vocab, sig):
   """A preempted fine-tuning run (through the real entry point) saves at the current step, exits 0, and the same
   command resumes from that step."""
