@@ -225,6 +225,14 @@ TOKEN_KEYS = ("input_ids", "input_mask", "segment_ids", "labels", "label_weights
               "attention_segment_ids")
 
 
+def bucket_multiple(max_seq_length: int, buckets: int) -> int:
+  """The padding multiple giving at most `buckets` lengths up to `max_seq_length`: a multiple of 8, at least 16
+  (16 at 64 or 128, 48 at 384, 64 at 512); 0 (no bucketing) when `buckets` is 0."""
+  if not buckets:
+    return 0
+  return max(16, -(-max_seq_length // (buckets * 8)) * 8)
+
+
 def bucket_length(mask: np.ndarray, multiple: int, full: int) -> int:
   """The smallest multiple of `multiple` that holds the longest row of `mask` (at most `full`; `full` when
   `multiple` is 0). Each distinct length is one compiled program: at most full/multiple of them."""
@@ -237,11 +245,23 @@ def bucket_length(mask: np.ndarray, multiple: int, full: int) -> int:
 class Plan:
   """Which rows each step trains on: every epoch a permutation (seed, epoch), cut into batches of
   `rows_per_step`; the last batch of an epoch may be partial (filled with zero-weight rows), so every example is
-  seen once per epoch. A resume at step k recomputes the same batches and skips the first k."""
+  seen once per epoch. A resume at step k recomputes the same batches and skips the first k.
 
-  def __init__(self, n_rows: int, rows_per_step: int, num_epochs: int, seed: int, warmup_fraction: float):
+  With `lengths` and `bucket` (length grouping), the permuted rows are grouped by their bucket length (the
+  smallest multiple of `bucket` holding the row) and each group is cut into batches, whose order is then
+  shuffled: a batch holds `rows_per_step` random rows of one length bucket, so it is padded to that bucket
+  rather than to its longest row's (each group's last batch may be partial)."""
+
+  def __init__(self, n_rows: int, rows_per_step: int, num_epochs: int, seed: int, warmup_fraction: float,
+               lengths: np.ndarray | None = None, bucket: int = 0):
     self.n_rows, self.rows_per_step, self.num_epochs, self.seed = n_rows, rows_per_step, num_epochs, seed
-    self.steps_per_epoch = -(-n_rows // rows_per_step)
+    self.row_bucket = None
+    if lengths is not None and bucket:
+      self.row_bucket = np.maximum(1, -(-np.asarray(lengths) // bucket))
+      counts = np.bincount(self.row_bucket)
+      self.steps_per_epoch = int(sum(-(-int(c) // rows_per_step) for c in counts if c))
+    else:
+      self.steps_per_epoch = -(-n_rows // rows_per_step)
     self.total_steps = self.steps_per_epoch * num_epochs
     self.warmup_steps = int(warmup_fraction * self.total_steps)
 
@@ -250,7 +270,13 @@ class Plan:
 
   def batches(self, epoch: int) -> list[np.ndarray]:
     order, r = self.order(epoch), self.rows_per_step
-    return [order[s:s + r] for s in range(0, self.n_rows, r)]
+    if self.row_bucket is None:
+      return [order[s:s + r] for s in range(0, self.n_rows, r)]
+    grouped = order[np.argsort(self.row_bucket[order], kind="stable")]  # random order within each bucket
+    edges = np.flatnonzero(np.diff(self.row_bucket[grouped])) + 1
+    out = [g[s:s + r] for g in np.split(grouped, edges) for s in range(0, len(g), r)]
+    shuffle = np.random.default_rng([self.seed, epoch, 1]).permutation(len(out))
+    return [out[i] for i in shuffle]
 
   def epoch_batches(self) -> list[list[np.ndarray]]:
     return [self.batches(e) for e in range(1, self.num_epochs + 1)]
@@ -357,8 +383,8 @@ def _finetune(config, workdir: str) -> dict:
     raise train_lib.ConfigError(f"train.schedule {config.train.schedule!r} is not one of {list(optim.SCHEDULES)}")
   if config.train.optimizer not in ("adamw", "lamb"):
     raise train_lib.ConfigError(f"train.optimizer {config.train.optimizer!r} is not one of ['adamw', 'lamb']")
-  if config.data.get("bucket_multiple", 0) < 0:
-    raise train_lib.ConfigError(f"data.bucket_multiple must be >= 0, got {config.data.bucket_multiple}")
+  if config.data.get("length_buckets", 0) < 0:
+    raise train_lib.ConfigError(f"data.length_buckets must be >= 0, got {config.data.length_buckets}")
   task = tasks.get(config.task, tuple(config.data.labels), config.data.regression)
   tok, mcfg, init_params, tok_path, lower = load_init(config, task)
   if config.data.max_seq_length > mcfg.max_position_embeddings:
@@ -380,9 +406,11 @@ def _finetune(config, workdir: str) -> dict:
   n_rows = len(train["input_ids"])
   if n_rows == 0:
     raise tasks.TaskDataError("no training examples")
-  plan = Plan(n_rows, rows_per_step, config.train.num_epochs, config.seed, config.train.warmup_fraction)
+  bucket = bucket_multiple(config.data.max_seq_length, config.data.get("length_buckets", 0))
+  grouping = config.data.get("group_by_length", False) and bucket and not config.data.packing
+  plan = Plan(n_rows, rows_per_step, config.train.num_epochs, config.seed, config.train.warmup_fraction,
+              np.sum(train["input_mask"], axis=1) if grouping else None, bucket if grouping else 0)
   steps_per_epoch, total = plan.steps_per_epoch, plan.total_steps
-  bucket = config.data.get("bucket_multiple", 0)
   tcfg = ml_collections.ConfigDict(config.train.to_dict())
   tcfg.num_steps, tcfg.warmup_steps = total, plan.warmup_steps
   tx, lr_fn = optim.make(tcfg)

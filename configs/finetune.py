@@ -54,9 +54,12 @@ def get_config(arg=None):
   c.data.n_best = 20
   c.data.tokenizer = ""  # override the init's tokenizer (vocab.txt or .model)
   c.data.do_lower_case = True
-  # Each batch is padded to the smallest multiple of this that holds its longest row (one compiled program per
-  # length: at most max_seq_length / bucket_multiple); 0 pads every batch to max_seq_length.
-  c.data.bucket_multiple = 32
+  # Batches are padded to a few lengths, not all to max_seq_length: multiples of max(16, max_seq_length / 8 rounded
+  # up to 8), so at most this many compiled programs (16s at seq 128, 48s at 384); 0 pads to max_seq_length.
+  c.data.length_buckets = 8
+  # Batches of random rows from one length bucket (the batch order shuffled): a batch is padded to its bucket, not
+  # to a long outlier's length. Every example still once per epoch; a bucket's last batch may be partial.
+  c.data.group_by_length = True
   c.data.packing = False  # pack short training examples into full rows (block-diagonal attention; GLUE-sized text)
   c.data.pack_max_per_row = 8  # examples per packed row at most
 

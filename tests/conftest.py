@@ -19,3 +19,20 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
 import jax  # noqa: E402
 
 jax.config.update("jax_threefry_partitionable", True)
+
+import random  # noqa: E402
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def make_vocab(tmp_path_factory):
+  """make_vocab(words, vocab_size) -> path of a WordPiece vocab.txt trained on random lines of `words`."""
+  def make(words, vocab_size, lines=400, words_per_line=12, seed=0):
+    from bertjax.data import tokenizer  # pylint: disable=import-outside-toplevel
+    d = tmp_path_factory.mktemp("vocab")
+    rng = random.Random(seed)
+    text = "\n".join(" ".join(rng.choice(words) for _ in range(words_per_line)) for _ in range(lines))
+    (d / "t.txt").write_text(text)
+    return tokenizer.train([d / "t.txt"], d / "tok", vocab_size=vocab_size)
+  return make

@@ -661,3 +661,18 @@ def test_bucketed_batches_give_the_same_loss_as_full_length_ones(vocab):
   b, gb = jax.value_and_grad(loss)(params, cut)
   assert abs(float(a) - float(b)) < 1e-5
   jax.tree_util.tree_map(lambda x, y: np.testing.assert_allclose(np.asarray(x), np.asarray(y), atol=2e-6), ga, gb)
+
+
+def test_length_grouped_plan_sees_every_example_once_in_single_bucket_batches():
+  lengths = np.random.default_rng(0).integers(3, 129, 500)
+  plan = finetune.Plan(500, 16, 3, 7, 0.1, lengths, finetune.bucket_multiple(128, 8))
+  assert finetune.bucket_multiple(128, 8) == 16 and finetune.bucket_multiple(384, 8) == 48
+  assert finetune.bucket_multiple(64, 8) == 16 and finetune.bucket_multiple(128, 0) == 0
+  epochs = plan.epoch_batches()
+  for batches in epochs:
+    assert len(batches) == plan.steps_per_epoch
+    assert sorted(np.concatenate(batches).tolist()) == list(range(500))
+    assert all(len(set(plan.row_bucket[b].tolist())) == 1 and 0 < len(b) <= 16 for b in batches)
+  assert [b.tolist() for b in epochs[0]] != [b.tolist() for b in epochs[1]]  # reshuffled every epoch
+  again = finetune.Plan(500, 16, 3, 7, 0.1, lengths, 16).batches(2)  # a resume recomputes the same batches
+  assert [b.tolist() for b in again] == [b.tolist() for b in epochs[1]]

@@ -24,12 +24,10 @@ WORDS = ("alpha beta gamma delta river mountain city island harbour north south 
 
 
 @pytest.fixture(scope="module")
-def hf_init(tmp_path_factory):
+def hf_init(tmp_path_factory, make_vocab):
   """A 2-layer HF BertModel with a WordPiece vocabulary trained on the words above."""
   d = tmp_path_factory.mktemp("parity_init")
-  rng = random.Random(0)
-  (d / "t.txt").write_text("\n".join(" ".join(rng.choice(WORDS) for _ in range(12)) for _ in range(400)))
-  vocab = tokenizer.train([d / "t.txt"], d / "tok", vocab_size=200)
+  vocab = make_vocab(WORDS, 200)
   n = tokenizer.load(vocab).vocab_size
   torch.manual_seed(0)
   m = transformers.BertModel(transformers.BertConfig(vocab_size=n, hidden_size=32, num_hidden_layers=2,
@@ -40,7 +38,7 @@ def hf_init(tmp_path_factory):
       if name.endswith("bias"):
         p.add_(torch.randn_like(p) * 0.1)
   m.save_pretrained(d / "hf")
-  (d / "hf" / "vocab.txt").write_text((d / "tok" / "vocab.txt").read_text())
+  (d / "hf" / "vocab.txt").write_text(open(vocab, encoding="utf-8").read())
   (d / "hf" / "tokenizer_config.json").write_text(json.dumps({"do_lower_case": True}))
   return str(d / "hf")
 

@@ -21,11 +21,8 @@ WORDS = ("the river runs north past old city walls where a great harbour meets s
 
 
 @pytest.fixture(scope="module")
-def vocab(tmp_path_factory):
-  d = tmp_path_factory.mktemp("ref_tok")
-  rng = random.Random(0)
-  (d / "t.txt").write_text("\n".join(" ".join(rng.choice(WORDS) for _ in range(12)) for _ in range(300)))
-  return tokenizer.train([d / "t.txt"], d / "tok", vocab_size=150)
+def vocab(make_vocab):
+  return make_vocab(WORDS, 150, lines=300)
 
 
 # ------------------------------------------------------------------ NER tag schemes
