@@ -38,9 +38,12 @@ def test_wordpiece_ids_equal_hf_bert_tokenizer(minilm_vocab, lower):
 
 
 def test_special_token_strings_in_text_are_split_like_the_original(minilm_vocab):
-  """The original BasicTokenizer splits "[MASK]" in raw text into "[", "mask", "]" (no special matching)."""
-  tok = tokenizer.load(minilm_vocab / "vocab.txt")
+  """The original BasicTokenizer splits "[MASK]" in raw text into "[", "mask", "]" (no special matching): so does
+  the tokenizer data creation loads; fine-tuning's (HF's BertTokenizer) maps it to the mask id."""
+  tok = tokenizer.load(minilm_vocab / "vocab.txt", reference="original")
   assert [tok.id_to_token(i) for i in tok.encode("a [MASK] b")] == ["a", "[", "mask", "]", "b"]
+  hf = tokenizer.load(minilm_vocab / "vocab.txt")
+  assert [hf.id_to_token(i) for i in hf.encode("a [MASK] b")] == ["a", "[MASK]", "b"]
   assert tok.continues_word[tok.token_to_id("##ing")] and not tok.continues_word[tok.token_to_id("running")]
 
 
