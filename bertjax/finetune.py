@@ -301,13 +301,11 @@ def make_batch(feats: dict, idx: np.ndarray, batch_size: int, bucket: int = 0) -
   return b
 
 
-def batches(feats, batch_size, order=None, pad=False, bucket=0):
-  """Batches of `batch_size` rows in `order`; with `pad` the last partial batch is kept (zero-weight rows)."""
-  order = np.arange(len(next(iter(feats.values())))) if order is None else order
-  n = len(order)
-  stop = n if pad else n - n % batch_size
-  for s in range(0, stop, batch_size):
-    yield make_batch(feats, order[s:s + batch_size], batch_size, bucket)
+def batches(feats, batch_size):
+  """The rows of `feats` in order, as full batches of `batch_size` (a last partial batch is left out)."""
+  n = len(next(iter(feats.values())))
+  for s in range(0, n - n % batch_size, batch_size):
+    yield make_batch(feats, np.arange(s, s + batch_size), batch_size)
 
 
 def _pad_tokens(x: np.ndarray, length: int, fill) -> np.ndarray:
