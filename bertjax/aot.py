@@ -30,20 +30,21 @@ TOPOLOGIES = {"v4-8": "v4:2x2x1", "v5e-16": "v5e:4x4", "v5p-8": "v5p:2x2x1", "v6
 
 def topology_devices(topology: str, num_slices: int = 1):
   from jax.experimental import topologies  # pylint: disable=import-outside-toplevel
+  from bertjax import errors  # pylint: disable=import-outside-toplevel
   name = TOPOLOGIES.get(topology, topology)
   kw = {"chip_config_name": "megacore"} if name.startswith(("v4", "v5p")) else {}  # one device per chip
   try:
     topo = topologies.get_topology_desc(platform="tpu", topology_name=name, num_slices=num_slices, **kw)
   except Exception as e:  # pylint: disable=broad-except
-    raise RuntimeError(f"cannot describe TPU topology {name!r} ({type(e).__name__}: {str(e)[:300]}); install the "
-                       "tpu extra (pip install -e '.[tpu]') for libtpu") from None
+    raise errors.ConfigError(f"cannot describe TPU topology {name!r} ({type(e).__name__}: {str(e)[:300]}); "
+                             "install the tpu extra (pip install -e '.[tpu]') for libtpu") from None
   return list(topo.devices), name
 
 
 def compile_step(config, topology: str, per_chip_batch: int, num_slices: int = 1) -> dict:
   """Compile the train step for `topology` at `per_chip_batch`; returns memory / FLOP figures and the verdict."""
   import jax  # pylint: disable=import-outside-toplevel
-  from bertjax import model as model_lib, sharding as sharding_lib, train  # pylint: disable=import-outside-toplevel
+  from bertjax import accounting, sharding as sharding_lib, train  # pylint: disable=import-outside-toplevel
   devices, name = topology_devices(topology, num_slices)
   config = config.copy_and_resolve_references()
   config.unlock()
@@ -56,7 +57,7 @@ def compile_step(config, topology: str, per_chip_batch: int, num_slices: int = 1
   result = {"topology": name, "chips": len(devices), "per_chip_batch": per_chip_batch,
             "global_batch": config.train.global_batch_size, "variant": config.model.variant,
             "seq": config.data.max_seq_length, "preset": config.sharding.preset, "mesh": dict(run.mesh.shape),
-            "scan_unroll": run.model.cfg.scan_unroll if run.model.cfg.scan_layers else None,
+            "scan_unroll": run.module.cfg.scan_unroll if run.module.cfg.scan_layers else None,
             "hbm_gib": HBM_GIB.get(chip)}
   t = time.time()
   try:
@@ -88,9 +89,8 @@ def compile_step(config, topology: str, per_chip_batch: int, num_slices: int = 1
                 estimated_step_s=estimate if estimate and estimate > 0 else None, fits=True)
   tokens = config.train.global_batch_size * config.data.max_seq_length
   preds = config.data.max_predictions_per_seq
-  result["model_tflops_per_chip"] = model_lib.model_flops_per_sequence(
-      mcfg, config.data.max_seq_length, preds,
-      final_layer_rows=1 + preds if mcfg.prune_final_layer else None) * per_chip_batch / 1e12
+  result["model_tflops_per_chip"] = accounting.pretraining_step_flops(
+      mcfg, config.data.max_seq_length, preds, per_chip_batch) / 1e12
   result["tokens_per_step"] = tokens
   return result
 
@@ -160,7 +160,8 @@ def search_batch(config, topology: str, num_slices: int = 1, start: int = 8, lim
 
 
 def main(argv=None):
-  from absl import app, flags  # pylint: disable=import-outside-toplevel
+  from absl import flags  # pylint: disable=import-outside-toplevel
+  from bertjax import errors  # pylint: disable=import-outside-toplevel
   from ml_collections import config_flags  # pylint: disable=import-outside-toplevel
   flags_ = flags.FLAGS
   config_flags.DEFINE_config_file("config", None, "config, e.g. configs/pretrain.py:variant=large")
@@ -189,7 +190,7 @@ def main(argv=None):
       with open(flags_.out, "w", encoding="utf-8") as f:
         json.dump(r, f, indent=2)
 
-  app.run(run, argv=argv or sys.argv)
+  errors.run_absl(run, argv=argv or sys.argv)
 
 
 if __name__ == "__main__":

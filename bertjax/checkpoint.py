@@ -15,13 +15,11 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
-
-class CheckpointError(RuntimeError):
-  """No usable checkpoint where one was expected, or one that does not fit the model."""
+from bertjax import errors
 
 
-class WorkdirLockedError(RuntimeError):
-  """Another run holds this workdir."""
+CheckpointError = errors.CheckpointError
+WorkdirLockedError = errors.WorkdirLockedError
 
 
 class WorkdirLock:

@@ -2,13 +2,18 @@
 
 Multi-process runs (TPU pods, GPU clusters) call `jax.distributed.initialize()` on every process: automatically
 on a multi-host TPU VM or under SLURM, or explicitly with --coordinator_address/--num_processes/--process_id.
+
+Compiled programs persist in JAX's compilation cache, ~/.cache/bertjax-xla unless JAX_COMPILATION_CACHE_DIR
+names another folder (an empty value turns it off): a resumed run, the next seed of a sweep or another
+fine-tuning run of the same shapes loads its programs instead of compiling them again.
 """
 import os
-import sys
 
-from absl import app, flags
+from absl import flags
 from absl import logging as absl_logging
 from ml_collections import config_flags
+
+from bertjax import errors
 
 FLAGS = flags.FLAGS
 config_flags.DEFINE_config_file("config", None, "Python config file, e.g. configs/pretrain.py:variant=base",
@@ -40,23 +45,14 @@ def main(argv):
   del argv
   init_distributed()
   import jax  # pylint: disable=import-outside-toplevel
-  from bertjax import checkpoint, train  # pylint: disable=import-outside-toplevel
+  from bertjax import train  # pylint: disable=import-outside-toplevel
   # Library INFO logs (orbax writes several lines per save) are off; progress is printed by process 0.
   absl_logging.set_verbosity(absl_logging.WARNING if jax.process_index() == 0 else absl_logging.ERROR)
-  from bertjax import convert  # pylint: disable=import-outside-toplevel
-  from bertjax.data import tasks, tokenizer  # pylint: disable=import-outside-toplevel
-  # The same mistakes give the same one-line error and exit code in every mode.
-  errors = (train.ConfigError, train.NonFiniteError, tasks.TaskDataError, checkpoint.CheckpointError,
-            checkpoint.WorkdirLockedError, convert.ConversionError, tokenizer.TokenizerError, OSError)
-  try:
-    if FLAGS.config.get("mode") == "finetune":
-      from bertjax import finetune  # pylint: disable=import-outside-toplevel
-      finetune.finetune(FLAGS.config, FLAGS.workdir)
-      return
-    summary = train.train_and_evaluate(FLAGS.config, FLAGS.workdir)
-  except errors as e:
-    print(f"error: {e}", file=sys.stderr)
-    sys.exit(2)
+  if FLAGS.config.get("mode") == "finetune":
+    from bertjax import finetune  # pylint: disable=import-outside-toplevel
+    finetune.finetune(FLAGS.config, FLAGS.workdir)
+    return
+  summary = train.train_and_evaluate(FLAGS.config, FLAGS.workdir)
   if jax.process_index() == 0:
     ev = summary.get("eval") or {}
     print(f"done at step {summary['final_step']}" + (" (preempted; resume with the same command)"
@@ -64,5 +60,8 @@ def main(argv):
           (f"; eval mlm_accuracy {ev['mlm_accuracy']:.4f}" if "mlm_accuracy" in ev else ""), flush=True)
 
 
+DEFAULT_CACHE = os.path.join(os.path.expanduser("~"), ".cache", "bertjax-xla")
+
 if __name__ == "__main__":
-  app.run(main)
+  os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", DEFAULT_CACHE)  # read when jax is first imported
+  errors.run_absl(main)

@@ -6,48 +6,13 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import os
 import sys
 import time
 
 import jax
-import numpy as np
 
-# Dense bf16 peak TFLOP/s per chip, by `device_kind` prefix.
-PEAK_TFLOPS = {"TPU v4": 275.0, "TPU v5 lite": 197.0, "TPU v5e": 197.0, "TPU v5p": 459.0, "TPU v5": 459.0,
-               "TPU v6 lite": 918.0, "TPU v6e": 918.0, "NVIDIA H100": 989.0, "NVIDIA H200": 989.0,
-               "NVIDIA A100": 312.0}
-
-
-def measure_matmul_tflops(n: int = 2048, repeats: int = 5, dtype=np.float32) -> float:
-  """Best observed `jnp.dot` TFLOP/s on the default device (the CPU reference peak), on random data."""
-  a, b = (jax.random.normal(jax.random.key(i), (n, n), dtype) for i in (0, 1))
-  f = jax.jit(lambda x, y: x @ y)
-  f(a, b).block_until_ready()
-  best = math.inf
-  for _ in range(repeats):
-    t = time.perf_counter()
-    f(a, b).block_until_ready()
-    best = min(best, time.perf_counter() - t)
-  return 2 * n ** 3 / best / 1e12
-
-
-def peak_tflops_per_device(configured: float = 0.0) -> tuple[float, str]:
-  if configured and configured > 0:
-    return configured, "configured"
-  kind = jax.devices()[0].device_kind
-  for prefix, peak in PEAK_TFLOPS.items():
-    if kind.startswith(prefix):
-      return peak, kind
-  measured = measure_matmul_tflops()
-  if jax.devices()[0].platform == "cpu" and jax.local_device_count() > 1:
-    # Fake CPU devices (--xla_force_host_platform_device_count) share the host's cores, and one device's jnp.dot
-    # already uses all of them: each device's share of the machine is the peak per device.
-    n = jax.local_device_count()
-    return measured / n, f"measured jnp.dot on {kind}, shared by {n} host devices"
-  return measured, f"measured jnp.dot on {kind}"
-
+from bertjax import errors
 
 def every(step: int, interval: int, last_step: int | None = None) -> bool:
   """The one rule for periodic actions: every `interval` steps, and at the last step."""
@@ -171,6 +136,7 @@ def plot(workdir: str) -> list[str]:
   return written
 
 
+@errors.guard
 def main(argv=None):
   argv = sys.argv[1:] if argv is None else argv
   if len(argv) != 1:

@@ -23,6 +23,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from bertjax import errors
+
 
 SCHEDULES = ("linear", "linear_from_warmup")
 
@@ -31,7 +33,7 @@ def schedule(learning_rate: float, warmup_steps: int, num_steps: int, kind: str 
   """lr·step/warmup during warmup, then (linear) lr·(1 - step/num_steps), the original's polynomial decay of
   power 1, or (linear_from_warmup) lr·(num_steps - step)/(num_steps - warmup), HF's linear schedule."""
   if kind not in SCHEDULES:
-    raise ValueError(f"unknown train.schedule {kind!r}; choose one of {list(SCHEDULES)}")
+    raise errors.ConfigError(f"unknown train.schedule {kind!r}; choose one of {list(SCHEDULES)}")
 
   def fn(step):
     step = jnp.asarray(step, jnp.float32)
@@ -150,7 +152,7 @@ def make(cfg_train) -> tuple[optax.GradientTransformation, callable]:
   elif t.optimizer == "lamb":
     opt = lamb(lr, t.b1, t.b2, t.eps, t.weight_decay, decay_mask)
   else:
-    raise ValueError(f"unknown optimizer {t.optimizer!r}; choose adamw or lamb")
+    raise errors.ConfigError(f"unknown optimizer {t.optimizer!r}; choose adamw or lamb")
   if clip:
     opt = optax.chain(optax.clip_by_global_norm(clip), opt)
   return opt, lr

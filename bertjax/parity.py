@@ -19,12 +19,11 @@ import json
 import math
 import os
 import shutil
-import sys
 
 import jax
 import numpy as np
 
-from bertjax import checkpoint as checkpoint_lib, convert, finetune
+from bertjax import convert, errors, finetune
 from bertjax.data import conll, tasks
 
 
@@ -106,7 +105,7 @@ def hf_features(task: tasks.Task, config, tok) -> list[dict]:
         prev = w
       out.append({"input_ids": enc["input_ids"][i], "token_type_ids": [0] * len(labels), "labels": labels})
     return out
-  raise ValueError("QA features come from bertjax's windows (see the module docstring)")
+  raise errors.ConfigError("QA features come from bertjax's windows (see the module docstring)")
 
 
 def _qa_features(feats: dict) -> list[dict]:
@@ -163,7 +162,7 @@ def hf_loop(start_dir: str, task: tasks.Task, config, rows: list[dict], batches:
   torch, _ = _torch()
   t = config.train
   if t.optimizer != "adamw" or not t.get("adam_bias_correction", True):
-    raise ValueError("the HF loop steps torch.optim.AdamW: set train.optimizer=adamw with bias correction")
+    raise errors.ConfigError("the HF loop steps torch.optim.AdamW: set train.optimizer=adamw with bias correction")
   torch.manual_seed(seed)
   model = hf_class(task.kind).from_pretrained(
       start_dir, hidden_dropout_prob=config.model.dropout_rate, classifier_dropout=config.model.dropout_rate,
@@ -264,7 +263,7 @@ def _at(tree, path):
 
 
 def main(argv=None) -> None:
-  from absl import app, flags  # pylint: disable=import-outside-toplevel
+  from absl import flags  # pylint: disable=import-outside-toplevel
   from ml_collections import config_flags  # pylint: disable=import-outside-toplevel
   config_flags.DEFINE_config_file("config", None, "configs/finetune.py:task=...,init=...", lock_config=False)
   flags.DEFINE_string("out", None, "Working folder: the common start, bertjax's run and report.json.")
@@ -276,12 +275,7 @@ def main(argv=None) -> None:
     from absl import logging as absl_logging  # pylint: disable=import-outside-toplevel
     absl_logging.set_verbosity(absl_logging.WARNING)  # orbax logs several INFO lines per save
     cfg = flags.FLAGS.config
-    try:
-      rep = compare(cfg, flags.FLAGS.out, flags.FLAGS.steps, flags.FLAGS.dropout)
-    except (ValueError, FloatingPointError, OSError, checkpoint_lib.CheckpointError,
-            checkpoint_lib.WorkdirLockedError) as e:  # config, data, conversion, non-finite, workdir errors
-      print(f"error: {e}", file=sys.stderr)
-      sys.exit(2)
+    rep = compare(cfg, flags.FLAGS.out, flags.FLAGS.steps, flags.FLAGS.dropout)
     print(f"{'step':>5} {'bertjax loss':>14} {'HF loss':>14} {'rel diff':>10}")
     for i, (a, b) in enumerate(zip(rep.bertjax_losses, rep.hf_losses), 1):
       print(f"{i:5d} {a:14.7f} {b:14.7f} {abs(a - b) / max(abs(b), 1e-12):10.2e}")
@@ -290,7 +284,7 @@ def main(argv=None) -> None:
           f"{rep.bertjax_update_norm:.4g}, HF {rep.update_norm:.4g}")
     with open(os.path.join(flags.FLAGS.out, "report.json"), "w", encoding="utf-8") as f:
       json.dump(rep.to_dict(), f, indent=2)
-  app.run(run, argv=argv)
+  errors.run_absl(run, argv=argv)
 
 
 if __name__ == "__main__":

@@ -13,10 +13,9 @@ import sys
 
 import jax
 import numpy as np
-from ml_collections import ConfigDict
 
-from bertjax import checkpoint as checkpoint_lib, convert, model as model_lib
-from bertjax.data import dataset, tokenizer as tokenizer_lib
+from bertjax import errors, model as model_lib, weights
+from bertjax.data import tokenizer as tokenizer_lib
 
 MASK = "[MASK]"
 
@@ -33,9 +32,9 @@ def encode_with_masks(tok: tokenizer_lib.Tokenizer, text: str, max_len: int):
       ids.append(tok.mask_id)
   ids.append(tok.sep_id)
   if not positions:
-    raise ValueError(f"no {MASK} in {text!r}")
+    raise errors.DataError(f"no {MASK} in {text!r}")
   if len(ids) > max_len:
-    raise ValueError(f"{len(ids)} tokens, over the model's {max_len}")
+    raise errors.DataError(f"{len(ids)} tokens, over the model's {max_len}")
   return ids, positions
 
 
@@ -55,21 +54,16 @@ def fill_mask(module, params, tok, text: str, top_k: int = 5, max_len: int = 512
 
 
 def load(workdir: str):
-  """(module, params, tokenizer) from a training workdir."""
-  path = os.path.join(workdir, "config.json")
-  if not os.path.isfile(path):
+  """(module, params, tokenizer) from a pre-training workdir (its latest checkpoint)."""
+  if not os.path.isfile(os.path.join(workdir, "config.json")):
     raise FileNotFoundError(f"{workdir}: no config.json; is it a bertjax training workdir?")
-  with open(path, encoding="utf-8") as f:
-    config = ConfigDict(json.load(f))
-  mcfg = model_lib.BertConfig.from_dict(config.model.to_dict())
-  creation = dataset.read_creation(config.data.data_dir)
-  tok = tokenizer_lib.load(creation["tokenizer"], do_lower_case=creation.get("do_lower_case", True))
-  params = checkpoint_lib.Checkpointer(workdir).restore_params()
-  if "layers" in params["bert"]["encoder"] and not mcfg.scan_layers:
-    params = convert.unstack_layers(params, mcfg.num_layers)
-  return model_lib.BertForPreTraining(mcfg), params, tok
+  w = weights.load(workdir)
+  if not w.tokenizer:
+    raise errors.DataError(f"{workdir}: the tokenizer of its data ({w.meta['data']['data_dir']}) cannot be read")
+  return model_lib.BertForPreTraining(w.cfg), w.params, tokenizer_lib.load(w.tokenizer, do_lower_case=w.do_lower_case)
 
 
+@errors.guard
 def main(argv=None):
   p = argparse.ArgumentParser(description="Predict with a bertjax workdir: fill in [MASK] (pre-training), or a "
                               "label / tags / answer span (fine-tuning).")

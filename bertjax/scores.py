@@ -13,6 +13,8 @@ from typing import Sequence
 
 import numpy as np
 
+from bertjax import errors
+
 
 def accuracy(pred, gold) -> float:
   pred, gold = np.asarray(pred), np.asarray(gold)
@@ -106,7 +108,7 @@ def squad_scores(predictions: dict[str, str], golds: dict[str, Sequence[str]]) -
 TAG_PREFIXES = ("B", "I", "E", "S")  # IOB1, IOB2 (BIO) and IOBES; O outside
 
 
-class TagSchemeError(ValueError):
+class TagSchemeError(errors.ConfigError):
   """A tag outside IOB1 / IOB2 / IOBES (e.g. BILOU's U- and L-, or a bare type): named, never mis-scored."""
 
 

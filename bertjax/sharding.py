@@ -14,8 +14,10 @@ import jax
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
+from bertjax import errors
 
-class ShardingConfigError(ValueError):
+
+class ShardingConfigError(errors.ConfigError):
   """A mesh that cannot be built on these devices, or a batch it cannot split."""
 
 

@@ -1,16 +1,14 @@
 """Pre-training: mesh -> sharded state -> one jitted step -> periodic log / eval / checkpoint.
 
-Reads top to bottom: `validate` (before anything compiles), `make_train_step`, `make_eval_step`,
-`initial_state` (resume order: the workdir's latest checkpoint, else `init_checkpoint`, else from scratch),
-and `train_and_evaluate`, the loop.
+Reads top to bottom: `validate` (before anything compiles), `make_train_step` and `make_eval_step` (the
+objective, handed to the trainer core by `build`), and `train_and_evaluate`, the loop (resume order: the
+workdir's latest checkpoint, else `init_checkpoint`, else from scratch).
 """
 from __future__ import annotations
 
-import dataclasses
 import logging
 import math
 import os
-import signal
 import time
 
 import jax
@@ -18,28 +16,19 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from bertjax import checkpoint as checkpoint_lib
-from bertjax import convert, losses, metrics as metrics_lib, model as model_lib, optim
+from bertjax import accounting, checkpoint as checkpoint_lib, errors, losses, metrics as metrics_lib
+from bertjax import model as model_lib, optim
 from bertjax import sharding as sharding_lib
 from bertjax import state as state_lib
+from bertjax import trainer, weights
 from bertjax.data import dataset, input_pipeline, packing, pretraining, tokenizer as tokenizer_lib
 
 
-class ConfigError(ValueError):
-  """Everything wrong with a config, found before compiling."""
-
-
-class NonFiniteError(FloatingPointError):
-  """A non-finite loss or gradient: the run stops and writes no checkpoint from that state."""
-
-
-PRNG_IMPLS = ("threefry2x32", "rbg", "unsafe_rbg")
-
-
-def prng_impl_error(config) -> str | None:
-  """What is wrong with `train.prng_impl` (pre-training and fine-tuning alike), or None."""
-  impl = config.train.get("prng_impl", "threefry2x32")
-  return None if impl in PRNG_IMPLS else f"train.prng_impl {impl!r} is not one of {PRNG_IMPLS}"
+ConfigError = errors.ConfigError
+NonFiniteError = errors.NonFiniteError
+PRNG_IMPLS = trainer.PRNG_IMPLS
+prng_impl_error = trainer.prng_impl_error
+StopFlag = trainer.StopFlag
 
 
 def validate(config, num_devices: int, creation: dict | None = None, tokenizer_vocab: int | None = None
@@ -56,11 +45,7 @@ def validate(config, num_devices: int, creation: dict | None = None, tokenizer_v
   for name in ("global_batch_size", "grad_accum_steps", "num_steps"):
     if getattr(t, name) <= 0:
       errors.append(f"train.{name} must be positive, got {getattr(t, name)}")
-  from bertjax import optim  # pylint: disable=import-outside-toplevel
-  if t.get("schedule", "linear") not in optim.SCHEDULES:
-    errors.append(f"train.schedule {t.schedule!r} is not one of {list(optim.SCHEDULES)}")
-  if t.optimizer not in ("adamw", "lamb"):
-    errors.append(f"train.optimizer {t.optimizer!r} is not one of ['adamw', 'lamb']")
+  errors += trainer.optimizer_errors(t)
   if t.warmup_steps < 0 or t.learning_rate <= 0:
     errors.append(f"train.warmup_steps must be >= 0 and train.learning_rate > 0 (got {t.warmup_steps}, "
                   f"{t.learning_rate})")
@@ -181,78 +166,13 @@ def evaluate(eval_step, params, source, config, batch_sharding) -> dict:
 
 
 def load_init_params(path: str, mcfg: model_lib.BertConfig):
-  """Params from a bertjax workdir (its latest checkpoint) or an HF safetensors folder, in mcfg's layout."""
-  if os.path.isdir(os.path.join(path, "checkpoints")):
-    params = checkpoint_lib.Checkpointer(path).restore_params()
-    encoder = params["bert"]["encoder"]
-    if mcfg.scan_layers and "layers" not in encoder:
-      params = convert.stack_layers(params, mcfg.num_layers)
-    elif not mcfg.scan_layers and "layers" in encoder:
-      params = convert.unstack_layers(params, mcfg.num_layers)
-    return params
-  if os.path.isfile(os.path.join(path, "config.json")):
-    _, state = convert.read_hf_dir(path)
-    return convert.from_state_dict(mcfg, state, head="pretraining")[1]
-  raise checkpoint_lib.CheckpointError(f"init_checkpoint {path}: neither a bertjax workdir (checkpoints/) nor an "
-                                       "HF model folder (config.json + model.safetensors)")
+  """Pre-training params (encoder and MLM/NSP heads) from a bertjax workdir or an HF folder, in mcfg's layout."""
+  return weights.load(path, overrides={"scan_layers": mcfg.scan_layers}, head="pretraining").params
 
 
-class StopFlag:
-  """Set by SIGTERM (TPU preemption) or SIGINT: save at the current step and exit cleanly."""
-
-  def __init__(self):
-    self.signal = None
-    self._old = {}
-
-  def __enter__(self):
-    for sig in (signal.SIGTERM, signal.SIGINT):
-      try:
-        self._old[sig] = signal.signal(sig, self._handle)
-      except ValueError:  # not the main thread
-        pass
-    return self
-
-  def _handle(self, signum, frame):
-    del frame
-    self.signal = signal.Signals(signum).name
-
-  def __exit__(self, *exc):
-    for sig, old in self._old.items():
-      signal.signal(sig, old)
-
-
-def _check_finite(pending: list) -> list[dict]:
-  host = jax.device_get([m for _, m in pending])
-  for (step, _), m in zip(pending, host):
-    if not (np.isfinite(m["loss"]) and np.isfinite(m["grad_norm"])):
-      raise NonFiniteError(f"non-finite loss or gradient at step {step} (loss={m['loss']}, grad_norm="
-                           f"{m['grad_norm']}, learning_rate={m['learning_rate']:.3g}); stopping without writing a "
-                           "checkpoint from this state. The latest checkpoint is the last good one; lower "
-                           "train.learning_rate or check the data.")
-  return host
-
-
-@dataclasses.dataclass
-class Run:
-  """Everything the loop (and the benchmark and AOT compile) builds from a config, before any array exists."""
-  mesh: jax.sharding.Mesh
-  rules: tuple
-  batch_sharding: jax.sharding.NamedSharding
-  model: model_lib.BertForPreTraining
-  tx: optax.GradientTransformation
-  lr_fn: object
-  dummy: dict
-  abstract: state_lib.TrainState
-  shardings: state_lib.TrainState
-  train_step: object
-  eval_step: object
-
-
-def build(config, mcfg: model_lib.BertConfig, devices=None) -> Run:
-  """Mesh, model, optimizer, abstract sharded state and the jitted steps for `config` (nothing allocated)."""
-  mesh = sharding_lib.make_mesh(config, devices)
-  rules = sharding_lib.rules(config)
-  batch_sharding = sharding_lib.batch_sharding(mesh)
+def build(config, mcfg: model_lib.BertConfig, devices=None) -> trainer.Trainer:
+  """Mesh, model, optimizer, abstract sharded state and the jitted pre-training steps (nothing allocated)."""
+  mesh, _, _ = trainer.make_mesh(config, devices)
   mcfg = mcfg.for_platform(mesh.devices.flat[0].platform)
   model = model_lib.BertForPreTraining(mcfg)
   tx, lr_fn = optim.make(config.train)
@@ -262,19 +182,15 @@ def build(config, mcfg: model_lib.BertConfig, devices=None) -> Run:
   else:
     dummy = model_lib.dummy_batch(mcfg, micro, config.data.max_seq_length, config.data.max_predictions_per_seq)
     dummy["next_sentence_weights"] = np.ones((micro,), np.float32)
-  abstract, shardings = state_lib.abstract_state(model, tx, dummy, mesh, rules)
-  train_step = jax.jit(make_train_step(model, tx, lr_fn, config), in_shardings=(shardings, batch_sharding),
-                       out_shardings=(shardings, None), donate_argnums=(0,))
-  eval_step = jax.jit(make_eval_step(model), in_shardings=(shardings.params, batch_sharding))
-  return Run(mesh, rules, batch_sharding, model, tx, lr_fn, dummy, abstract, shardings, train_step, eval_step)
+  return trainer.build(config, model, tx, lr_fn, dummy, make_train_step(model, tx, lr_fn, config),
+                       make_eval_step(model), mesh=mesh)
 
 
 def row_predictions(config) -> int:
   return config.data.pack_row_predictions or config.data.max_predictions_per_seq + config.data.pack_max_per_row
 
 
-def init_state(run: Run, seed: int):
-  return state_lib.init_state(run.model, run.tx, run.dummy, run.mesh, run.rules, run.shardings, jax.random.key(seed))
+init_state = trainer.init_state
 
 
 def train_and_evaluate(config, workdir: str) -> dict:
@@ -294,8 +210,7 @@ def _train_and_evaluate(config, workdir: str) -> dict:
   creation = dataset.read_creation(config.data.data_dir)
   mcfg = validate(config, jax.device_count(), creation)
   run = build(config, mcfg)
-  mesh, rules, batch_sharding, shardings = run.mesh, run.rules, run.batch_sharding, run.shardings
-  tx, abstract = run.tx, run.abstract
+  mesh, rules, batch_sharding = run.mesh, run.rules, run.batch_sharding
   gbs, seq, preds = config.train.global_batch_size, config.data.max_seq_length, config.data.max_predictions_per_seq
 
   transform = None
@@ -319,24 +234,16 @@ def _train_and_evaluate(config, workdir: str) -> dict:
   ckpt = checkpoint_lib.Checkpointer(workdir, keep=config.keep_checkpoints)
 
   # Resume order: this workdir's checkpoint, else the init checkpoint, else from scratch.
-  leftovers = ckpt.half_written()
-  if leftovers and is_main:
-    print(f"note: ignoring half-written checkpoint(s) {leftovers} in {ckpt.directory} (a killed save)", flush=True)
-  if ckpt.latest_step() is not None:
-    state, data_state, restored = ckpt.restore(abstract)
+  init_params = None
+  if ckpt.latest_step() is None and config.init_checkpoint:
+    init_params = load_init_params(config.init_checkpoint, mcfg)
+    checkpoint_lib.check_params_fit(init_params, run.abstract.params)  # every leaf: nothing stays fresh
+  state, data_state, restored = trainer.resume_or_init(run, ckpt, config.seed, init_params,
+                                                       announce=lambda m: print(m, flush=True))
+  if data_state is not None:
     pipeline.set_state(data_state)
     logging.info("resumed from %s at step %d", ckpt.directory, restored)
-  else:
-    state = init_state(run, config.seed)
-    if config.init_checkpoint:
-      params = load_init_params(config.init_checkpoint, mcfg)
-      checkpoint_lib.check_params_fit(params, abstract.params)
-      state = state_lib.with_params(state, params, tx, shardings, mesh, rules)
-      logging.info("initialised params from %s", config.init_checkpoint)
-  if is_main:
-    os.makedirs(workdir, exist_ok=True)
-    with open(os.path.join(workdir, "config.json"), "w", encoding="utf-8") as f:
-      f.write(config.to_json(indent=2))
+  trainer.write_config(workdir, config)
 
   train_step, eval_step = run.train_step, run.eval_step
   eval_source = None
@@ -349,20 +256,19 @@ def _train_and_evaluate(config, workdir: str) -> dict:
 
   total = config.train.num_steps
   start = int(jax.device_get(state.step))
-  flops_per_step = model_lib.model_flops_per_sequence(
-      mcfg, seq, preds, final_layer_rows=1 + preds if mcfg.prune_final_layer else None) * gbs
-  peak, peak_source = peak_tflops_per_device_cached(config)
+  flops_per_step = accounting.pretraining_step_flops(mcfg, seq, preds, gbs)
+  peak, peak_source = accounting.peak_tflops_per_device(config.peak_tflops_per_device)
   writer = metrics_lib.Writer(workdir)
   progress = metrics_lib.Progress(total, start)
   if is_main:
-    print(f"bertjax: {model_lib.count_params(state.params):,} parameters ({mcfg.num_layers} layers, hidden "
+    print(f"bertjax: {accounting.count_params(state.params):,} parameters ({mcfg.num_layers} layers, hidden "
           f"{mcfg.hidden_size}); mesh {dict(mesh.shape)}; {jax.device_count()} {jax.devices()[0].platform} "
           f"device(s); steps {start}->{total}; peak {peak:.2f} TFLOP/s/device ({peak_source})", flush=True)
   summary = {"start_step": start, "preempted": False}
   pending: list = []
   last_log = (time.time(), start)
   eval_metrics: dict = {}
-  with StopFlag() as stop, sharding_lib.use_mesh(mesh, rules):
+  with trainer.StopFlag() as stop, sharding_lib.use_mesh(mesh, rules):
     if start == 0 and eval_source is not None and config.eval_every > 0:
       eval_metrics = evaluate(eval_step, state.params, eval_source, config, batch_sharding)
       writer.write(0, eval_metrics, "eval")
@@ -374,28 +280,28 @@ def _train_and_evaluate(config, workdir: str) -> dict:
       batch = next(pipeline)
       state, m = train_step(state, batch)
       pending.append((step, m))
-      log_now = metrics_lib.every(step, config.log_every, total)
+      log_now = trainer.every(step, config.log_every, total)
       if config.train.stop_after_steps and step - start >= config.train.stop_after_steps and stop.signal is None:
         stop.signal = "stop_after_steps"
       # Read the flag once per step: a signal arriving later in this step is acted on after the next one, never
       # between deciding to save and deciding to stop.
       stopping = stop.signal
-      save_now = metrics_lib.every(step, config.checkpoint_every, total) or stopping is not None
+      save_now = trainer.every(step, config.checkpoint_every, total) or stopping is not None
       if log_now or save_now:
-        host = _check_finite(pending)
+        host = trainer.check_finite(pending)
         now = time.time()
         if log_now:
           dt = (now - last_log[0]) / max(step - last_log[1], 1)
           mean = {k: float(np.mean([h[k] for h in host])) for k in host[-1]}
           mean.update(learning_rate=float(host[-1]["learning_rate"]), step_time_s=dt,
                       tokens_per_s=mean.pop("tokens") / dt,
-                      mfu=flops_per_step / dt / (peak * 1e12 * jax.device_count()))
+                      mfu=accounting.mfu(flops_per_step, dt, peak, jax.device_count()))
           writer.write(step, mean)
           progress.log(step, mean)
           summary["train"] = mean
           last_log = (now, step)
         pending = []
-      if eval_source is not None and metrics_lib.every(step, config.eval_every, total):
+      if eval_source is not None and trainer.every(step, config.eval_every, total):
         eval_metrics = evaluate(eval_step, state.params, eval_source, config, batch_sharding)
         writer.write(step, eval_metrics, "eval")
         if is_main:
@@ -417,16 +323,6 @@ def _train_and_evaluate(config, workdir: str) -> dict:
     except FileNotFoundError:
       summary["plots"] = []
   return summary
-
-
-_PEAK: dict = {}
-
-
-def peak_tflops_per_device_cached(config):
-  key = float(config.peak_tflops_per_device)
-  if key not in _PEAK:
-    _PEAK[key] = metrics_lib.peak_tflops_per_device(key)
-  return _PEAK[key]
 
 
 def _fmt(m: dict) -> str:

@@ -5,4 +5,4 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash launch/setup.sh
 export JAX_PLATFORMS="${JAX_PLATFORMS:-cpu}"
-exec .venv/bin/python -m bertjax.demo "$@"
+exec .venv/bin/python launch/demo.py "$@"

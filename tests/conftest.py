@@ -36,3 +36,10 @@ def make_vocab(tmp_path_factory):
     (d / "t.txt").write_text(text)
     return tokenizer.train([d / "t.txt"], d / "tok", vocab_size=vocab_size)
   return make
+
+
+@pytest.fixture(scope="session")
+def data_dir(tmp_path_factory):
+  """A tiny pre-training data_dir (seq 32, 5 predictions, vocab 128): helpers.make_pretraining_data."""
+  import helpers  # pylint: disable=import-outside-toplevel
+  return helpers.make_pretraining_data(tmp_path_factory.mktemp("train_data"))

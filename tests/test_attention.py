@@ -6,7 +6,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bertjax import attention, model
+from bertjax import model
+from bertjax.kernels import attention
 
 
 def qkv(b=2, length=32, h=2, d=16, seed=0):

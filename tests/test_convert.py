@@ -11,7 +11,7 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from bertjax import convert, losses, model  # noqa: E402
+from bertjax import accounting, convert, losses, model  # noqa: E402
 
 HF_SIZES = {"tiny": (2, 128, 2, 512), "mini": (4, 256, 4, 1024), "base": (12, 768, 12, 3072)}
 
@@ -81,6 +81,7 @@ def test_parity_with_hf_both_directions(tmp_path, variant, scan):
   cfg, params = convert.from_hf(tmp_path / "hf", scan_layers=scan)
   assert (cfg.num_layers, cfg.hidden_size, cfg.num_heads, cfg.intermediate_size) == model.VARIANTS[variant]
   batch = batch_for(vocab, b=2 if variant == "base" else 3)
+  cfg = cfg.replace(prune_final_layer=False)  # "hidden" at every position, as HF's
   ours = model.BertForPreTraining(cfg).apply({"params": params}, batch)
   theirs = hf_outputs(hm, batch)
   diffs = assert_parity(ours, theirs, batch, atol=1e-5)
@@ -100,7 +101,7 @@ def test_param_counts_equal_hf_for_every_variant():
     cfg = model.BertConfig.from_variant(variant)
     shapes = jax.eval_shape(lambda c=cfg: model.BertForPreTraining(c).init(
         jax.random.key(0), model.dummy_batch(c))["params"])
-    ours = model.count_params(nn.meta.unbox(shapes))
+    ours = accounting.count_params(nn.meta.unbox(shapes))
     layers, hidden, heads, ffn = model.VARIANTS[variant]
     hcfg = transformers.BertConfig(hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
                                    intermediate_size=ffn)

@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from bertjax import dropout, model
+from bertjax import model
+from bertjax.kernels import dropout
 
 
 @pytest.mark.parametrize("rate", [0.1, 0.5])

@@ -3,7 +3,6 @@ import csv
 import json
 import os
 import random
-import re
 import subprocess
 import sys
 
@@ -11,10 +10,11 @@ import numpy as np
 import pytest
 
 from bertjax import finetune, scores
-from bertjax.data import conll, squad, tasks, tokenizer
+from bertjax import tasks as tasks_lib
+from bertjax.data import batching, conll, squad, tasks, tokenizer
 from configs import common, finetune as finetune_config
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from helpers import ROOT, assert_one_line_error, run_cmd
 
 
 # ------------------------------------------------------------------ metrics vs independent references
@@ -173,7 +173,7 @@ def test_squad_post_processing_matches_the_original_rules(vocab, n_best, max_len
   hit = [j for j in range(len(tf["input_ids"]))
          if tf["start_positions"][j] > 0 and windows[j].max_context[tf["start_positions"][j]]][0]
   s[hit, tf["start_positions"][hit]] = e[hit, tf["end_positions"][hit]] = 50.0
-  ev = finetune.EvalSet("validation", feats, {"examples": exs, "windows": windows})
+  ev = tasks_lib.EvalSet("validation", feats, {"examples": exs, "windows": windows})
   c = finetune_config.get_config("task=squad_json")
   c.data.n_best, c.data.max_answer_length = n_best, max(max_len, 3)
   got = finetune.score(task, ev, {"start_logits": s, "end_logits": e}, c)
@@ -296,8 +296,8 @@ def test_packed_finetune_rows_equal_unpacked_examples():
     if kind == "tagging":
       del packed["example_slot_weights"]
     module = finetune.head_module(task, cfg)
-    ub = next(finetune.batches(base, n))
-    pb = next(finetune.batches(packed, len(rows)))
+    ub = next(batching.batches(base, n))
+    pb = next(batching.batches(packed, len(rows)))
     params = nn.meta.unbox(module.init(jax.random.key(0), ub)["params"])
     uo = module.apply({"params": params}, ub)
     po = module.apply({"params": params}, pb)
@@ -450,6 +450,17 @@ def test_finetune_from_an_hf_folder_through_main(tmp_path, vocab):
   pred = subprocess.run([sys.executable, "-m", "bertjax.predict", "--workdir", str(tmp_path / "w"), "a good river"],
                         capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
   assert pred.returncode == 0 and json.loads(pred.stdout.splitlines()[-1])["label"] in ("neg", "pos")
+  # Exported, the fine-tuned model and its tokenizer give HF the same probabilities.
+  exp = subprocess.run([sys.executable, "-m", "bertjax.convert", "--workdir", str(tmp_path / "w"), "--out",
+                        str(tmp_path / "exported")], capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
+  assert exp.returncode == 0 and "BertForSequenceClassification" in exp.stdout, exp.stderr[-2000:]
+  hf_tok = transformers.AutoTokenizer.from_pretrained(tmp_path / "exported")
+  hf_clf = transformers.AutoModelForSequenceClassification.from_pretrained(tmp_path / "exported").eval()
+  with torch.no_grad():
+    probs = torch.softmax(hf_clf(**hf_tok("a good river", return_tensors="pt")).logits[0], -1).numpy()
+  ours = json.loads(pred.stdout.splitlines()[-1])["probabilities"]
+  assert hf_clf.config.id2label == {0: "neg", 1: "pos"}
+  np.testing.assert_allclose([ours["neg"], ours["pos"]], probs, atol=1e-4)
 
 
 def test_init_from_an_hf_folder_takes_the_architecture_from_it_and_the_run_settings_from_the_config(tmp_path,
@@ -592,18 +603,6 @@ def finetune_cmd(tmp_path, vocab, workdir, *extra, lr="1e-3"):
           "--config.model.max_position_embeddings=64", "--config.log_every=1", *extra]
 
 
-def run_cmd(cmd):
-  e = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-  return subprocess.run(cmd, cwd=ROOT, env=e, capture_output=True, text=True, timeout=600, check=False)
-
-
-def assert_one_line_error(proc, pattern):
-  assert proc.returncode == 2, proc.stderr[-2000:]
-  lines = [l for l in proc.stderr.splitlines() if l.startswith("error: ")]
-  assert len(lines) == 1 and re.search(pattern, lines[0]), proc.stderr[-2000:]
-  assert "Traceback" not in proc.stderr
-
-
 @pytest.mark.slow
 @pytest.mark.ci
 def test_finetune_refusals_are_one_line_errors(tmp_path, vocab):
@@ -628,7 +627,7 @@ def test_fewer_examples_than_a_batch_train_on_one_partial_batch(tmp_path, vocab)
                   label_column="sentiment", labels=("neg", "pos"))
   out = finetune.finetune(c, str(tmp_path / "w"))
   assert out["plan"].steps_per_epoch == 1 and out["step"] == 3
-  plan = finetune.Plan(37, 8, 2, 0, 0.1)
+  plan = batching.Plan(37, 8, 2, 0, 0.1)
   for epoch in plan.epoch_batches():
     assert sorted(np.concatenate(epoch).tolist()) == list(range(37)) and [len(b) for b in epoch] == [8, 8, 8, 8, 5]
   (tmp_path / "empty.csv").write_text("sentence,sentiment\n")
@@ -652,8 +651,8 @@ def test_bucketed_batches_give_the_same_loss_as_full_length_ones(vocab):
                                           dropout_rate=0.0, attention_dropout_rate=0.0)
   module = model_lib.BertForSequenceClassification(cfg, 2)
   task = tasks.Task("local", "classification", labels=("a", "b"))
-  full = finetune.make_batch(feats, np.arange(8), 8, bucket=0)
-  cut = finetune.make_batch(feats, np.arange(8), 8, bucket=16)
+  full = batching.make_batch(feats, np.arange(8), 8, bucket=0)
+  cut = batching.make_batch(feats, np.arange(8), 8, bucket=16)
   assert full["input_ids"].shape[1] == 64 and cut["input_ids"].shape[1] == 16
   params = module.init(jax.random.key(0), full)["params"]
   loss = lambda p, b: finetune.task_loss(task, module.apply({"params": p}, b), b)  # noqa: E731
@@ -665,14 +664,14 @@ def test_bucketed_batches_give_the_same_loss_as_full_length_ones(vocab):
 
 def test_length_grouped_plan_sees_every_example_once_in_single_bucket_batches():
   lengths = np.random.default_rng(0).integers(3, 129, 500)
-  plan = finetune.Plan(500, 16, 3, 7, 0.1, lengths, finetune.bucket_multiple(128, 8))
-  assert finetune.bucket_multiple(128, 8) == 16 and finetune.bucket_multiple(384, 8) == 48
-  assert finetune.bucket_multiple(64, 8) == 16 and finetune.bucket_multiple(128, 0) == 0
+  plan = batching.Plan(500, 16, 3, 7, 0.1, lengths, batching.bucket_multiple(128, 8))
+  assert batching.bucket_multiple(128, 8) == 16 and batching.bucket_multiple(384, 8) == 48
+  assert batching.bucket_multiple(64, 8) == 16 and batching.bucket_multiple(128, 0) == 0
   epochs = plan.epoch_batches()
   for batches in epochs:
     assert len(batches) == plan.steps_per_epoch
     assert sorted(np.concatenate(batches).tolist()) == list(range(500))
     assert all(len(set(plan.row_bucket[b].tolist())) == 1 and 0 < len(b) <= 16 for b in batches)
   assert [b.tolist() for b in epochs[0]] != [b.tolist() for b in epochs[1]]  # reshuffled every epoch
-  again = finetune.Plan(500, 16, 3, 7, 0.1, lengths, 16).batches(2)  # a resume recomputes the same batches
+  again = batching.Plan(500, 16, 3, 7, 0.1, lengths, 16).batches(2)  # a resume recomputes the same batches
   assert [b.tolist() for b in again] == [b.tolist() for b in epochs[1]]

@@ -8,8 +8,8 @@ import sys
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SCRIPTS = sorted(glob.glob(os.path.join(ROOT, "launch", "*.sh")) + [os.path.join(ROOT, "launch", "slurm_gpu.sbatch"),
-                                                                     os.path.join(ROOT, ".ci", "run")])
+SCRIPTS = sorted(glob.glob(os.path.join(ROOT, "launch", "*.sh")) + glob.glob(os.path.join(ROOT, "benchmarks", "*.sh"))
+                 + [os.path.join(ROOT, "launch", "slurm_gpu.sbatch"), os.path.join(ROOT, ".ci", "run")])
 
 
 @pytest.mark.parametrize("script", SCRIPTS, ids=os.path.basename)
@@ -56,7 +56,7 @@ def test_aot_compile_for_a_tpu_topology():
 def test_bench_writes_the_agreed_fields(tmp_path):
   """Only the output's shape is checked here: timings belong to the benchmark, never to assertions."""
   env = dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu")
-  out = subprocess.run([sys.executable, "-m", "bertjax.bench", "--variant", "tiny", "--seq", "32", "--batch", "8",
+  out = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "bench.py"), "--variant", "tiny", "--seq", "32", "--batch", "8",
                         "--preds", "5", "--steps", "1", "--regime", "glue", "--peer", "hf", "--out",
                         str(tmp_path / "b.json")], capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
   assert out.returncode == 0, out.stderr[-3000:]
@@ -72,7 +72,7 @@ def test_bench_writes_the_agreed_fields(tmp_path):
 
 def test_bench_refuses_peer_none_beside_a_peer(tmp_path):
   env = dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu")
-  out = subprocess.run([sys.executable, "-m", "bertjax.bench", "--variant", "tiny", "--peer", "none", "--peer",
+  out = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "bench.py"), "--variant", "tiny", "--peer", "none", "--peer",
                         "hf_compile", "--out", str(tmp_path / "b.json")], capture_output=True, text=True, env=env,
                        cwd=ROOT, timeout=300)
   assert out.returncode == 2 and "--peer none cannot be combined" in out.stderr
@@ -125,7 +125,7 @@ def test_profile_summary_reads_the_host_when_a_device_process_is_empty(tmp_path)
   folder.mkdir(parents=True)
   with gzip.open(folder / "perfetto_trace.json.gz", "wt") as f:
     json.dump({"traceEvents": meta + kernels}, f)
-  out = subprocess.run([sys.executable, os.path.join(ROOT, "launch", "profile_summary.py"), str(tmp_path)],
+  out = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "profile_summary.py"), str(tmp_path)],
                        capture_output=True, text=True, check=True).stdout
   assert "processes: /host:CPU" in out and "kernel time per step: 0.90 ms" in out, out
   assert "matmul                    0.60 ms" in out and "elementwise fusion        0.30 ms" in out, out

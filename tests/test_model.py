@@ -7,10 +7,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bertjax import losses, model
+from bertjax import accounting, losses, model
 
 
 def tiny(**kw):
+  """The tiny model these tests were written for: every position in the last layer (so "hidden" is [B, L, d]),
+  flax's rng dropout and a loop over scanned layers, unless a test asks otherwise."""
+  kw = dict(dict(prune_final_layer=False, dropout_impl="rng", scan_unroll=1), **kw)
   return model.BertConfig.from_variant("tiny", vocab_size=97, max_position_embeddings=40, **kw)
 
 
@@ -231,7 +234,7 @@ def test_flop_formula_of_the_pruned_final_layer():
   full_layer = 3 * 2 * s * d * d + 2 * s * s * d * 2 + 2 * s * d * d + 2 * s * d * f * 2
   pruned_layer = 2 * q * d * d + 2 * 2 * s * d * d + 2 * q * s * d * 2 + 2 * q * d * d + 2 * q * d * f * 2
   saved = 3 * (full_layer - pruned_layer)
-  assert model.model_flops_per_sequence(cfg, s, p) - model.model_flops_per_sequence(
+  assert accounting.model_flops_per_sequence(cfg, s, p) - accounting.model_flops_per_sequence(
       cfg, s, p, final_layer_rows=q) == saved
 
 
@@ -372,7 +375,7 @@ def test_flop_formula_matches_a_hand_count():
   head = 2 * p * d * d + 2 * p * d * v
   pooler = 2 * d * d
   forward = 2 * (qkv + scores + context + out + ffn) + head + pooler
-  assert model.model_flops_per_sequence(cfg, s, p) == 3 * forward
+  assert accounting.model_flops_per_sequence(cfg, s, p) == 3 * forward
 
 
 @pytest.mark.parametrize("packed", [False, True])

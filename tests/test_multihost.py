@@ -9,10 +9,9 @@ import numpy as np
 import pytest
 
 from bertjax import checkpoint as checkpoint_lib, metrics
-import test_train as tt
+import helpers as tt
 
-ROOT = tt.ROOT
-data_dir = tt.data_dir
+from helpers import ROOT
 
 
 def main_args(workdir, data_dir, steps, *extra):

@@ -11,7 +11,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bertjax import dropout, scores
+from bertjax import scores
+from bertjax.kernels import dropout
 from bertjax.data import squad, tasks, tokenizer
 
 transformers = pytest.importorskip("transformers")

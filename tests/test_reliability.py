@@ -12,10 +12,9 @@ from hypothesis import given, settings, strategies as st
 
 from bertjax import checkpoint as checkpoint_lib, train
 from bertjax.data import dataset, pretraining
-import test_train as tt
+import helpers as tt
 
-ROOT = tt.ROOT
-data_dir = tt.data_dir  # the module-scoped fixture
+from helpers import ROOT
 
 # After a read error (a truncated file, a shape that does not match) orbax abandons its other pending array
 # reads; their coroutines are reported as "never awaited" when garbage-collected, dozens of tracebacks in some
@@ -42,7 +41,7 @@ def run(config, workdir):
 @pytest.mark.slow
 @pytest.mark.ci
 def test_chaos_kill9_three_times_resumes_bitwise(tmp_path, data_dir):
-  out = subprocess.run([sys.executable, "launch/chaos.py", "--kills", "3", "--steps", "18", "--seed", "1",
+  out = subprocess.run([sys.executable, "tests/chaos.py", "--kills", "3", "--steps", "18", "--seed", "1",
                         "--workdir", str(tmp_path), "--data_dir", data_dir], capture_output=True, text=True,
                        cwd=ROOT, env=tt.env(), timeout=900)
   assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]

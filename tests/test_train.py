@@ -4,7 +4,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 
 import flax.linen as nn
@@ -13,46 +12,11 @@ import numpy as np
 import optax
 import pytest
 
-from bertjax import checkpoint as checkpoint_lib, losses, metrics, model as model_lib, optim, predict, train
-from bertjax.data import dataset, pretraining, tokenizer
+from bertjax import accounting, checkpoint as checkpoint_lib, losses, metrics, model as model_lib, optim, predict, train
+from bertjax.data import dataset
 from configs import common, pretrain
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory):
-  d = tmp_path_factory.mktemp("train_data")
-  rng = np.random.default_rng(0)
-  words = ("the model reads text and predicts masked words from both sides of each sentence while a second "
-           "head guesses whether two segments follow each other").split()
-  docs = ["\n".join(" ".join(rng.choice(words, rng.integers(5, 14))).capitalize() + "."
-                    for _ in range(rng.integers(2, 9))) for _ in range(80)]
-  (d / "corpus.txt").write_text("\n\n".join(docs))
-  vocab = tokenizer.train([d / "corpus.txt"], d / "tok", vocab_size=128)
-  opts = pretraining.CreationOptions(max_seq_length=32, max_predictions_per_seq=5, dupe_factor=2)
-  dataset.create([d / "corpus.txt"], vocab, d / "data", opts, heldout_every=8)
-  return str(d / "data")
-
-
-def small_config(data_dir="", shard="dp", **train_kw):
-  c = pretrain.get_config(f"variant=tiny,seq=32,preds=5,batch=16,shard={shard},tp=4,steps=6")
-  c.model.hidden_size = 64
-  c.model.num_heads = 4
-  c.model.intermediate_size = 128
-  c.model.max_position_embeddings = 64
-  c.model.vocab_size = dataset.read_creation(data_dir)["vocab_size"] if data_dir else 128
-  c.data.data_dir = data_dir
-  c.data.prefetch = 0
-  c.train.warmup_steps = 2
-  c.train.learning_rate = 1e-3
-  c.log_every = 1
-  c.eval_every = 3
-  c.eval_batches = 2
-  c.checkpoint_every = 3
-  for k, v in train_kw.items():
-    c.train[k] = v
-  return c
+from helpers import ROOT, env, main_cmd, small_config
 
 
 def fixed_batches(n=3, b=16, seq=32, preds=5, vocab=128, seed=0):
@@ -406,7 +370,7 @@ def test_restore_on_a_different_mesh(tmp_path, data_dir):
   ckpt = checkpoint_lib.Checkpointer(str(tmp_path / "w"))
   mcfg = model_lib.BertConfig.from_dict(c.model.to_dict())
   run = train.build(c, mcfg)
-  assert (mcfg.scan_unroll, run.model.cfg.scan_unroll) == (0, 2)  # the configs' auto: both layers per step on CPU
+  assert (mcfg.scan_unroll, run.module.cfg.scan_unroll) == (0, 2)  # the configs' auto: both layers per step on CPU
   state, data_state, step = ckpt.restore(run.abstract)
   assert step == 6 and data_state["step"] == 6
   emb = state.params["bert"]["embeddings"]["word_embeddings"]["embedding"]
@@ -455,20 +419,6 @@ def test_nonfinite_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path, data_
   with pytest.raises(train.NonFiniteError, match="non-finite loss or gradient at step [4-6]"):
     run_loop(c, tmp_path / "w")
   assert checkpoint_lib.Checkpointer(str(tmp_path / "w")).steps() == [3]
-
-
-def main_cmd(config_arg, workdir, data_dir, *extra):
-  return [sys.executable, "-m", "bertjax.main", f"--config={ROOT}/configs/pretrain.py:{config_arg}",
-          f"--workdir={workdir}", f"--config.data.data_dir={data_dir}", "--config.model.hidden_size=64",
-          "--config.model.num_heads=4", "--config.model.intermediate_size=128",
-          f"--config.model.vocab_size={dataset.read_creation(data_dir)['vocab_size']}",
-          "--config.model.max_position_embeddings=64", "--config.train.warmup_steps=2", *extra]
-
-
-def env():
-  e = dict(os.environ)
-  e["PYTHONPATH"] = ROOT + os.pathsep + e.get("PYTHONPATH", "")
-  return e
 
 
 @pytest.mark.slow
@@ -534,10 +484,11 @@ def test_periodic_rule():
 def test_cpu_peak_is_shared_by_fake_devices(monkeypatch):
   """One device's jnp.dot already uses every core, so each of the 8 fake CPU devices gets an eighth of it: MFU over
   8 devices is then model FLOP/s over the machine's measured peak, not over 8 times it."""
-  monkeypatch.setattr(metrics, "measure_matmul_tflops", lambda *a, **k: 0.4)
-  peak, source = metrics.peak_tflops_per_device()
+  monkeypatch.setattr(accounting, "measure_matmul_tflops", lambda *a, **k: 0.4)
+  monkeypatch.setattr(accounting, "_MEASURED", {})
+  peak, source = accounting.peak_tflops_per_device()
   assert jax.local_device_count() == 8 and peak == pytest.approx(0.05) and "shared by 8" in source
-  assert metrics.peak_tflops_per_device(2.5) == (2.5, "configured")
+  assert accounting.peak_tflops_per_device(2.5) == (2.5, "configured")
 
 
 @pytest.mark.parametrize("switch", ["lamb", "no_nsp", "remat_dots", "bfloat16"])

@@ -18,11 +18,13 @@ import re
 import sysconfig
 from typing import Iterator, Sequence
 
+from bertjax import errors
+
 MAX_LINE_BYTES = 1 << 20  # a longer "line" is read in pieces of this size (a 50 MB line never sits in memory twice)
 _SENTENCE_END = re.compile(r"(?<=[.!?])[\"')\]]*\s+(?=[\"'(\[]?[A-Z0-9])")
 
 
-class CorpusError(ValueError):
+class CorpusError(errors.DataError):
   """A corpus that cannot be used (missing, binary, empty): names the file and what to do."""
 
 
@@ -131,7 +133,7 @@ def read_documents(paths: Sequence[str], fmt: str = "lines", stats: CorpusStats 
                    ) -> Iterator[list[str]]:
   """Yield documents (lists of sentences) from text files, streaming; never holds the corpus."""
   if fmt not in ("lines", "paragraphs"):
-    raise ValueError(f"unknown corpus format {fmt!r}; choose lines or paragraphs")
+    raise errors.ConfigError(f"unknown corpus format {fmt!r}; choose lines or paragraphs")
   stats = stats if stats is not None else CorpusStats()
   if not paths:
     raise CorpusError("no corpus files given")

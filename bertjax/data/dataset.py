@@ -21,6 +21,7 @@ import time
 import numpy as np
 import tensorflow_datasets as tfds
 
+from bertjax import errors
 from bertjax.data import corpus as corpus_lib
 from bertjax.data import pretraining
 from bertjax.data import tokenizer as tokenizer_lib
@@ -114,8 +115,7 @@ def create(input_files, tokenizer_path: str, out_dir: str, opts: pretraining.Cre
   return creation
 
 
-class DataPathError(OSError):
-  """A data location that cannot be reached (remote storage offline, no credentials, no filesystem driver)."""
+DataPathError = errors.DataPathError
 
 
 def read_creation(data_dir: str) -> dict:
@@ -171,6 +171,7 @@ def load_source(data_dir: str, split: str):
   return builder.as_data_source(split=split)
 
 
+@errors.guard
 def main(argv=None):
   p = argparse.ArgumentParser(description="Create BERT pre-training data (create_pretraining_data.py semantics).")
   p.add_argument("--input", nargs="+", required=True, help="text files (one sentence per line, blank line between documents)")

@@ -17,10 +17,11 @@ import grain
 import jax
 import numpy as np
 
+from bertjax import errors
 from bertjax.data import pretraining
 
 
-class StateMismatchError(ValueError):
+class StateMismatchError(errors.CheckpointError, ValueError):
   """Restoring an iterator state saved for other data, another batch size or another seed."""
 
 
@@ -32,7 +33,7 @@ def _rows_of_this_process(sharding, global_batch: int, process=None) -> tuple[in
   if sharding is None:
     i, n = process if process is not None else (jax.process_index(), jax.process_count())
     if global_batch % n:
-      raise ValueError(f"global batch {global_batch} is not divisible by the {n} processes")
+      raise errors.ConfigError(f"global batch {global_batch} is not divisible by the {n} processes")
     per = global_batch // n
     return i * per, (i + 1) * per
   index_map = sharding.addressable_devices_indices_map((global_batch,))
@@ -43,7 +44,7 @@ def _rows_of_this_process(sharding, global_batch: int, process=None) -> tuple[in
   for a, b in zip(starts, stops):
     covered.update(range(a, b))
   if covered != set(range(start, stop)):
-    raise ValueError("this process's devices hold a non-contiguous part of the batch; use a mesh whose batch axes "
+    raise errors.ConfigError("this process's devices hold a non-contiguous part of the batch; use a mesh whose batch axes "
                      "are laid out process by process")
   return start, stop
 
@@ -66,7 +67,7 @@ class Pipeline:
                transform: Callable[[dict, int], dict] | None = None, prefetch: int = 2,
                process: tuple[int, int] | None = None):
     if len(source) == 0:
-      raise ValueError("the data source is empty")
+      raise errors.DataError("the data source is empty")
     self.source = source
     self.global_batch_size = int(global_batch_size)
     self.seed = int(seed)

@@ -16,6 +16,8 @@ import os
 
 import numpy as np
 
+from bertjax import errors
+
 
 def plan(lengths, predictions, row_length: int, row_predictions: int, max_per_row: int) -> list[list[int]]:
   """Rows of example indices: best-fit-decreasing by length, within both capacities. Deterministic.
@@ -27,9 +29,9 @@ def plan(lengths, predictions, row_length: int, row_predictions: int, max_per_ro
   lengths = np.asarray(lengths)
   predictions = np.asarray(predictions)
   if np.any(lengths > row_length):
-    raise ValueError(f"an example of {int(lengths.max())} tokens does not fit a row of {row_length}")
+    raise errors.DataError(f"an example of {int(lengths.max())} tokens does not fit a row of {row_length}")
   if np.any(predictions > row_predictions):
-    raise ValueError(f"an example with {int(predictions.max())} masked positions does not fit a row's "
+    raise errors.DataError(f"an example with {int(predictions.max())} masked positions does not fit a row's "
                      f"{row_predictions}; raise data.pack_row_predictions")
   order = np.lexsort((np.arange(len(lengths)), -lengths))  # longest first, ties by index
   rows: list[list[int]] = []

@@ -18,6 +18,7 @@ from typing import Iterable, Iterator, Sequence
 
 import numpy as np
 
+from bertjax import errors
 from bertjax.data import tokenizer as tokenizer_lib
 
 FEATURES = ("input_ids", "input_mask", "segment_ids", "masked_lm_positions", "masked_lm_ids",
@@ -37,14 +38,14 @@ class CreationOptions:
 
   def __post_init__(self):
     if self.max_seq_length < 5:
-      raise ValueError(f"max_seq_length {self.max_seq_length} is too short: [CLS] A [SEP] B [SEP] needs >= 5")
+      raise errors.ConfigError(f"max_seq_length {self.max_seq_length} is too short: [CLS] A [SEP] B [SEP] needs >= 5")
     if not 0 < self.masked_lm_prob < 1:
-      raise ValueError(f"masked_lm_prob must be in (0, 1), got {self.masked_lm_prob}")
+      raise errors.ConfigError(f"masked_lm_prob must be in (0, 1), got {self.masked_lm_prob}")
     if not 0 <= self.short_seq_prob <= 1:
-      raise ValueError(f"short_seq_prob must be in [0, 1], got {self.short_seq_prob}")
+      raise errors.ConfigError(f"short_seq_prob must be in [0, 1], got {self.short_seq_prob}")
     for name in ("max_predictions_per_seq", "dupe_factor", "buffer_documents"):
       if getattr(self, name) < 1:
-        raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        raise errors.ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
 
 
 @dataclasses.dataclass

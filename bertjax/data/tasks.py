@@ -13,8 +13,10 @@ from typing import Sequence
 
 import numpy as np
 
+from bertjax import errors
 
-class TaskDataError(ValueError):
+
+class TaskDataError(errors.DataError):
   """Task data that cannot be used as given: names the file, line and what is wrong."""
 
 

@@ -24,10 +24,12 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
+from bertjax import errors
+
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 
 
-class TokenizerError(ValueError):
+class TokenizerError(errors.TokenizerError):
   """A tokenizer file that cannot be used: names the file and what is wrong."""
 
 
@@ -152,7 +154,7 @@ def load(path: str, do_lower_case: bool = True, reference: str = "hf") -> Tokeni
   """Load a BERT `vocab.txt` (WordPiece) or a sentencepiece `.model`, checked for BERT's special tokens.
   `reference`: "hf" or "original" (see the module docstring; WordPiece only)."""
   if reference not in REFERENCES:
-    raise ValueError(f"unknown tokenizer reference {reference!r}; choose one of {sorted(REFERENCES)}")
+    raise errors.ConfigError(f"unknown tokenizer reference {reference!r}; choose one of {sorted(REFERENCES)}")
   path = os.fspath(path)
   if not os.path.exists(path):
     raise FileNotFoundError(f"{path}: tokenizer file not found")
@@ -171,9 +173,9 @@ def train(files: Sequence[str], out_dir: str, kind: str = "wordpiece", vocab_siz
     if not os.path.isfile(f):
       raise FileNotFoundError(f"{f}: training text not found")
   if not any(os.path.getsize(f) for f in files):
-    raise ValueError(f"cannot train a tokenizer on empty input {files}")
+    raise errors.DataError(f"cannot train a tokenizer on empty input {files}")
   if vocab_size < len(SPECIAL_TOKENS) + 10:
-    raise ValueError(f"vocab_size {vocab_size} is too small")
+    raise errors.ConfigError(f"vocab_size {vocab_size} is too small")
   os.makedirs(out_dir, exist_ok=True)
   if kind == "wordpiece":
     from tokenizers import BertWordPieceTokenizer
@@ -194,7 +196,7 @@ def train(files: Sequence[str], out_dir: str, kind: str = "wordpiece", vocab_siz
         character_coverage=0.9995, input_sentence_size=2_000_000, shuffle_input_sentence=True, seed_sentencepiece_size=1_000_000,
         minloglevel=2, num_threads=1, hard_vocab_limit=False)
     return prefix + ".model"
-  raise ValueError(f"unknown tokenizer kind {kind!r}; choose wordpiece, unigram or bpe")
+  raise errors.ConfigError(f"unknown tokenizer kind {kind!r}; choose wordpiece, unigram or bpe")
 
 
 def _clean_lines(files):
@@ -206,6 +208,7 @@ def _clean_lines(files):
       yield line
 
 
+@errors.guard
 def main(argv: Iterable[str] | None = None) -> None:
   p = argparse.ArgumentParser(description="Train a BERT tokenizer (WordPiece or sentencepiece) on text files.")
   p.add_argument("--input", nargs="+", required=True, help="text files")

@@ -1,0 +1,56 @@
+"""Data benchmark (not a test): examples/s of pre-training data creation and batches/s of the input pipeline.
+
+    python benchmarks/bench_data.py --out bench_data.json [--workers 2] [--batch 256]
+
+Uses the offline demo corpus; prints a table and writes JSON.
+"""
+import argparse
+import json
+import os
+import tempfile
+import time
+
+from bertjax.data import corpus, dataset, input_pipeline, pretraining, tokenizer
+
+
+def main():
+  p = argparse.ArgumentParser()
+  p.add_argument("--out", default="bench_data.json")
+  p.add_argument("--workers", type=int, default=os.cpu_count() or 1)
+  p.add_argument("--batch", type=int, default=256)
+  p.add_argument("--dupe_factor", type=int, default=5)
+  p.add_argument("--steps", type=int, default=50)
+  args = p.parse_args()
+  rows = []
+  with tempfile.TemporaryDirectory() as d:
+    text = os.path.join(d, "corpus.txt")
+    corpus.build_demo_corpus(text)
+    vocab = tokenizer.train([text], os.path.join(d, "tok"), vocab_size=8000)
+    opts = pretraining.CreationOptions(max_seq_length=128, dupe_factor=args.dupe_factor, buffer_documents=64)
+    for workers in sorted({1, args.workers}):
+      out = os.path.join(d, f"data{workers}")
+      rec = dataset.create([text], vocab, out, opts, workers=workers)
+      n = sum(r["examples"] for r in rec["report"].values())
+      rows.append({"stage": f"create (workers={workers})", "items": n, "seconds": rec["seconds"],
+                   "rate": rec["examples_per_s"], "unit": "examples/s"})
+    src = dataset.load_source(out, "train")
+    for name, transform in (("static", None), ("dynamic masking", input_pipeline.dynamic_masking(
+        pretraining.Vocab.of(tokenizer.load(vocab)), opts, seed=0))):
+      pipe = input_pipeline.Pipeline(src, args.batch, seed=0, transform=transform, prefetch=2)
+      next(pipe)
+      t = time.perf_counter()
+      for _ in range(args.steps):
+        next(pipe)
+      dt = time.perf_counter() - t
+      pipe.close()
+      rows.append({"stage": f"pipeline, {name}, batch {args.batch}", "items": args.steps, "seconds": dt,
+                   "rate": args.steps / dt, "unit": "batches/s"})
+  print(f"{'stage':42s} {'items':>8s} {'seconds':>8s} {'rate':>10s}")
+  for r in rows:
+    print(f"{r['stage']:42s} {r['items']:8d} {r['seconds']:8.2f} {r['rate']:10.1f} {r['unit']}")
+  with open(args.out, "w", encoding="utf-8") as f:
+    json.dump(rows, f, indent=2)
+
+
+if __name__ == "__main__":
+  main()

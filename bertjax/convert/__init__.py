@@ -1,0 +1,24 @@
+"""Interchange: HF transformers safetensors <-> bertjax params, and the original google-research/bert names.
+
+Only safetensors and JSON are read: no pickle (`pytorch_model.bin`, `.pt`, `.ckpt`) is ever loaded.
+
+    cfg, params = convert.from_hf("hf_dir")   # BertForPreTraining, or encoder-only BertModel ("bert." or not)
+    convert.to_hf(cfg, params, "out_dir")     # loads in transformers' BertForPreTraining.from_pretrained
+    cfg, params = convert.from_hf("hf_dir", head="token_classification")   # a fine-tuned model, head included
+    convert.to_hf(cfg, params, "out_dir", labels=("O", "B-PER", ...))        # BertForTokenClassification
+
+`NAME_TABLE(cfg)` lists, for every bertjax parameter, its HF state-dict name, its original TF checkpoint
+variable name and the layout change between them; `from_tf_variables` uses it for any TF-checkpoint reader.
+
+    python -m bertjax.convert --workdir W --out DIR     # a bertjax workdir (pre-trained or fine-tuned) as an HF folder
+"""
+from bertjax.convert.files import MAX_HEADER_BYTES, PICKLE_SUFFIXES, read_hf_dir, read_safetensors
+from bertjax.convert.hf import (HEAD_PREFIXES, HF_ACTIVATIONS, IGNORED_BUFFERS, NAME_TABLE, TASK_HEADS,
+                                ConversionError, bert_to_hf_config, from_hf, from_state_dict, from_tf_variables,
+                                head_of_architecture, head_rows, hf_config_to_bert, stack_layers, task_module,
+                                to_hf, to_state_dict, unstack_layers)
+
+__all__ = ["MAX_HEADER_BYTES", "PICKLE_SUFFIXES", "read_hf_dir", "read_safetensors", "HEAD_PREFIXES",
+           "HF_ACTIVATIONS", "IGNORED_BUFFERS", "NAME_TABLE", "TASK_HEADS", "ConversionError", "bert_to_hf_config",
+           "from_hf", "from_state_dict", "from_tf_variables", "head_of_architecture", "head_rows",
+           "hf_config_to_bert", "stack_layers", "task_module", "to_hf", "to_state_dict", "unstack_layers"]

@@ -1,0 +1,55 @@
+"""python -m bertjax.convert --workdir W --out DIR: a bertjax workdir as an HF transformers folder.
+
+A pre-training workdir becomes `BertForPreTraining` (its latest checkpoint); a fine-tuning workdir its best
+parameters as `BertForSequenceClassification`, `BertForTokenClassification` or `BertForQuestionAnswering`, with
+the labels in config.json. A WordPiece vocabulary is copied beside it with its casing, so that
+`AutoTokenizer.from_pretrained(DIR)` reads the same ids.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+
+from bertjax import errors
+
+
+def export(workdir: str, out: str) -> str:
+  """Writes the HF folder; returns the architecture written."""
+  from bertjax import convert, finetune, predict  # pylint: disable=import-outside-toplevel
+  if os.path.exists(os.path.join(workdir, "finetune.json")):
+    meta, task, module, params, _ = finetune.load_finetuned(workdir)
+    head = finetune.HF_HEADS[task.kind]
+    convert.to_hf(module.cfg, params, out, head=head, labels=task.labels)
+    tok_path, lower = meta["tokenizer"], meta["do_lower_case"]
+    arch = convert.TASK_HEADS[head][0]
+  else:
+    module, params, _ = predict.load(workdir)
+    convert.to_hf(module.cfg, params, out)
+    with open(os.path.join(workdir, "config.json"), encoding="utf-8") as f:
+      data_dir = json.load(f)["data"]["data_dir"]
+    from bertjax.data import dataset  # pylint: disable=import-outside-toplevel
+    creation = dataset.read_creation(data_dir)
+    tok_path, lower = creation["tokenizer"], creation.get("do_lower_case", True)
+    arch = "BertForPreTraining"
+  if os.path.basename(tok_path) == "vocab.txt":
+    shutil.copyfile(tok_path, os.path.join(out, "vocab.txt"))
+    with open(os.path.join(out, "tokenizer_config.json"), "w", encoding="utf-8") as f:
+      json.dump({"tokenizer_class": "BertTokenizer", "do_lower_case": bool(lower)}, f, indent=2)
+  return arch
+
+
+@errors.guard
+def main(argv=None) -> int:
+  p = argparse.ArgumentParser(description="Write a bertjax workdir (pre-trained or fine-tuned) as an HF folder.")
+  p.add_argument("--workdir", required=True)
+  p.add_argument("--out", required=True)
+  args = p.parse_args(argv)
+  arch = export(args.workdir, args.out)
+  print(f"wrote {args.out} ({arch})")
+  return 0
+
+
+if __name__ == "__main__":
+  raise SystemExit(main())

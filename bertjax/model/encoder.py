@@ -1,0 +1,156 @@
+"""The layer stack (plain, scanned, rematerialised, its last layer pruned to the rows the heads read) and
+`BertModel`, the encoder with its pooler.
+
+A batch is a dict with the original BERT feature names: `input_ids`, `input_mask`, `segment_ids`, and for
+pre-training `masked_lm_positions`. Packed rows may add `position_ids` (restarting per example) and
+`attention_segment_ids` (1..n per example, 0 = padding): tokens then attend only within their example.
+"""
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from bertjax.kernels import attention as attention_lib
+from bertjax.model.config import BertConfig
+from bertjax.model.layers import Dense, Embeddings, Layer, attention_mask, layer_norm, take_rows
+
+class _ScanLayer(nn.Module):
+  """Adapter giving `Layer` the (carry, x) -> (carry, y) signature `nn.scan` needs."""
+  cfg: BertConfig
+  deterministic: bool
+
+  @nn.compact
+  def __call__(self, x, mask):
+    return _layer_class(self.cfg)(self.cfg, name="layer")(x, mask, self.deterministic), None
+
+
+def _layer_class(cfg: BertConfig):
+  if cfg.remat == "none":
+    return Layer
+  policy = None if cfg.remat == "full" else jax.checkpoint_policies.dots_with_no_batch_dims_saveable
+  return nn.remat(Layer, policy=policy, static_argnums=(3,))
+
+
+def _scanned_layers(cfg: BertConfig, deterministic: bool, length: int, name: str):
+  """`length` layers under nn.scan, parameters stacked on a leading `layers` axis (built in the caller's scope)."""
+  unroll = cfg.for_platform(jax.default_backend()).scan_unroll  # built without a mesh: the default backend's
+  return nn.scan(_ScanLayer, variable_axes={"params": 0}, split_rngs={"params": True, "dropout": True},
+                 in_axes=(nn.broadcast,), length=length, unroll=min(unroll, length),
+                 metadata_params={nn.PARTITION_NAME: "layers"})(cfg, deterministic, name=name)
+
+
+class _SplitStack(nn.Module):
+  """The scanned stack with its last layer computed only at `queries`. Reads the stacked parameters as `head`
+  (layers 0..L-2, scanned) and `last` (layer L-1), a view `Encoder` makes with nn.map_variables; apply only."""
+  cfg: BertConfig
+  deterministic: bool
+
+  @nn.compact
+  def __call__(self, x, mask, queries):
+    cfg = self.cfg
+    if cfg.num_layers > 1:
+      x, _ = _scanned_layers(cfg, self.deterministic, cfg.num_layers - 1, "head")(x, mask)
+    return _layer_class(cfg)(cfg, name="last")(x, mask, self.deterministic, queries)
+
+
+def _split_last(variables):
+  """Stacked layer parameters {"layer": [L, ...]} as {"head": {"layer": [L-1, ...]}, "last": [...]}."""
+  layer = variables["params"]["layer"]
+  last = jax.tree_util.tree_leaves(layer)[0].shape[0] - 1
+  return {"params": {"head": {"layer": jax.tree_util.tree_map(lambda a: a[:last], layer)},
+                     "last": jax.tree_util.tree_map(lambda a: a[last], layer)}}
+
+
+class Encoder(nn.Module):
+  cfg: BertConfig
+
+  @nn.compact
+  def __call__(self, x, mask, deterministic: bool, queries=None):
+    """x [B, L, d] -> [B, L, d]; with `queries` [B, Q], the last layer only at those positions: [B, Q, d]."""
+    cfg = self.cfg
+    if cfg.scan_layers:
+      if queries is None or self.is_initializing():  # init always builds the whole stacked layout
+        x, _ = _scanned_layers(cfg, deterministic, cfg.num_layers, "layers")(x, mask)
+        x = x if queries is None else take_rows(x, queries)
+      else:  # the same stacked parameters, viewed as layers 0..L-2 and layer L-1
+        x = nn.map_variables(_SplitStack, "params", trans_in_fn=_split_last, mutable=False)(
+            cfg, deterministic, name="layers")(x, mask, queries)
+    else:
+      layer = _layer_class(cfg)
+      for i in range(cfg.num_layers):
+        x = layer(cfg, name=f"layer_{i}")(x, mask, deterministic, queries if i == cfg.num_layers - 1 else None)
+    if cfg.layer_norm == "pre":
+      x = layer_norm(cfg, "final_ln")(x).astype(cfg.compute_dtype)
+    return x
+
+
+ENCODER_KEYS = ("input_ids", "input_mask", "segment_ids")
+
+
+def check_batch(cfg: BertConfig, batch: Mapping[str, Any], required=ENCODER_KEYS):
+  """Raise a clear error for a batch the model cannot take (before anything is traced further)."""
+  missing = [k for k in required if k not in batch]
+  if missing:
+    raise KeyError(f"batch is missing {missing}; it has {sorted(batch)} "
+                   f"(expected the original BERT feature names {list(required)})")
+  shape = tuple(batch["input_ids"].shape)
+  if len(shape) != 2:
+    raise ValueError(f"input_ids must be [batch, length], got shape {shape}")
+  for k in ("input_mask", "segment_ids", "position_ids", "attention_segment_ids"):
+    if k in batch and tuple(batch[k].shape) != shape:
+      raise ValueError(f"{k} has shape {tuple(batch[k].shape)}, input_ids has {shape}")
+  if shape[1] > cfg.max_position_embeddings:
+    raise ValueError(f"sequence length {shape[1]} exceeds max_position_embeddings "
+                     f"{cfg.max_position_embeddings}")
+
+
+class BertModel(nn.Module):
+  """The encoder: {"hidden": [B, L, d], "pooled": [B, d]} (pooled = tanh(W·h_[CLS] + b))."""
+  cfg: BertConfig
+
+  def setup(self):
+    self.embeddings = Embeddings(self.cfg)
+    self.encoder = Encoder(self.cfg)
+    self.pooler = Dense((self.cfg.hidden_size,), ("embed", "mlp"), self.cfg)
+
+  def __call__(self, batch, deterministic: bool = True, positions=None):
+    """With `positions` [B, Q] (prune_final_layer): "hidden" is [B, Q, d] at those positions only, the last layer
+    computed at them and at [CLS] alone; "pooled" is the same as without."""
+    check_batch(self.cfg, batch)
+    ids = batch["input_ids"]
+    if self.cfg.attention_impl == "splash":  # the kernel masks by segment ids, not a boolean [L, L] mask
+      mask = attention_lib.splash_segments(batch["input_mask"], batch.get("attention_segment_ids"))
+    else:
+      mask = attention_mask(batch["input_mask"], batch.get("attention_segment_ids"))
+    x = self.embeddings(ids, batch["segment_ids"], batch.get("position_ids"), deterministic)
+    cls_positions = batch.get("cls_positions")
+    if positions is None:
+      h = self.encoder(x, mask, deterministic)
+      return {"hidden": h, "pooled": self.pool(h[:, 0] if cls_positions is None else take_rows(h, cls_positions))}
+    cls = jnp.zeros((ids.shape[0], 1), jnp.int32) if cls_positions is None else cls_positions.astype(jnp.int32)
+    h = self.encoder(x, mask, deterministic, jnp.concatenate([cls, positions.astype(jnp.int32)], axis=1))
+    k = cls.shape[1]
+    return {"hidden": h[:, k:], "pooled": self.pool(h[:, 0] if cls_positions is None else h[:, :k])}
+
+  def pool(self, cls_hidden):
+    """tanh(Dense(h_[CLS])) of the [CLS] states: [B, d], or [B, K, d] for packed rows (one per example)."""
+    return jnp.tanh(self.pooler(cls_hidden))
+
+  def attend(self, x):
+    """Logits against the word-embedding table (the tied MLM decoder), in float32."""
+    table = self.embeddings.word_embeddings.embedding
+    return jnp.einsum("...d,vd->...v", x, table.astype(x.dtype), preferred_element_type=jnp.float32)
+
+
+def dummy_batch(cfg: BertConfig, batch_size: int = 2, seq_len: int = 16, max_predictions: int = 4):
+  """A zero batch of the right shapes and dtypes, for init and eval_shape."""
+  ids = np.zeros((batch_size, seq_len), np.int32)
+  preds = np.zeros((batch_size, max_predictions), np.int32)
+  return {"input_ids": ids, "input_mask": np.ones_like(ids), "segment_ids": ids,
+          "masked_lm_positions": preds, "masked_lm_ids": preds,
+          "masked_lm_weights": np.zeros((batch_size, max_predictions), np.float32),
+          "next_sentence_labels": np.zeros((batch_size,), np.int32)}

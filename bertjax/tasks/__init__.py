@@ -1,0 +1,20 @@
+"""Fine-tuning task kinds as plug-ins: each module owns its head, featurisation, loss, predictions, scoring and
+inference (`base.Kind`); `kind(task)` picks the one for a `bertjax.data.tasks.Task`."""
+from bertjax.data.tasks import Task, TaskDataError, get
+from bertjax.tasks.base import EvalSet, Kind
+from bertjax.tasks.classification import Classification
+from bertjax.tasks.span_qa import SpanQA
+from bertjax.tasks.tagging import Tagging
+
+KINDS: dict[str, Kind] = {"classification": Classification(), "regression": Classification(regression=True),
+                          "tagging": Tagging(), "qa": SpanQA()}
+
+
+def kind(task: Task) -> Kind:
+  if task.kind not in KINDS:
+    raise TaskDataError(f"task kind {task.kind!r} is not one of {sorted(KINDS)}")
+  return KINDS[task.kind]
+
+
+__all__ = ["Task", "TaskDataError", "get", "EvalSet", "Kind", "KINDS", "kind", "Classification", "SpanQA",
+           "Tagging"]

@@ -1,0 +1,55 @@
+"""What a fine-tuning task kind provides to the task-agnostic fine-tuning loop (`bertjax.finetune`).
+
+A kind (sentence classification or regression, tagging, span QA) is one module with one `Kind` object that owns
+its head, its featurisation, its loss, its predictions, its scoring and its inference on raw text. Adding a task
+kind is adding one such module and registering it in `bertjax.tasks.KINDS`.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax.numpy as jnp
+
+from bertjax.data import tasks as task_data
+
+
+@dataclasses.dataclass
+class EvalSet:
+  """Features of one eval split and what scoring needs (examples, windows, word positions)."""
+  name: str
+  feats: dict
+  meta: dict = dataclasses.field(default_factory=dict)
+
+
+def weighted_mean(values, weights):
+  """Σ values·weights / Σ weights (zero-weight rows fill partial batches and count for nothing)."""
+  return jnp.sum(values * weights) / jnp.maximum(jnp.sum(weights), 1e-5)
+
+
+class Kind:
+  """The interface; each method is the kind's own. `task` is the `bertjax.data.tasks.Task` being run."""
+  name = ""
+  hf_head = ""  # the HF architecture family (convert.TASK_HEADS) that holds this kind's head
+  pack_keys: dict | None = None  # packing.pack_features keyword arguments; None: the kind cannot be packed
+  outputs: tuple[str, ...] = ("logits",)  # what predictions keep of the model's outputs
+
+  def head(self, task: task_data.Task, cfg):
+    """The flax module: the encoder with this kind's head."""
+    raise NotImplementedError
+
+  def load(self, task: task_data.Task, config, tok) -> tuple[dict, list[EvalSet], dict]:
+    """(training features, eval sets, featurisation statistics to report) from the config's data settings."""
+    raise NotImplementedError
+
+  def loss(self, task: task_data.Task, out: dict, batch: dict):
+    """The mean training loss over the batch's real examples (`example_weights`)."""
+    raise NotImplementedError
+
+  def score(self, task: task_data.Task, ev: EvalSet, preds: dict, config) -> dict[str, float]:
+    """The task's metrics from the predictions for every row of `ev.feats`, in order."""
+    raise NotImplementedError
+
+  def predict_text(self, task: task_data.Task, module, params, tok, seq: int, **text: Any) -> dict:
+    """A prediction for raw text (`python -m bertjax.predict` on a fine-tuned workdir)."""
+    raise NotImplementedError

@@ -1,0 +1,58 @@
+"""Extractive QA (SQuAD v1.1 / v2.0 through tfds or SQuAD-format JSON): start and end scores per token over
+windows of the context (doc_stride), the original's n-best answer search, the official exact match and F1."""
+from __future__ import annotations
+
+import numpy as np
+
+from bertjax import losses, model as model_lib, scores
+from bertjax.data import squad
+from bertjax.tasks.base import EvalSet, Kind, weighted_mean
+
+
+class SpanQA(Kind):
+  name = "qa"
+  hf_head = "question_answering"
+  pack_keys = None  # SQuAD windows are already full (doc_stride)
+  outputs = ("start_logits", "end_logits")
+
+  def head(self, task, cfg):
+    return model_lib.BertForQuestionAnswering(cfg)
+
+  def load(self, task, config, tok):
+    d, stats = config.data, {}
+    if task.name == "squad_json":
+      train_ex = squad.json_examples(d.train_file)
+      eval_ex = squad.json_examples(d.eval_file) if d.eval_file else []
+    else:
+      tfds_dir = d.tfds_data_dir or None
+      train_ex = squad.tfds_examples(task.name, "train", tfds_dir)
+      eval_ex = squad.tfds_examples(task.name, "validation", tfds_dir)
+    kw = dict(max_seq_length=d.max_seq_length, doc_stride=d.doc_stride, max_query_length=d.max_query_length)
+    train, _ = squad.featurize(train_ex, tok, training=True, stats=stats, **kw)
+    evals = []
+    if eval_ex:
+      feats, windows = squad.featurize(eval_ex, tok, training=False, **kw)
+      evals.append(EvalSet("validation", feats, {"examples": eval_ex, "windows": windows}))
+    return train, evals, stats
+
+  def loss(self, task, out, batch):
+    ce = (losses.cross_entropy(out["start_logits"], batch["start_positions"]) +
+          losses.cross_entropy(out["end_logits"], batch["end_positions"])) / 2
+    return weighted_mean(ce, batch["example_weights"])
+
+  def score(self, task, ev, preds, config):
+    examples, windows = ev.meta["examples"], ev.meta["windows"]
+    answers = squad.best_answers(examples, windows, preds["start_logits"], preds["end_logits"],
+                                 config.data.n_best, config.data.max_answer_length)
+    golds = {ex.qid: [a for a, _ in ex.answers] if not ex.is_impossible else [] for ex in examples}
+    if task.name == "squad/v2.0" or any(ex.is_impossible for ex in examples):
+      return squad.v2_scores(answers, golds, scores.squad_exact, scores.squad_f1)
+    return scores.squad_scores({q: t for q, (t, _, _) in answers.items()}, golds)
+
+  def predict_text(self, task, module, params, tok, seq, question="", context="", **_):
+    ex = [squad.QAExample("q", question, context, [])]
+    feats, windows = squad.featurize(ex, tok, max_seq_length=seq, training=False)
+    out = module.apply({"params": params}, feats)
+    (answer, s, null), = squad.best_answers(ex, windows, np.asarray(out["start_logits"]),
+                                            np.asarray(out["end_logits"])).values()
+    return {"answer": answer, "score": s, "null_score": null}

@@ -1,0 +1,170 @@
+"""The trainer core that pre-training, fine-tuning, the benchmark and ahead-of-time compile share.
+
+From (config, module, optimizer, example batch, the objective's step functions) it builds the mesh, the abstract
+sharded state and the jitted steps (`build`); it creates or resumes the state (`resume_or_init`); and it holds
+what every training loop needs: the stop flag for SIGTERM/SIGINT, the non-finite check, the periodic-action
+rule and the written config. An objective (pre-training's MLM + NSP, a fine-tuning task) hands its train and
+eval functions to `build`; the core never imports an objective.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import signal
+from typing import Any, Callable
+
+import jax
+import numpy as np
+import optax
+
+from bertjax import checkpoint as checkpoint_lib
+from bertjax import errors
+from bertjax import metrics as metrics_lib
+from bertjax import sharding as sharding_lib
+from bertjax import state as state_lib
+
+PRNG_IMPLS = ("threefry2x32", "rbg", "unsafe_rbg")
+every = metrics_lib.every  # the one rule for periodic actions: every `interval` steps, and at the last step
+
+
+def prng_impl_error(config) -> str | None:
+  """What is wrong with `train.prng_impl` (pre-training and fine-tuning alike), or None."""
+  impl = config.train.get("prng_impl", "threefry2x32")
+  return None if impl in PRNG_IMPLS else f"train.prng_impl {impl!r} is not one of {PRNG_IMPLS}"
+
+
+def optimizer_errors(train_config) -> list[str]:
+  """The optimizer and schedule settings both modes check before compiling."""
+  from bertjax import optim  # pylint: disable=import-outside-toplevel
+  out = []
+  if train_config.get("schedule", "linear") not in optim.SCHEDULES:
+    out.append(f"train.schedule {train_config.schedule!r} is not one of {list(optim.SCHEDULES)}")
+  if train_config.optimizer not in ("adamw", "lamb"):
+    out.append(f"train.optimizer {train_config.optimizer!r} is not one of ['adamw', 'lamb']")
+  return out
+
+
+@dataclasses.dataclass
+class Trainer:
+  """Everything a loop (and the benchmark and AOT compile) needs from a config, before any array exists."""
+  mesh: jax.sharding.Mesh
+  rules: tuple
+  batch_sharding: jax.sharding.NamedSharding
+  module: Any
+  tx: optax.GradientTransformation
+  lr_fn: Callable
+  dummy: dict
+  abstract: state_lib.TrainState
+  shardings: state_lib.TrainState
+  train_step: Callable  # jitted (state, batch) -> (state, metrics); the state is donated
+  eval_step: Callable   # jitted (params, batch) -> outputs
+
+  @property
+  def platform(self) -> str:
+    return self.mesh.devices.flat[0].platform
+
+
+def make_mesh(config, devices=None):
+  """(mesh, logical rules, batch sharding) for the config's sharding preset on `devices` (default: all)."""
+  mesh = sharding_lib.make_mesh(config, devices)
+  return mesh, sharding_lib.rules(config), sharding_lib.batch_sharding(mesh)
+
+
+def build(config, module, tx, lr_fn, dummy: dict, train_fn: Callable, eval_fn: Callable, mesh=None,
+          devices=None) -> Trainer:
+  """The abstract sharded state of `module` + `tx` (shaped by the example batch `dummy`) and the jitted steps.
+
+  `train_fn(state, batch) -> (state, metrics)` and `eval_fn(params, batch) -> outputs` are the objective's; the
+  train step donates the state, so the loop must use the state it returns."""
+  if mesh is None:
+    mesh, rules, batch_sharding = make_mesh(config, devices)
+  else:
+    rules, batch_sharding = sharding_lib.rules(config), sharding_lib.batch_sharding(mesh)
+  abstract, shardings = state_lib.abstract_state(module, tx, dummy, mesh, rules)
+  train_step = jax.jit(train_fn, in_shardings=(shardings, batch_sharding), out_shardings=(shardings, None),
+                       donate_argnums=(0,))
+  eval_step = jax.jit(eval_fn, in_shardings=(shardings.params, batch_sharding))
+  return Trainer(mesh, rules, batch_sharding, module, tx, lr_fn, dummy, abstract, shardings, train_step, eval_step)
+
+
+def init_state(t: Trainer, seed: int) -> state_lib.TrainState:
+  return state_lib.init_state(t.module, t.tx, t.dummy, t.mesh, t.rules, t.shardings, jax.random.key(seed))
+
+
+def merge_params(fresh: dict, init: dict) -> dict:
+  """The freshly initialised params with the init's subtrees in place; under `bert` the init's entries replace
+  the fresh ones one by one (so a fresh pooler stays where the init has none)."""
+  out = dict(fresh)
+  for k, v in init.items():
+    out[k] = {**fresh[k], **v} if k == "bert" and k in fresh else v
+  return out
+
+
+def resume_or_init(t: Trainer, ckpt: checkpoint_lib.Checkpointer, seed: int, init_params: dict | None = None,
+                   announce: Callable[[str], None] = print):
+  """(state, saved data state or None, start step): the workdir's latest checkpoint, else a fresh state with
+  `init_params` (a partial tree: what it holds replaces the fresh parameters, checked shape by shape), else a
+  fresh state."""
+  leftovers = ckpt.half_written()
+  if leftovers and jax.process_index() == 0:
+    announce(f"note: ignoring half-written checkpoint(s) {leftovers} in {ckpt.directory} (a killed save)")
+  if ckpt.latest_step() is not None:
+    state, data_state, step = ckpt.restore(t.abstract)
+    return state, data_state, step
+  state = init_state(t, seed)
+  if init_params is not None:
+    fresh = jax.device_get(state.params)
+    params = merge_params(fresh, init_params)
+    checkpoint_lib.check_params_fit(params, fresh)
+    state = state_lib.with_params(state, params, t.tx, t.shardings, t.mesh, t.rules)
+  return state, None, 0
+
+
+class StopFlag:
+  """Set by SIGTERM (TPU preemption) or SIGINT: save at the current step and exit cleanly."""
+
+  def __init__(self):
+    self.signal = None
+    self._old = {}
+
+  def __enter__(self):
+    for sig in (signal.SIGTERM, signal.SIGINT):
+      try:
+        self._old[sig] = signal.signal(sig, self._handle)
+      except ValueError:  # not the main thread
+        pass
+    return self
+
+  def _handle(self, signum, frame):
+    del frame
+    self.signal = signal.Signals(signum).name
+
+  def __exit__(self, *exc):
+    for sig, old in self._old.items():
+      signal.signal(sig, old)
+
+
+def check_finite(pending: list) -> list[dict]:
+  """The host values of `pending` [(step, metrics)]; raises NonFiniteError at the first non-finite loss or
+  gradient norm, naming the step."""
+  host = jax.device_get([m for _, m in pending])
+  for (step, _), m in zip(pending, host):
+    if not (np.isfinite(m["loss"]) and np.isfinite(m["grad_norm"])):
+      raise errors.NonFiniteError(
+          f"non-finite loss or gradient at step {step} (loss={m['loss']}, grad_norm={m['grad_norm']}, "
+          f"learning_rate={m['learning_rate']:.3g}); stopping without writing a checkpoint from this state. The "
+          "latest checkpoint is the last good one; lower train.learning_rate or check the data.")
+  return host
+
+
+def write_config(workdir: str, config, **json_files: dict) -> None:
+  """WORKDIR/config.json (the run's whole config) and any `name=dict` as WORKDIR/name.json (process 0 only)."""
+  if jax.process_index() != 0:
+    return
+  os.makedirs(workdir, exist_ok=True)
+  with open(os.path.join(workdir, "config.json"), "w", encoding="utf-8") as f:
+    f.write(config.to_json(indent=2))
+  for name, obj in json_files.items():
+    with open(os.path.join(workdir, f"{name}.json"), "w", encoding="utf-8") as f:
+      json.dump(obj, f, indent=2)

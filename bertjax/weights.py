@@ -1,0 +1,150 @@
+"""One loader for every source of weights: a bertjax pre-training workdir (its latest checkpoint), a fine-tuned
+bertjax workdir (its best parameters), or an HF transformers folder (safetensors), each with its architecture,
+its tokenizer and the parameters in the layer layout (scanned or not) that the model to be built wants.
+
+    w = weights.load("W_or_F_or_HF_DIR", overrides={"scan_layers": True}, head="encoder")
+    w.cfg, w.params, w.tokenizer, w.do_lower_case
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from typing import Any, Mapping
+
+import jax
+import ml_collections
+import numpy as np
+
+from bertjax import checkpoint as checkpoint_lib
+from bertjax import convert, errors
+from bertjax import model as model_lib
+
+SOURCES = ("pretraining", "finetuned", "hf")
+
+
+@dataclasses.dataclass
+class Weights:
+  source: str  # one of SOURCES
+  cfg: model_lib.BertConfig  # the saved architecture with the overrides applied
+  params: dict  # a partial tree in cfg's layer layout: `bert` (the encoder) and whatever heads were asked for
+  tokenizer: str  # path of a vocab.txt or sentencepiece .model ("" if the source names none)
+  do_lower_case: bool
+  meta: dict = dataclasses.field(default_factory=dict)  # finetune.json, HF config.json or the run's config
+
+
+def source_of(path: str) -> str:
+  if os.path.isfile(os.path.join(path, "finetune.json")):
+    return "finetuned"
+  config = os.path.join(path, "config.json")
+  if os.path.isdir(os.path.join(path, "checkpoints")):
+    return "pretraining"
+  if os.path.isfile(config):
+    try:
+      with open(config, encoding="utf-8") as f:
+        is_run = "train" in json.load(f)  # a bertjax run's config, not an HF model's
+    except (OSError, ValueError):
+      is_run = False
+    return "pretraining" if is_run else "hf"
+  raise errors.CheckpointError(f"{path}: neither a bertjax workdir (checkpoints/ or finetune.json) nor an HF model "
+                               "folder (config.json + model.safetensors)")
+
+
+def load(path: str, *, overrides: Mapping[str, Any] | None = None, head: str = "all", num_labels: int = 0) -> Weights:
+  """The weights at `path`.
+
+  head: "all" (everything the source holds), "encoder" (only `bert`), "pretraining" (the MLM/NSP heads too; an
+  HF folder must hold them), or an HF task head (`convert.TASK_HEADS`): an HF folder whose architecture is that
+  head with `num_labels` labels keeps it (as HF's `from_pretrained` does), any other source gives its encoder.
+  """
+  overrides = dict(overrides or {})
+  kind = source_of(path)
+  if kind == "finetuned":
+    with open(os.path.join(path, "finetune.json"), encoding="utf-8") as f:
+      meta = json.load(f)
+    cfg = model_lib.BertConfig.from_dict({**meta["model"], **overrides})
+    params = restore_best(path)
+    saved_scan = "layers" in params["bert"]["encoder"]
+    tok, lower = meta["tokenizer"], meta["do_lower_case"]
+  elif kind == "pretraining":
+    with open(os.path.join(path, "config.json"), encoding="utf-8") as f:
+      meta = json.load(f)
+    run = ml_collections.ConfigDict(meta)
+    cfg = model_lib.BertConfig.from_dict({**run.model.to_dict(), **overrides})
+    params = checkpoint_lib.Checkpointer(path).restore_params()
+    saved_scan = "layers" in params["bert"]["encoder"]
+    tok, lower = _creation_tokenizer(run.data.data_dir)
+  else:
+    meta, state = convert.read_hf_dir(path)
+    cfg = convert.hf_config_to_bert(meta, **overrides)
+    flat = cfg.replace(scan_layers=False)
+    saved_scan = False
+    arch = convert.head_of_architecture(meta)
+    if head == "all":
+      params = convert.from_state_dict(flat, state, head=arch or "auto")[1]
+      params = params if "bert" in params or "mlm_bias" in params else {"bert": params}
+    elif head == "pretraining":
+      params = convert.from_state_dict(flat, state, head="pretraining")[1]
+    else:
+      params = None
+      if head in convert.TASK_HEADS and arch == head:
+        full = convert.from_state_dict(flat, state, head=head)[1]
+        head_name = convert.TASK_HEADS[head][2]
+        if head == "question_answering" or full[head_name]["kernel"].shape[-1] == num_labels:
+          params = full
+      if params is None:
+        params = {"bert": convert.from_state_dict(flat, state, head="encoder")[1]}
+    tok, lower = _hf_tokenizer(path)
+  if head in ("encoder",) or (head in convert.TASK_HEADS and kind != "hf"):
+    params = {"bert": params["bert"]}
+  params["bert"] = to_layout(params["bert"], cfg, saved_scan)
+  return Weights(kind, cfg, params, tok, lower, meta)
+
+
+def to_layout(bert: dict, cfg: model_lib.BertConfig, saved_scan: bool | None = None) -> dict:
+  """The encoder params `bert` in cfg's layer layout: stacked on a `layers` axis for scanned layers, else one
+  subtree per layer."""
+  scanned = "layers" in bert["encoder"] if saved_scan is None else saved_scan
+  if cfg.scan_layers and not scanned:
+    return convert.stack_layers(bert, cfg.num_layers)
+  if not cfg.scan_layers and scanned:
+    return convert.unstack_layers(bert, cfg.num_layers)
+  return bert
+
+
+def restore_best(workdir: str) -> dict:
+  """The parameters a fine-tuning run kept as its best (WORKDIR/best), as host arrays."""
+  import orbax.checkpoint as ocp  # pylint: disable=import-outside-toplevel
+  best = os.path.join(os.path.abspath(workdir), "best")
+  if not os.path.isdir(best):
+    raise errors.CheckpointError(f"{workdir}: no best/ parameters (the fine-tuning run has not finished an epoch)")
+  params = ocp.StandardCheckpointer().restore(best)
+  return jax.tree_util.tree_map(np.asarray, params)
+
+
+def save_best(workdir: str, params) -> None:
+  import orbax.checkpoint as ocp  # pylint: disable=import-outside-toplevel
+  ckpt = ocp.StandardCheckpointer()
+  ckpt.save(os.path.join(os.path.abspath(workdir), "best"), params, force=True)
+  ckpt.wait_until_finished()
+
+
+def _creation_tokenizer(data_dir: str) -> tuple[str, bool]:
+  """The tokenizer the run's data was made with; ("", True) when the data is not readable from here (the weights
+  are still usable; a caller that needs the tokenizer says so)."""
+  from bertjax.data import dataset  # pylint: disable=import-outside-toplevel
+  try:
+    creation = dataset.read_creation(data_dir) if data_dir else {}
+  except (OSError, errors.Error):
+    return "", True
+  return creation.get("tokenizer", ""), creation.get("do_lower_case", True)
+
+
+def _hf_tokenizer(path: str) -> tuple[str, bool]:
+  vocab = os.path.join(path, "vocab.txt")
+  lower = True
+  tc = os.path.join(path, "tokenizer_config.json")
+  if os.path.isfile(tc):
+    with open(tc, encoding="utf-8") as f:
+      lower = json.load(f).get("do_lower_case", lower)
+  return vocab, lower

@@ -1,0 +1,76 @@
+"""What several test modules share: small configs, the entry-point command lines and their checks.
+
+Fixtures live in conftest.py; plain functions here (`import helpers`)."""
+import os
+import re
+import subprocess
+import sys
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def make_pretraining_data(d) -> str:
+  """A tiny pre-training data_dir (seq 32, 5 predictions, vocab 128) built from generated text under `d`."""
+  from bertjax.data import dataset, pretraining, tokenizer  # pylint: disable=import-outside-toplevel
+  rng = np.random.default_rng(0)
+  words = ("the model reads text and predicts masked words from both sides of each sentence while a second "
+           "head guesses whether two segments follow each other").split()
+  docs = ["\n".join(" ".join(rng.choice(words, rng.integers(5, 14))).capitalize() + "."
+                    for _ in range(rng.integers(2, 9))) for _ in range(80)]
+  (d / "corpus.txt").write_text("\n\n".join(docs))
+  vocab = tokenizer.train([d / "corpus.txt"], d / "tok", vocab_size=128)
+  opts = pretraining.CreationOptions(max_seq_length=32, max_predictions_per_seq=5, dupe_factor=2)
+  dataset.create([d / "corpus.txt"], vocab, d / "data", opts, heldout_every=8)
+  return str(d / "data")
+
+
+def small_config(data_dir="", shard="dp", **train_kw):
+  from bertjax.data import dataset  # pylint: disable=import-outside-toplevel
+  from configs import pretrain  # pylint: disable=import-outside-toplevel
+  c = pretrain.get_config(f"variant=tiny,seq=32,preds=5,batch=16,shard={shard},tp=4,steps=6")
+  c.model.hidden_size = 64
+  c.model.num_heads = 4
+  c.model.intermediate_size = 128
+  c.model.max_position_embeddings = 64
+  c.model.vocab_size = dataset.read_creation(data_dir)["vocab_size"] if data_dir else 128
+  c.data.data_dir = data_dir
+  c.data.prefetch = 0
+  c.train.warmup_steps = 2
+  c.train.learning_rate = 1e-3
+  c.log_every = 1
+  c.eval_every = 3
+  c.eval_batches = 2
+  c.checkpoint_every = 3
+  for k, v in train_kw.items():
+    c.train[k] = v
+  return c
+
+
+def main_cmd(config_arg, workdir, data_dir, *extra):
+  """`python -m bertjax.main` pre-training the small model of `small_config` on `data_dir`."""
+  from bertjax.data import dataset  # pylint: disable=import-outside-toplevel
+  return [sys.executable, "-m", "bertjax.main", f"--config={ROOT}/configs/pretrain.py:{config_arg}",
+          f"--workdir={workdir}", f"--config.data.data_dir={data_dir}", "--config.model.hidden_size=64",
+          "--config.model.num_heads=4", "--config.model.intermediate_size=128",
+          f"--config.model.vocab_size={dataset.read_creation(data_dir)['vocab_size']}",
+          "--config.model.max_position_embeddings=64", "--config.train.warmup_steps=2", *extra]
+
+
+def env():
+  e = dict(os.environ)
+  e["PYTHONPATH"] = ROOT + os.pathsep + e.get("PYTHONPATH", "")
+  return e
+
+
+def run_cmd(cmd, timeout=600):
+  return subprocess.run(cmd, cwd=ROOT, env=env(), capture_output=True, text=True, timeout=timeout, check=False)
+
+
+def assert_one_line_error(proc, pattern):
+  """Exit code 2, exactly one `error:` line matching `pattern`, and no traceback."""
+  assert proc.returncode == 2, proc.stderr[-2000:]
+  lines = [l for l in proc.stderr.splitlines() if l.startswith("error: ")]
+  assert len(lines) == 1 and re.search(pattern, lines[0]), proc.stderr[-2000:]
+  assert "Traceback" not in proc.stderr

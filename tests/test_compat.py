@@ -1,0 +1,63 @@
+"""Checkpoints written before the trainer core, the task plug-ins and the model package existed still restore.
+
+tests/data/checkpoints_v0 holds a 2-step pre-training workdir (scanned layers) and a fine-tuned sentence
+classifier made from it (its training checkpoint and best parameters), written by bertjax at commit 9c0724a.
+"""
+import json
+import os
+import shutil
+
+import jax
+import ml_collections
+import numpy as np
+
+from bertjax import checkpoint as checkpoint_lib, finetune, model as model_lib, train, weights
+
+V0 = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "checkpoints_v0")
+
+
+def test_a_pre_training_checkpoint_from_before_restores_whole():
+  w = os.path.join(V0, "pretrain")
+  with open(os.path.join(w, "config.json"), encoding="utf-8") as f:
+    config = ml_collections.ConfigDict(json.load(f))
+  mcfg = model_lib.BertConfig.from_dict(config.model.to_dict())
+  run = train.build(config, mcfg, jax.devices()[:1])
+  state, data_state, step = checkpoint_lib.Checkpointer(w).restore(run.abstract)
+  assert step == 2 and data_state["step"] == 2 and int(state.step) == 2
+  # The one weight loader reads the same parameters, in either layer layout.
+  loaded = weights.load(w)
+  assert loaded.source == "pretraining" and loaded.cfg.scan_layers
+  for a, b in zip(jax.tree_util.tree_leaves(loaded.params), jax.tree_util.tree_leaves(jax.device_get(state.params))):
+    np.testing.assert_array_equal(a, b)
+  flat = train.load_init_params(w, mcfg.replace(scan_layers=False))
+  assert "layer_1" in flat["bert"]["encoder"]
+  ids = np.full((1, 8), 5, np.int32)
+  batch = {"input_ids": ids, "input_mask": np.ones_like(ids), "segment_ids": np.zeros_like(ids),
+           "masked_lm_positions": np.array([[1, 2]], np.int32)}
+  out = model_lib.BertForPreTraining(mcfg.replace(scan_layers=False)).apply({"params": flat}, batch)
+  assert out["mlm_logits"].shape == (1, 2, mcfg.vocab_size) and np.isfinite(out["mlm_logits"]).all()
+
+
+def test_a_fine_tuned_workdir_from_before_predicts_and_resumes(tmp_path):
+  ft = tmp_path / "finetune"
+  shutil.copytree(os.path.join(V0, "finetune"), ft)
+  meta = json.loads((ft / "finetune.json").read_text())
+  meta["tokenizer"] = os.path.join(V0, "vocab.txt")  # the path it was written with is gone
+  (ft / "finetune.json").write_text(json.dumps(meta))
+  pred = finetune.predict_text(str(ft), text="the model reads text")
+  assert pred["label"] in ("a", "b") and abs(sum(pred["probabilities"].values()) - 1) < 1e-3
+  # Its training checkpoint restores into the state the fine-tuning loop builds today.
+  _, task, module, params, _ = finetune.load_finetuned(str(ft))
+  from bertjax import optim, state as state_lib, trainer
+  tx, lr_fn = optim.make(ml_collections.ConfigDict({**json.loads((ft / "config.json").read_text())["train"],
+                                                    "num_steps": 3, "warmup_steps": 0}))
+  ids = np.zeros((8, 32), np.int32)
+  dummy = {"input_ids": ids, "input_mask": ids + 1, "segment_ids": ids, "labels": np.zeros(8, np.int32),
+           "example_weights": np.ones(8, np.float32)}
+  config = ml_collections.ConfigDict(json.loads((ft / "config.json").read_text()))
+  t = trainer.build(config, module, tx, lr_fn, dummy, *finetune.make_steps(module, task, tx, lr_fn, 0),
+                    devices=jax.devices()[:1])
+  state, saved, step = checkpoint_lib.Checkpointer(str(ft)).restore(t.abstract)
+  assert step == 3 and saved["total_steps"] == 3 and isinstance(state, state_lib.TrainState)
+  for a, b in zip(jax.tree_util.tree_leaves(params), jax.tree_util.tree_leaves(jax.device_get(state.params))):
+    assert a.shape == b.shape
