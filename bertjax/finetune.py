@@ -59,15 +59,8 @@ def load_init(config, task: tasks_lib.Task | None = None):
   return tok, mcfg, params, tok_path, lower
 
 
-merge_init = trainer.merge_params
-
-
 def head_module(task: tasks_lib.Task, mcfg):
   return tasks_lib.kind(task).head(task, mcfg)
-
-
-def load_data(config, task, tok):
-  return tasks_lib.kind(task).load(task, config, tok)
 
 
 def pack_train(train: dict, task: tasks_lib.Task, config, dp: int) -> tuple[dict, int, str]:

@@ -95,7 +95,7 @@ def load(path: str, *, overrides: Mapping[str, Any] | None = None, head: str = "
       if params is None:
         params = {"bert": convert.from_state_dict(flat, state, head="encoder")[1]}
     tok, lower = _hf_tokenizer(path)
-  if head in ("encoder",) or (head in convert.TASK_HEADS and kind != "hf"):
+  if head == "encoder" or (head in convert.TASK_HEADS and kind != "hf"):  # an HF task head was handled above
     params = {"bert": params["bert"]}
   params["bert"] = to_layout(params["bert"], cfg, saved_scan)
   return Weights(kind, cfg, params, tok, lower, meta)
