@@ -85,9 +85,9 @@ def test_attention_matches_numpy_with_padding(impl):
   input_mask = np.ones((2, 10), np.int32)
   input_mask[1, 6:] = 0
   att = model.SelfAttention(cfg)
-  mask = model.attention_mask(input_mask)
-  params = nn.meta.unbox(att.init(jax.random.key(1), x, mask, True)["params"])
-  got = np.asarray(att.apply({"params": params}, x, mask, True))
+  ctx = {"mask": model.attention_mask(input_mask)}
+  params = nn.meta.unbox(att.init(jax.random.key(1), x, ctx, True)["params"])
+  got = np.asarray(att.apply({"params": params}, x, ctx, True))
   p = jax.tree_util.tree_map(np.asarray, params)
   want = numpy_attention(x.astype(np.float64), input_mask, p, cfg)
   np.testing.assert_allclose(got, want, atol=2e-5)

@@ -39,7 +39,9 @@ ACTIVATIONS = {
     "gelu": gelu,  # exact erf form: BERT's and HF's "gelu"
     "gelu_tanh": functools.partial(jax.nn.gelu, approximate=True),
     "relu": jax.nn.relu,
+    "silu": jax.nn.silu,  # SwiGLU's gate (with ffn="glu")
 }
+POSITIONS = ("learned", "sinusoidal", "rotary", "alibi")
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 
 
@@ -52,11 +54,29 @@ class BertConfig:
   num_heads: int = 12
   intermediate_size: int = 3072
   max_position_embeddings: int = 512
-  type_vocab_size: int = 2
-  hidden_act: str = "gelu"  # gelu (exact) | gelu_tanh | relu
-  position_embedding: str = "learned"  # learned | sinusoidal
-  layer_norm: str = "post"  # post (BERT) | pre
-  layer_norm_eps: float = 1e-12
+  type_vocab_size: int = 2  # segment (token type) embeddings; 0 = none (RoBERTa keeps 1, ModernBERT 0)
+  hidden_act: str = "gelu"  # gelu (exact) | gelu_tanh | relu | silu
+  # FFN: mlp (act(x·W1)·W2, BERT) | glu (gated: (act(x·W1) ⊙ x·Wg)·W2; GeGLU with gelu, SwiGLU with silu).
+  ffn: str = "mlp"
+  # learned (a table; BERT, RoBERTa) | sinusoidal (a fixed table added to the embeddings) | rotary (RoPE on queries
+  # and keys; ModernBERT) | alibi (a per-head linear distance bias on the attention scores; MosaicBERT)
+  position_embedding: str = "learned"
+  position_offset: int = 0  # first position id of a row (RoBERTa counts from padding_idx + 1 = 2)
+  rope_theta: float = 10000.0  # rotary base of global-attention layers (ModernBERT: 160000)
+  rope_theta_local: float = 0.0  # rotary base of local-attention layers; 0 = rope_theta (ModernBERT: 10000)
+  # Sliding-window attention: 0 = every layer global; W > 0 = layers attend within |i - j| <= W/2 (ModernBERT's
+  # local_attention = 128), except every `global_every`-th layer (0, N, 2N, ...), which attends globally.
+  local_attention: int = 0
+  global_every: int = 3
+  layer_norm: str = "post"  # post (BERT) | pre (with a final norm after the stack)
+  norm: str = "layernorm"  # layernorm | rmsnorm
+  layer_norm_eps: float = 1e-12  # epsilon of every norm
+  norm_bias: bool = True  # LayerNorm's bias (rmsnorm has none: set False)
+  use_bias: bool = True  # biases of the encoder's linear layers and the MLM transform
+  embedding_norm: bool = True  # a norm over the summed embeddings
+  first_attention_norm: bool = True  # pre-norm: layer 0 normalises its input (ModernBERT: no, the embedding norm does)
+  vocab_multiple: int = 1  # the embedding table padded to a multiple of this (64 for throughput); never predicted
+  nsp_head: bool = True  # BertForPreTraining builds the pooler and NSP head (RoBERTa/ModernBERT recipes: MLM only)
   dropout_rate: float = 0.1
   attention_dropout_rate: float = 0.1
   initializer_range: float = 0.02
@@ -93,16 +113,19 @@ class BertConfig:
 
   def __post_init__(self):
     positive = ("vocab_size", "hidden_size", "num_layers", "num_heads", "intermediate_size",
-                "max_position_embeddings", "type_vocab_size")
-    for name in positive + ("scan_unroll",):
-      value, least = getattr(self, name), 0 if name == "scan_unroll" else 1
+                "max_position_embeddings")
+    non_negative = ("scan_unroll", "type_vocab_size", "position_offset", "local_attention")
+    for name in positive + non_negative + ("global_every", "vocab_multiple"):
+      value, least = getattr(self, name), 0 if name in non_negative else 1
       if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < least:
-        what = "a non-negative integer (0 = auto)" if least == 0 else "a positive integer"
+        what = "a non-negative integer" if least == 0 else "a positive integer"
         raise errors.ConfigError(f"BertConfig.{name} must be {what}, got {value!r}")
     if self.hidden_size % self.num_heads:
       raise errors.ConfigError(f"BertConfig: hidden_size {self.hidden_size} is not divisible by "
                        f"num_heads {self.num_heads}")
-    choices = {"hidden_act": ACTIVATIONS, "position_embedding": ("learned", "sinusoidal"),
+    choices = {"hidden_act": ACTIVATIONS, "position_embedding": POSITIONS, "ffn": ("mlp", "glu"),
+               "norm": ("layernorm", "rmsnorm"), "norm_bias": (False, True), "use_bias": (False, True),
+               "embedding_norm": (False, True), "first_attention_norm": (False, True), "nsp_head": (False, True),
                "layer_norm": ("post", "pre"), "dtype": DTYPES, "param_dtype": DTYPES,
                "remat": ("none", "full", "dots"), "attention_impl": ("xla", "cudnn", "auto", "pallas", "splash"),
                "embedding_lookup": ("gather", "one_hot", "auto"), "dropout_impl": ("rng", "hash"),
@@ -112,9 +135,57 @@ class BertConfig:
         raise errors.ConfigError(f"BertConfig.{name}={getattr(self, name)!r}; choose one of {sorted(allowed)}")
     if self.position_embedding == "sinusoidal" and self.hidden_size % 2:
       raise errors.ConfigError("BertConfig: sinusoidal positions need an even hidden_size")
+    self._check_combinations()
     for name in ("dropout_rate", "attention_dropout_rate"):
       if not 0.0 <= getattr(self, name) < 1.0:
         raise errors.ConfigError(f"BertConfig.{name} must be in [0, 1), got {getattr(self, name)}")
+
+  def _check_combinations(self):
+    """The switches that do not go together, each named with its fix."""
+    bad = errors.ConfigError
+    if self.position_embedding == "rotary" and self.head_dim % 2:
+      raise bad(f"BertConfig: rotary positions need an even head_dim, got {self.head_dim}")
+    if self.position_offset and self.position_embedding != "learned":
+      raise bad(f"BertConfig.position_offset={self.position_offset} offsets a learned position table; "
+                f"position_embedding is {self.position_embedding!r}")
+    if (self.rope_theta_local or self.rope_theta != 10000.0) and self.position_embedding != "rotary":
+      raise bad("BertConfig.rope_theta / rope_theta_local set, but position_embedding is "
+                f"{self.position_embedding!r}, not 'rotary'")
+    if min(self.rope_theta, self.rope_theta_local or 1.0) <= 0:
+      raise bad("BertConfig.rope_theta and rope_theta_local must be positive")
+    if self.norm == "rmsnorm" and self.norm_bias:
+      raise bad("BertConfig: norm='rmsnorm' has no bias; set norm_bias=False")
+    if not self.first_attention_norm and self.layer_norm != "pre":
+      raise bad("BertConfig.first_attention_norm=False applies to pre-norm stacks; layer_norm is 'post'")
+    if self.local_attention:
+      if self.local_attention % 2 or self.local_attention < 2:
+        raise bad(f"BertConfig.local_attention must be an even window of at least 2 tokens, got "
+                  f"{self.local_attention}")
+      if self.local_attention >= self.max_position_embeddings:
+        raise bad(f"BertConfig.local_attention {self.local_attention} is not shorter than "
+                  f"max_position_embeddings {self.max_position_embeddings}: every layer would be global")
+    needs_bias = [what for what, on in (("position_embedding='alibi'", self.position_embedding == "alibi"),
+                                        ("local_attention", self.local_attention > 0)) if on]
+    if needs_bias and self.attention_impl != "xla":
+      raise bad(f"BertConfig: {needs_bias[0]} runs on attention_impl='xla' (a bias or banded mask on the "
+                f"scores), not {self.attention_impl!r}")
+    if self.position_offset + 1 > self.max_position_embeddings:
+      raise bad(f"BertConfig.position_offset {self.position_offset} leaves no room in max_position_embeddings "
+                f"{self.max_position_embeddings}")
+
+  def layer_is_local(self, i: int) -> bool:
+    """Whether layer i attends within the sliding window (ModernBERT: every layer but 0, N, 2N, ...)."""
+    return bool(self.local_attention) and i % self.global_every != 0
+
+  @property
+  def max_length(self) -> int:
+    """The longest sequence the positions allow (a learned table less its offset)."""
+    return self.max_position_embeddings - self.position_offset
+
+  @property
+  def padded_vocab_size(self) -> int:
+    """Rows of the word-embedding table: vocab_size rounded up to a multiple of vocab_multiple."""
+    return -(-self.vocab_size // self.vocab_multiple) * self.vocab_multiple
 
   @classmethod
   def from_variant(cls, variant: str, **overrides) -> "BertConfig":

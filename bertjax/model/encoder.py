@@ -16,7 +16,8 @@ import numpy as np
 
 from bertjax.kernels import attention as attention_lib
 from bertjax.model.config import BertConfig
-from bertjax.model.layers import Dense, Embeddings, Layer, attention_mask, layer_norm, take_rows
+from bertjax.model.layers import (Dense, Embeddings, Layer, alibi_bias, attention_mask, band_mask, layer_norm,
+                                  rotary_tables, take_rows)
 
 class _ScanLayer(nn.Module):
   """Adapter giving `Layer` the (carry, x) -> (carry, y) signature `nn.scan` needs."""
@@ -24,8 +25,8 @@ class _ScanLayer(nn.Module):
   deterministic: bool
 
   @nn.compact
-  def __call__(self, x, mask):
-    return _layer_class(self.cfg)(self.cfg, name="layer")(x, mask, self.deterministic), None
+  def __call__(self, x, ctx, index):
+    return _layer_class(self.cfg)(self.cfg, name="layer")(x, ctx, self.deterministic, None, index), None
 
 
 def _layer_class(cfg: BertConfig):
@@ -36,11 +37,16 @@ def _layer_class(cfg: BertConfig):
 
 
 def _scanned_layers(cfg: BertConfig, deterministic: bool, length: int, name: str):
-  """`length` layers under nn.scan, parameters stacked on a leading `layers` axis (built in the caller's scope)."""
+  """`length` layers under nn.scan, parameters stacked on a leading `layers` axis (built in the caller's scope).
+  Called as (x, ctx, indices): `indices` [length] are the layers' numbers (local or global attention)."""
   unroll = cfg.for_platform(jax.default_backend()).scan_unroll  # built without a mesh: the default backend's
   return nn.scan(_ScanLayer, variable_axes={"params": 0}, split_rngs={"params": True, "dropout": True},
-                 in_axes=(nn.broadcast,), length=length, unroll=min(unroll, length),
+                 in_axes=(nn.broadcast, 0), length=length, unroll=min(unroll, length),
                  metadata_params={nn.PARTITION_NAME: "layers"})(cfg, deterministic, name=name)
+
+
+def _indices(n: int):
+  return jnp.arange(n, dtype=jnp.int32)
 
 
 class _SplitStack(nn.Module):
@@ -50,11 +56,12 @@ class _SplitStack(nn.Module):
   deterministic: bool
 
   @nn.compact
-  def __call__(self, x, mask, queries):
+  def __call__(self, x, ctx, queries):
     cfg = self.cfg
-    if cfg.num_layers > 1:
-      x, _ = _scanned_layers(cfg, self.deterministic, cfg.num_layers - 1, "head")(x, mask)
-    return _layer_class(cfg)(cfg, name="last")(x, mask, self.deterministic, queries)
+    last = cfg.num_layers - 1
+    if last:
+      x, _ = _scanned_layers(cfg, self.deterministic, last, "head")(x, ctx, _indices(last))
+    return _layer_class(cfg)(cfg, name="last")(x, ctx, self.deterministic, queries, last)
 
 
 def _split_last(variables):
@@ -69,23 +76,46 @@ class Encoder(nn.Module):
   cfg: BertConfig
 
   @nn.compact
-  def __call__(self, x, mask, deterministic: bool, queries=None):
-    """x [B, L, d] -> [B, L, d]; with `queries` [B, Q], the last layer only at those positions: [B, Q, d]."""
+  def __call__(self, x, ctx, deterministic: bool, queries=None):
+    """x [B, L, d] -> [B, L, d]; with `queries` [B, Q], the last layer only at those positions: [B, Q, d].
+    `ctx`: what every layer reads (see `context`)."""
     cfg = self.cfg
     if cfg.scan_layers:
       if queries is None or self.is_initializing():  # init always builds the whole stacked layout
-        x, _ = _scanned_layers(cfg, deterministic, cfg.num_layers, "layers")(x, mask)
+        x, _ = _scanned_layers(cfg, deterministic, cfg.num_layers, "layers")(x, ctx, _indices(cfg.num_layers))
         x = x if queries is None else take_rows(x, queries)
       else:  # the same stacked parameters, viewed as layers 0..L-2 and layer L-1
         x = nn.map_variables(_SplitStack, "params", trans_in_fn=_split_last, mutable=False)(
-            cfg, deterministic, name="layers")(x, mask, queries)
+            cfg, deterministic, name="layers")(x, ctx, queries)
     else:
       layer = _layer_class(cfg)
       for i in range(cfg.num_layers):
-        x = layer(cfg, name=f"layer_{i}")(x, mask, deterministic, queries if i == cfg.num_layers - 1 else None)
+        x = layer(cfg, name=f"layer_{i}")(x, ctx, deterministic, queries if i == cfg.num_layers - 1 else None, i)
     if cfg.layer_norm == "pre":
       x = layer_norm(cfg, "final_ln")(x).astype(cfg.compute_dtype)
     return x
+
+
+def context(cfg: BertConfig, batch):
+  """What every layer reads, made once per batch: the attention mask in the form the attention implementation
+  takes, and as the switches ask, the sliding-window mask, rotary tables (global and local θ) and ALiBi bias."""
+  if cfg.attention_impl == "splash":  # the kernel masks by segment ids, not a boolean [L, L] mask
+    mask = attention_lib.splash_segments(batch["input_mask"], batch.get("attention_segment_ids"))
+  else:
+    mask = attention_mask(batch["input_mask"], batch.get("attention_segment_ids"))
+  ctx = {"mask": mask}
+  length = batch["input_ids"].shape[1]
+  if cfg.local_attention:
+    ctx["local_mask"] = mask & band_mask(length, cfg.local_attention)
+  positions = batch.get("position_ids")
+  positions = jnp.arange(length, dtype=jnp.int32)[None] if positions is None else positions
+  if cfg.position_embedding == "rotary":
+    ctx["rope"] = rotary_tables(positions, cfg.head_dim, cfg.rope_theta)
+    if cfg.local_attention and cfg.rope_theta_local and cfg.rope_theta_local != cfg.rope_theta:
+      ctx["rope_local"] = rotary_tables(positions, cfg.head_dim, cfg.rope_theta_local)
+  elif cfg.position_embedding == "alibi":
+    ctx["alibi"] = alibi_bias(positions, cfg.num_heads)
+  return ctx
 
 
 ENCODER_KEYS = ("input_ids", "input_mask", "segment_ids")
@@ -103,9 +133,10 @@ def check_batch(cfg: BertConfig, batch: Mapping[str, Any], required=ENCODER_KEYS
   for k in ("input_mask", "segment_ids", "position_ids", "attention_segment_ids"):
     if k in batch and tuple(batch[k].shape) != shape:
       raise ValueError(f"{k} has shape {tuple(batch[k].shape)}, input_ids has {shape}")
-  if shape[1] > cfg.max_position_embeddings:
+  if shape[1] > cfg.max_length:
     raise ValueError(f"sequence length {shape[1]} exceeds max_position_embeddings "
-                     f"{cfg.max_position_embeddings}")
+                     f"{cfg.max_position_embeddings}" + (f" less position_offset {cfg.position_offset}"
+                                                          if cfg.position_offset else ""))
 
 
 class BertModel(nn.Module):
@@ -117,22 +148,24 @@ class BertModel(nn.Module):
     self.encoder = Encoder(self.cfg)
     self.pooler = Dense((self.cfg.hidden_size,), ("embed", "mlp"), self.cfg)
 
-  def __call__(self, batch, deterministic: bool = True, positions=None):
+  def __call__(self, batch, deterministic: bool = True, positions=None, pool: bool = True):
     """With `positions` [B, Q] (prune_final_layer): "hidden" is [B, Q, d] at those positions only, the last layer
-    computed at them and at [CLS] alone; "pooled" is the same as without."""
+    computed at them and at [CLS] alone; "pooled" is the same as without. `pool=False`: no pooler (nor [CLS]
+    row), as an MLM-only model has none."""
     check_batch(self.cfg, batch)
     ids = batch["input_ids"]
-    if self.cfg.attention_impl == "splash":  # the kernel masks by segment ids, not a boolean [L, L] mask
-      mask = attention_lib.splash_segments(batch["input_mask"], batch.get("attention_segment_ids"))
-    else:
-      mask = attention_mask(batch["input_mask"], batch.get("attention_segment_ids"))
+    ctx = context(self.cfg, batch)
     x = self.embeddings(ids, batch["segment_ids"], batch.get("position_ids"), deterministic)
     cls_positions = batch.get("cls_positions")
     if positions is None:
-      h = self.encoder(x, mask, deterministic)
+      h = self.encoder(x, ctx, deterministic)
+      if not pool:
+        return {"hidden": h}
       return {"hidden": h, "pooled": self.pool(h[:, 0] if cls_positions is None else take_rows(h, cls_positions))}
+    if not pool:
+      return {"hidden": self.encoder(x, ctx, deterministic, positions.astype(jnp.int32))}
     cls = jnp.zeros((ids.shape[0], 1), jnp.int32) if cls_positions is None else cls_positions.astype(jnp.int32)
-    h = self.encoder(x, mask, deterministic, jnp.concatenate([cls, positions.astype(jnp.int32)], axis=1))
+    h = self.encoder(x, ctx, deterministic, jnp.concatenate([cls, positions.astype(jnp.int32)], axis=1))
     k = cls.shape[1]
     return {"hidden": h[:, k:], "pooled": self.pool(h[:, 0] if cls_positions is None else h[:, :k])}
 
@@ -141,9 +174,11 @@ class BertModel(nn.Module):
     return jnp.tanh(self.pooler(cls_hidden))
 
   def attend(self, x):
-    """Logits against the word-embedding table (the tied MLM decoder), in float32."""
+    """Logits against the word-embedding table (the tied MLM decoder), in float32; the rows padding the table
+    to `vocab_multiple` are left out (never predicted)."""
     table = self.embeddings.word_embeddings.embedding
-    return jnp.einsum("...d,vd->...v", x, table.astype(x.dtype), preferred_element_type=jnp.float32)
+    logits = jnp.einsum("...d,vd->...v", x, table.astype(x.dtype), preferred_element_type=jnp.float32)
+    return logits[..., :self.cfg.vocab_size] if self.cfg.padded_vocab_size != self.cfg.vocab_size else logits
 
 
 def dummy_batch(cfg: BertConfig, batch_size: int = 2, seq_len: int = 16, max_predictions: int = 4):

@@ -10,32 +10,42 @@ from bertjax.model.encoder import ENCODER_KEYS, BertModel, check_batch
 from bertjax.model.layers import Dense, dropout, layer_norm, take_rows
 
 class BertForPreTraining(nn.Module):
-  """Encoder + MLM head (only at `masked_lm_positions`: [B, P, V] logits) + NSP head on the pooled output."""
+  """Encoder + MLM head (only at `masked_lm_positions`: [B, P, V] logits) + NSP head on the pooled output
+  (`cfg.nsp_head`; without it, MLM alone as RoBERTa and ModernBERT pre-train, and no pooler)."""
   cfg: BertConfig
 
   def setup(self):
     cfg = self.cfg
     self.bert = BertModel(cfg)
-    self.mlm_transform = Dense((cfg.hidden_size,), ("embed", "mlp"), cfg)
+    self.mlm_transform = Dense((cfg.hidden_size,), ("embed", "mlp"), cfg, use_bias=cfg.use_bias)
     self.mlm_ln = layer_norm(cfg)
     self.mlm_bias = self.param("mlm_bias", nn.with_logical_partitioning(nn.initializers.zeros, ("vocab",)),
                                (cfg.vocab_size,), cfg.params_dtype)
-    self.nsp = Dense((2,), ("mlp", "classes"), cfg)
+    if cfg.nsp_head:
+      self.nsp = Dense((2,), ("mlp", "classes"), cfg)
 
   def __call__(self, batch, deterministic: bool = True):
-    check_batch(self.cfg, batch, ENCODER_KEYS + ("masked_lm_positions",))
+    cfg = self.cfg
+    check_batch(cfg, batch, ENCODER_KEYS + ("masked_lm_positions",))
     positions = batch["masked_lm_positions"]
-    if self.cfg.prune_final_layer:
-      out = self.bert(batch, deterministic, positions)
+    if cfg.prune_final_layer:
+      out = self.bert(batch, deterministic, positions, pool=cfg.nsp_head)
       x = out["hidden"]  # [B, P, d]
     else:
-      out = self.bert(batch, deterministic)
+      out = self.bert(batch, deterministic, pool=cfg.nsp_head)
       x = take_rows(out["hidden"], positions)  # [B, P, d]
-    x = ACTIVATIONS[self.cfg.hidden_act](self.mlm_transform(x))
-    x = self.mlm_ln(x).astype(self.cfg.compute_dtype)
+    x = ACTIVATIONS[cfg.hidden_act](self.mlm_transform(x))
+    x = self.mlm_ln(x).astype(cfg.compute_dtype)
     out["mlm_logits"] = self.bert.attend(x) + self.mlm_bias.astype(jnp.float32)
-    out["nsp_logits"] = self.nsp(out["pooled"]).astype(jnp.float32)
+    if cfg.nsp_head:
+      out["nsp_logits"] = self.nsp(out["pooled"]).astype(jnp.float32)
     return out
+
+
+def for_pretraining(cfg: BertConfig) -> BertForPreTraining:
+  """The pre-training module of any family the config describes (BERT, RoBERTa, ModernBERT, ...): one module,
+  the family being a matter of the config's switches."""
+  return BertForPreTraining(cfg)
 
 
 class BertForSequenceClassification(nn.Module):

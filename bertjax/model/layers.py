@@ -56,10 +56,14 @@ class Dense(nn.Module):
 
 
 def layer_norm(cfg: BertConfig, name: str | None = None):
+  """The config's norm (LayerNorm, with or without bias, or RMSNorm), computed in float32."""
+  scale = nn.with_logical_partitioning(nn.initializers.ones, ("embed",))
+  if cfg.norm == "rmsnorm":
+    return nn.RMSNorm(epsilon=cfg.layer_norm_eps, dtype=jnp.float32, param_dtype=cfg.params_dtype,
+                      scale_init=scale, name=name)
   return nn.LayerNorm(epsilon=cfg.layer_norm_eps, dtype=jnp.float32, param_dtype=cfg.params_dtype,
-                      scale_init=nn.with_logical_partitioning(nn.initializers.ones, ("embed",)),
-                      bias_init=nn.with_logical_partitioning(nn.initializers.zeros, ("embed",)),
-                      name=name)
+                      use_bias=cfg.norm_bias, scale_init=scale,
+                      bias_init=nn.with_logical_partitioning(nn.initializers.zeros, ("embed",)), name=name)
 
 
 class HashDropout(nn.Module):
@@ -89,6 +93,63 @@ def sinusoidal_positions(length: int, dim: int) -> np.ndarray:
   return pe.astype(np.float32)
 
 
+def rotary_tables(positions, head_dim: int, theta: float):
+  """cos, sin [B|1, L, head_dim] (float32) of rotary embeddings at `positions` [B|1, L]: angle(i, k) = i·θ^(-2k/D)
+  for k < D/2, the halves repeated (the rotate-half layout of RoFormer's GPT-NeoX form, as HF's Llama and
+  ModernBERT have it)."""
+  inv_freq = 1.0 / (theta ** (np.arange(0, head_dim, 2, dtype=np.float32) / head_dim))
+  angles = positions.astype(jnp.float32)[..., None] * jnp.asarray(inv_freq, jnp.float32)
+  angles = jnp.concatenate([angles, angles], axis=-1)
+  return jnp.cos(angles), jnp.sin(angles)
+
+
+def apply_rotary(x, cos, sin):
+  """x [B, L, H, D] rotated by the tables [B|1, L, D]: x·cos + rotate_half(x)·sin, in float32."""
+  dtype = x.dtype
+  x = x.astype(jnp.float32)
+  half = x.shape[-1] // 2
+  rotated = jnp.concatenate([-x[..., half:], x[..., :half]], axis=-1)
+  return (x * cos[:, :, None, :] + rotated * sin[:, :, None, :]).astype(dtype)
+
+
+def alibi_slopes(num_heads: int) -> np.ndarray:
+  """ALiBi's per-head slopes (Press et al.): 2^(-8k/n) for k = 1..n with n a power of two; otherwise those of
+  the next lower power of two followed by every other slope of the next higher one (as MosaicBERT builds them)."""
+  def powers(n):
+    start = 2.0 ** (-8.0 / n)
+    return [start ** (k + 1) for k in range(n)]
+  closest = 2 ** int(np.floor(np.log2(num_heads)))
+  slopes = powers(closest)
+  if closest < num_heads:
+    slopes += powers(2 * closest)[0::2][:num_heads - closest]
+  return np.asarray(slopes, np.float32)
+
+
+def alibi_bias(positions, num_heads: int):
+  """The symmetric ALiBi bias -m_h·|i - j| [B|1, H, L, L] (float32) of `positions` [B|1, L]."""
+  distance = jnp.abs(positions[:, :, None] - positions[:, None, :]).astype(jnp.float32)
+  return -jnp.asarray(alibi_slopes(num_heads))[None, :, None, None] * distance[:, None]
+
+
+def band_mask(length: int, window: int):
+  """[1, 1, L, L] boolean: |i - j| <= window // 2 (a sliding window of `window` tokens, ModernBERT's local_attention)."""
+  i = np.arange(length)
+  return jnp.asarray(np.abs(i[:, None] - i[None, :]) <= window // 2)[None, None]
+
+
+def rows_of(x, queries):
+  """x [B|1, H|1, L, ...] at query rows `queries` [B, Q] on axis 2 -> [B, H|1, Q, ...] (x broadcast over B)."""
+  x = jnp.broadcast_to(x, (queries.shape[0],) + x.shape[1:])
+  return jnp.take_along_axis(x, queries.reshape(queries.shape[:1] + (1, -1) + (1,) * (x.ndim - 3)), axis=2)
+
+
+def select(flag, when_true, when_false):
+  """`when_true` if flag else `when_false`, for a Python flag (static) or a traced one (a scanned layer)."""
+  if isinstance(flag, (bool, np.bool_)):
+    return when_true if flag else when_false
+  return jax.tree_util.tree_map(lambda a, b: jnp.where(flag, a, b), when_true, when_false)
+
+
 def attention_mask(input_mask, attention_segment_ids=None):
   """Boolean mask [B, 1, Lq, Lk]: True where query q may attend to key k. No causal part.
 
@@ -116,10 +177,13 @@ def take_rows(x, positions):
 
 
 def dot_product_attention(q, k, v, mask, *, dropout_rate=0.0, dropout_rng=None, deterministic=True,
-                          dropout_impl="rng"):
-  """softmax(QKᵀ/√d_k)·V per head. q, k, v: [B, L, H, D]; mask [B, 1|H, Lq, Lk]. Softmax in float32."""
+                          dropout_impl="rng", bias=None):
+  """softmax(QKᵀ/√d_k + bias)·V per head. q, k, v: [B, L, H, D]; mask [B, 1|H, Lq, Lk]; bias (float32)
+  broadcastable to [B, H, Lq, Lk]. Softmax in float32."""
   scores = jnp.einsum("bqhd,bkhd->bhqk", q, k, preferred_element_type=jnp.float32)
   scores = scores / np.sqrt(q.shape[-1]).astype(np.float32)
+  if bias is not None:
+    scores = scores + bias
   scores = jnp.where(mask, scores, jnp.finfo(jnp.float32).min)
   probs = jax.nn.softmax(scores, axis=-1)
   if not deterministic and dropout_rate > 0.0:
@@ -135,16 +199,30 @@ class SelfAttention(nn.Module):
   cfg: BertConfig
 
   @nn.compact
-  def __call__(self, x, mask, deterministic: bool, queries=None):
+  def __call__(self, x, ctx, deterministic: bool, queries=None, index=0):
     """Self-attention of x [B, L, d]; with `queries` [B, Q] only those positions' outputs ([B, Q, d]), every
-    position still a key and value. `mask` as the attention implementation takes it (see BertModel)."""
+    position still a key and value. `ctx` is what every layer shares (see `context`); `index` the layer's number
+    (a Python int, or traced under nn.scan), which picks local or global attention."""
     cfg = self.cfg
     shape = (cfg.num_heads, cfg.head_dim)
-    q = Dense(shape, ("embed", "heads", "kv"), cfg, name="query")(x if queries is None else take_rows(x, queries))
-    k = Dense(shape, ("embed", "heads", "kv"), cfg, name="key")(x)
-    v = Dense(shape, ("embed", "heads", "kv"), cfg, name="value")(x)
+    dense = functools.partial(Dense, shape, ("embed", "heads", "kv"), cfg, use_bias=cfg.use_bias)
+    q = dense(name="query")(x if queries is None else take_rows(x, queries))
+    k = dense(name="key")(x)
+    v = dense(name="value")(x)
     names = ("activation_batch", "activation_length", "activation_heads", "activation_kv")
+    local = (index % cfg.global_every != 0) if cfg.local_attention else False
+    mask, bias = ctx["mask"], ctx.get("alibi")
+    if cfg.local_attention:
+      mask = select(local, ctx["local_mask"], mask)
+    if "rope" in ctx:
+      cos, sin = select(local, ctx["rope_local"], ctx["rope"]) if "rope_local" in ctx else ctx["rope"]
+      k = apply_rotary(k, cos, sin)
+      if queries is not None:
+        cos, sin = (take_rows(jnp.broadcast_to(t, (x.shape[0],) + t.shape[1:]), queries) for t in (cos, sin))
+      q = apply_rotary(q, cos, sin)
     q, k, v = (_constrain(t, names) for t in (q, k, v))
+    if bias is not None and queries is not None:
+      bias = rows_of(bias, queries)
     no_dropout = deterministic or cfg.attention_dropout_rate == 0.0
     use_fused = cfg.attention_impl in ("cudnn", "auto") and no_dropout
     impl = cfg.attention_impl
@@ -170,10 +248,10 @@ class SelfAttention(nn.Module):
       z = jax.nn.dot_product_attention(q, k, v, mask=mask, implementation=impl)
     else:
       rng = None if deterministic or cfg.attention_dropout_rate == 0.0 else self.make_rng("dropout")
-      z = dot_product_attention(q, k, v, mask, dropout_rate=cfg.attention_dropout_rate,
-                                dropout_rng=rng, deterministic=deterministic, dropout_impl=cfg.dropout_impl)
+      z = dot_product_attention(q, k, v, mask, dropout_rate=cfg.attention_dropout_rate, dropout_rng=rng,
+                                deterministic=deterministic, dropout_impl=cfg.dropout_impl, bias=bias)
     z = _constrain(z, names)
-    return Dense((cfg.hidden_size,), ("heads", "kv", "embed"), cfg, in_dims=2, name="out")(z)
+    return Dense((cfg.hidden_size,), ("heads", "kv", "embed"), cfg, in_dims=2, use_bias=cfg.use_bias, name="out")(z)
 
 
 class Mlp(nn.Module):
@@ -182,32 +260,38 @@ class Mlp(nn.Module):
   @nn.compact
   def __call__(self, x):
     cfg = self.cfg
-    h = Dense((cfg.intermediate_size,), ("embed", "mlp"), cfg, name="wi")(x)
-    h = ACTIVATIONS[cfg.hidden_act](h)
+    up = functools.partial(Dense, (cfg.intermediate_size,), ("embed", "mlp"), cfg, use_bias=cfg.use_bias)
+    h = ACTIVATIONS[cfg.hidden_act](up(name="wi")(x))
+    if cfg.ffn == "glu":  # GeGLU / SwiGLU: the activation gates a second projection
+      h = h * up(name="wg")(x)
     h = _constrain(h, ("activation_batch", "activation_length", "activation_mlp"))
-    return Dense((cfg.hidden_size,), ("mlp", "embed"), cfg, name="wo")(h)
+    return Dense((cfg.hidden_size,), ("mlp", "embed"), cfg, use_bias=cfg.use_bias, name="wo")(h)
 
 
 class Layer(nn.Module):
-  """One encoder block: self-attention and FFN, each with residual + LayerNorm (post or pre)."""
+  """One encoder block: self-attention and FFN, each with residual + norm (post or pre)."""
   cfg: BertConfig
 
   @nn.compact
-  def __call__(self, x, mask, deterministic: bool, queries=None):
-    """x [B, L, d] -> [B, L, d]; with `queries` [B, Q] the block's output at those positions only, [B, Q, d]."""
+  def __call__(self, x, ctx, deterministic: bool, queries=None, index=0):
+    """x [B, L, d] -> [B, L, d]; with `queries` [B, Q] the block's output at those positions only, [B, Q, d].
+    `index`: the layer's number (a Python int, or traced under nn.scan)."""
     cfg = self.cfg
     drop = dropout(cfg)
     act_names = ("activation_batch", "activation_length", "activation_embed")
     dtype = cfg.compute_dtype
     rows = (lambda t: t) if queries is None else (lambda t: take_rows(t, queries))
+    attention = SelfAttention(cfg, name="attention")
     if cfg.layer_norm == "post":
-      a = SelfAttention(cfg, name="attention")(x, mask, deterministic, queries)
+      a = attention(x, ctx, deterministic, queries, index)
       x = layer_norm(cfg, "attention_ln")(drop(a, deterministic=deterministic) + rows(x)).astype(dtype)
       f = Mlp(cfg, name="mlp")(x)
       x = layer_norm(cfg, "mlp_ln")(drop(f, deterministic=deterministic) + x).astype(dtype)
     else:
-      a = SelfAttention(cfg, name="attention")(layer_norm(cfg, "attention_ln")(x).astype(dtype), mask,
-                                               deterministic, queries)
+      h = layer_norm(cfg, "attention_ln")(x).astype(dtype)
+      if not cfg.first_attention_norm:  # layer 0 reads the embedding norm's output as it is (ModernBERT)
+        h = select(index == 0, x, h)
+      a = attention(h, ctx, deterministic, queries, index)
       x = rows(x) + drop(a, deterministic=deterministic)
       f = Mlp(cfg, name="mlp")(layer_norm(cfg, "mlp_ln")(x).astype(dtype))
       x = x + drop(f, deterministic=deterministic)
@@ -221,14 +305,16 @@ class Embeddings(nn.Module):
     cfg = self.cfg
     embed = functools.partial(nn.Embed, features=cfg.hidden_size, dtype=cfg.compute_dtype,
                               param_dtype=cfg.params_dtype)
-    self.word_embeddings = embed(cfg.vocab_size, embedding_init=nn.with_logical_partitioning(
+    self.word_embeddings = embed(cfg.padded_vocab_size, embedding_init=nn.with_logical_partitioning(
         _init(cfg), ("vocab", "embed")))
-    self.token_type_embeddings = embed(cfg.type_vocab_size, embedding_init=nn.with_logical_partitioning(
-        _init(cfg), ("segment_type", "embed")))
+    if cfg.type_vocab_size:
+      self.token_type_embeddings = embed(cfg.type_vocab_size, embedding_init=nn.with_logical_partitioning(
+          _init(cfg), ("segment_type", "embed")))
     if cfg.position_embedding == "learned":
       self.position_embeddings = embed(cfg.max_position_embeddings, embedding_init=nn.with_logical_partitioning(
           _init(cfg), ("position", "embed")))
-    self.ln = layer_norm(cfg)
+    if cfg.embedding_norm:
+      self.ln = layer_norm(cfg)
     self.dropout = dropout(cfg)
 
   def _one_hot(self, table, ids):
@@ -245,21 +331,24 @@ class Embeddings(nn.Module):
 
   def __call__(self, input_ids, segment_ids, position_ids, deterministic: bool):
     """position_ids None: 0..L-1 in every row, added as a slice of the table (as the original does), so its
-    gradient is a sum over the batch rather than a scatter-add with every row hitting the same entries."""
+    gradient is a sum over the batch rather than a scatter-add with every row hitting the same entries.
+    A learned table is read from `position_offset` on (RoBERTa's positions start after its padding index)."""
     cfg = self.cfg
-    # Segment types: always one-hot, as in the original (a 2-row table: a scatter-add into it is all collisions).
-    x = self._lookup(self.word_embeddings, input_ids) + self._one_hot(self.token_type_embeddings.embedding,
-                                                                       segment_ids)
-    length = input_ids.shape[-1]
+    x = self._lookup(self.word_embeddings, input_ids)
+    if cfg.type_vocab_size:
+      # Segment types: always one-hot, as in the original (a 2-row table: a scatter-add into it is all collisions).
+      x = x + self._one_hot(self.token_type_embeddings.embedding, segment_ids)
+    length, offset = input_ids.shape[-1], cfg.position_offset
     if cfg.position_embedding == "learned":
       if position_ids is None:
-        x = x + self.position_embeddings.embedding[:length].astype(x.dtype)
+        x = x + self.position_embeddings.embedding[offset:offset + length].astype(x.dtype)
       else:
-        x = x + self._lookup(self.position_embeddings, position_ids)
-    else:
+        x = x + self._lookup(self.position_embeddings, position_ids + offset)
+    elif cfg.position_embedding == "sinusoidal":
       table = jnp.asarray(sinusoidal_positions(cfg.max_position_embeddings, cfg.hidden_size))
       pos = table[:length] if position_ids is None else jnp.take(table, position_ids, axis=0)
       x = x + pos.astype(x.dtype)
-    x = self.ln(x).astype(cfg.compute_dtype)
-    x = self.dropout(x, deterministic=deterministic)
+    if cfg.embedding_norm:
+      x = self.ln(x)
+    x = self.dropout(x.astype(cfg.compute_dtype), deterministic=deterministic)
     return _constrain(x, ("activation_batch", "activation_length", "activation_embed"))
