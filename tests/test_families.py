@@ -1,0 +1,143 @@
+"""RoBERTa and ModernBERT: numerical parity with HF transformers' PyTorch models in both directions (import:
+HF weights -> bertjax; export: bertjax weights -> HF's AutoModelForMaskedLM), on padded batches."""
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+import jax  # noqa: E402
+
+from bertjax import convert, model  # noqa: E402
+
+ATOL = 1e-5
+
+
+def _randomise(m, scale=0.1):
+  """Non-trivial biases and norm parameters, so that every mapped tensor matters."""
+  with torch.no_grad():
+    for name, p in m.named_parameters():
+      if name.endswith("bias") or "norm" in name.lower():
+        p.add_(torch.randn_like(p) * scale)
+  return m
+
+
+def roberta(layers=2, hidden=64, heads=4, ffn=128, vocab=300, seed=0):
+  torch.manual_seed(seed)
+  cfg = transformers.RobertaConfig(vocab_size=vocab, hidden_size=hidden, num_hidden_layers=layers,
+                                   num_attention_heads=heads, intermediate_size=ffn, max_position_embeddings=66,
+                                   type_vocab_size=1, pad_token_id=1)
+  return _randomise(transformers.RobertaForMaskedLM(cfg).eval())
+
+
+def modernbert(layers=4, hidden=64, heads=4, ffn=96, vocab=320, seed=0, window=8, every=3, **kw):
+  torch.manual_seed(seed)
+  cfg = transformers.ModernBertConfig(
+      vocab_size=vocab, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
+      intermediate_size=ffn, max_position_embeddings=128, local_attention=window, global_attn_every_n_layers=every,
+      pad_token_id=0, bos_token_id=2, eos_token_id=3, cls_token_id=2, sep_token_id=3, **kw)
+  return _randomise(transformers.ModernBertForMaskedLM(cfg).eval())
+
+
+def batch_for(vocab, b=3, length=24, p=5, seed=0, pad_id=1):
+  """Right-padded rows (lengths 24, 17, 9), real tokens never the pad id, masked positions inside each row."""
+  rng = np.random.default_rng(seed)
+  ids = rng.integers(4, vocab, (b, length))
+  mask = np.ones((b, length), np.int64)
+  for row, n in ((1, 17), (2, 9)):
+    mask[row, n:] = 0
+  ids = np.where(mask > 0, ids, pad_id)
+  pos = np.stack([np.sort(rng.choice(np.arange(0, 9), p, replace=False)) for _ in range(b)])
+  return {"input_ids": ids, "input_mask": mask, "segment_ids": np.zeros_like(ids), "masked_lm_positions": pos}
+
+
+def hf_run(m, batch):
+  with torch.no_grad():
+    out = m(input_ids=torch.tensor(batch["input_ids"]), attention_mask=torch.tensor(batch["input_mask"]),
+            output_hidden_states=True)
+    base = m.roberta if hasattr(m, "roberta") else m.model
+    hidden = base(input_ids=torch.tensor(batch["input_ids"]),
+                  attention_mask=torch.tensor(batch["input_mask"])).last_hidden_state.numpy()
+  logits = np.take_along_axis(out.logits.numpy(), batch["masked_lm_positions"][..., None], axis=1)
+  return hidden, logits
+
+
+def ours_run(cfg, params, batch):
+  jb = {k: np.asarray(v, np.int32) for k, v in batch.items()}
+  out = model.for_pretraining(cfg).apply({"params": params}, jb, deterministic=True)
+  full = model.BertModel(cfg).apply({"params": params["bert"]}, jb, deterministic=True, pool=False)["hidden"]
+  return np.asarray(out["hidden"]), np.asarray(out["mlm_logits"]), np.asarray(full)
+
+
+def check(cfg, params, m, batch):
+  hidden, logits = hf_run(m, batch)
+  at_masked, ours_logits, full = ours_run(cfg, params, batch)
+  valid = batch["input_mask"].astype(bool)
+  diffs = {"hidden": np.abs(full - hidden)[valid].max(),
+           "hidden_at_masked": np.abs(at_masked - np.take_along_axis(hidden, batch["masked_lm_positions"][..., None],
+                                                                     axis=1)).max(),
+           "mlm_logits": np.abs(ours_logits - logits).max()}
+  assert all(v <= ATOL for v in diffs.values()), diffs
+  return diffs
+
+
+FAMILY_CASES = {
+    "roberta-2x64": lambda: roberta(),
+    "roberta-3x96": lambda: roberta(layers=3, hidden=96, heads=6, ffn=160, seed=1),
+    "modernbert-4x64-window8": lambda: modernbert(),
+    "modernbert-3x96-window4-every2": lambda: modernbert(layers=3, hidden=96, heads=3, ffn=64, window=4, every=2,
+                                                         seed=1),
+    "modernbert-biases": lambda: modernbert(layers=2, attention_bias=True, mlp_bias=True, classifier_bias=True,
+                                            norm_bias=True, seed=2),
+}
+
+
+@pytest.mark.parametrize("case", sorted(FAMILY_CASES))
+@pytest.mark.parametrize("scan", [False, True])
+def test_import_matches_hf(tmp_path, case, scan):
+  m = FAMILY_CASES[case]()
+  m.save_pretrained(tmp_path / "hf")
+  cfg, params = convert.from_hf(str(tmp_path / "hf"), scan_layers=scan)
+  assert convert.family_of(cfg) == m.config.model_type
+  pad = m.config.pad_token_id
+  check(cfg, params, m, batch_for(m.config.vocab_size, pad_id=pad))
+
+
+@pytest.mark.parametrize("case", sorted(FAMILY_CASES))
+def test_export_loads_in_hf_automodel(tmp_path, case):
+  """bertjax params (the imported ones, perturbed so they are not HF's own) -> to_hf -> AutoModelForMaskedLM."""
+  m = FAMILY_CASES[case]()
+  m.save_pretrained(tmp_path / "hf")
+  cfg, params = convert.from_hf(str(tmp_path / "hf"))
+  rng = np.random.default_rng(3)
+  params = jax.tree_util.tree_map(lambda a: np.asarray(a) + rng.normal(0, 0.01, np.shape(a)).astype(np.float32),
+                                  params)
+  convert.to_hf(cfg, params, str(tmp_path / "out"))
+  back = transformers.AutoModelForMaskedLM.from_pretrained(str(tmp_path / "out")).eval()
+  assert type(back).__name__ == type(m).__name__
+  check(cfg, params, back, batch_for(m.config.vocab_size, pad_id=m.config.pad_token_id, seed=1))
+
+
+def test_fresh_bertjax_modernbert_exports(tmp_path):
+  """A model initialised by bertjax (not imported) with a padded vocabulary exports and matches HF."""
+  cfg = convert.config_from_hf(modernbert(layers=3).config.to_dict(), vocab_size=300, vocab_multiple=64)
+  batch = batch_for(300, pad_id=0)
+  params = jax.tree_util.tree_map(np.asarray, model.for_pretraining(cfg).init(
+      jax.random.key(0), {k: np.asarray(v, np.int32) for k, v in batch.items()})["params"])
+  params = __import__("flax").linen.meta.unbox(params)
+  convert.to_hf(cfg, params, str(tmp_path / "out"))
+  back = transformers.AutoModelForMaskedLM.from_pretrained(str(tmp_path / "out")).eval()
+  assert back.config.vocab_size == 320
+  hidden, logits = hf_run(back, batch)
+  at_masked, ours_logits, full = ours_run(cfg, params, batch)
+  valid = batch["input_mask"].astype(bool)
+  assert np.abs(full - hidden)[valid].max() <= ATOL
+  np.testing.assert_allclose(ours_logits, logits[..., :300], atol=ATOL)
+  assert (logits[..., 300:].max() < ours_logits.min() - 100)  # the padding rows are never the prediction
+
+
+def test_unsupported_architecture_is_named():
+  cfg = model.BertConfig(vocab_size=100, hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64,
+                         norm="rmsnorm", norm_bias=False)
+  with pytest.raises(convert.ConversionError, match="norm='rmsnorm'"):
+    convert.family_of(cfg)
