@@ -141,3 +141,24 @@ def test_unsupported_architecture_is_named():
                          norm="rmsnorm", norm_bias=False)
   with pytest.raises(convert.ConversionError, match="norm='rmsnorm'"):
     convert.family_of(cfg)
+
+
+def test_byte_level_bpe_ids_match_roberta_tokenizer_fast(tmp_path):
+  """A byte-level BPE trained on real prose (the `this` module's Zen and the standard library's docstrings),
+  read from vocab.json + merges.txt, gives HF RobertaTokenizerFast's ids on text it was not trained on."""
+  import codecs
+  import json as json_mod
+  import this  # noqa: F401  (prints the Zen once)
+  from bertjax.data import tokenizer
+  texts = [codecs.decode(__import__("this").s, "rot13")] + [m.__doc__ for m in (json_mod, np, pytest, codecs) if m.__doc__]
+  (tmp_path / "corpus.txt").write_text("\n".join(texts), encoding="utf-8")
+  path = tokenizer.train([tmp_path / "corpus.txt"], tmp_path / "tok", kind="byte_bpe", vocab_size=600)
+  tok = tokenizer.load(path)
+  hf = transformers.RobertaTokenizerFast.from_pretrained(str(tmp_path / "tok"))  # reads vocab.json + merges.txt
+  probes = ["Hello world, it's 2026!", "  leading spaces and\ttabs\nnew lines", "naïve café — résumé ☃ 東京",
+            "Fill the <mask> here.", "emoji 🙂 and numbers 3.14159", "UPPER lower MiXeD"]
+  for text in probes:
+    assert tok.encode(text) == hf(text, add_special_tokens=False)["input_ids"], text
+    assert tok.decode(tok.encode(text)) == text
+  assert (tok.cls_id, tok.pad_id, tok.sep_id, tok.unk_id, tok.mask_id) == (
+      hf.cls_token_id, hf.pad_token_id, hf.sep_token_id, hf.unk_token_id, hf.mask_token_id) == (0, 1, 2, 3, 4)

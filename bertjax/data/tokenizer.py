@@ -1,6 +1,6 @@
 """One tokenizer interface over WordPiece (BERT `vocab.txt`, via HF `tokenizers`) and sentencepiece.
 
-    tok = tokenizer.load("vocab.txt")            # or "spm.model"; do_lower_case=True for vocab.txt
+    tok = tokenizer.load("vocab.txt")            # or "spm.model", or RoBERTa's "vocab.json" (+ merges.txt beside)
     ids = tok.encode("Hello world")              # no special tokens added
     tok.decode(ids); tok.vocab_size; tok.cls_id, tok.sep_id, tok.mask_id, tok.pad_id, tok.unk_id
     tok.continues_word                           # bool per id: True where the piece continues a word
@@ -12,7 +12,11 @@ special tokens in the text ("[MASK]", "[SEP]", ...) to their ids and makes a wor
 "original" (pre-training data creation; google-research/bert's tokenization.py) splits "[MASK]" like any text
 ("[", "mask", "]") and allows 200 characters a word.
 
-CLI: python -m bertjax.data.tokenizer --input a.txt b.txt --kind wordpiece|unigram|bpe --vocab_size 8000 --out DIR
+RoBERTa's byte-level BPE (`vocab.json` + `merges.txt`, HF `tokenizers`' BPE over GPT-2's byte-level
+pre-tokenizer) gives the ids of HF's RobertaTokenizerFast; its special tokens <pad>, <unk>, <s>, </s>, <mask> take
+the roles of BERT's [PAD], [UNK], [CLS], [SEP], [MASK].
+
+CLI: python -m bertjax.data.tokenizer --input a.txt b.txt --kind wordpiece|unigram|bpe|byte_bpe --vocab_size 8000 --out DIR
 """
 from __future__ import annotations
 
@@ -27,6 +31,7 @@ import numpy as np
 from bertjax import errors
 
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
+BYTE_BPE_SPECIAL_TOKENS = ("<pad>", "<unk>", "<s>", "</s>", "<mask>")  # the same roles, RoBERTa's names
 
 
 class TokenizerError(errors.TokenizerError):
@@ -43,6 +48,7 @@ class Tokenizer:
   _offsets: object  # text -> (ids, [(char_start, char_end)] into the original text)
   pieces: list[str]
   continues_word: np.ndarray  # bool [vocab_size]
+  specials: tuple = SPECIAL_TOKENS  # the tokens playing pad, unk, cls, sep, mask
 
   @property
   def vocab_size(self) -> int:
@@ -53,11 +59,11 @@ class Tokenizer:
 
   def __post_init__(self):
     self._index = {p: i for i, p in enumerate(self.pieces)}
-    missing = [t for t in SPECIAL_TOKENS if t not in self._index]
+    missing = [t for t in self.specials if t not in self._index]
     if missing:
-      raise TokenizerError(f"{self.path}: vocabulary lacks the special token(s) {missing}; BERT needs "
-                           f"{list(SPECIAL_TOKENS)}")
-    self.pad_id, self.unk_id, self.cls_id, self.sep_id, self.mask_id = (self._index[t] for t in SPECIAL_TOKENS)
+      raise TokenizerError(f"{self.path}: vocabulary lacks the special token(s) {missing}; a {self.kind} "
+                           f"vocabulary needs {list(self.specials)}")
+    self.pad_id, self.unk_id, self.cls_id, self.sep_id, self.mask_id = (self._index[t] for t in self.specials)
     self.special_ids = frozenset((self.pad_id, self.unk_id, self.cls_id, self.sep_id, self.mask_id))
 
   def encode(self, text: str) -> list[int]:
@@ -150,9 +156,51 @@ def _load_sentencepiece(path: str) -> Tokenizer:
                    pieces, continues)
 
 
+def _load_byte_bpe(path: str) -> Tokenizer:
+  """RoBERTa's byte-level BPE from `vocab.json` with `merges.txt` in the same folder (as RobertaTokenizerFast)."""
+  import json  # pylint: disable=import-outside-toplevel
+  from tokenizers import AddedToken, Tokenizer as HFTokenizer, decoders, models, pre_tokenizers, processors
+  merges = os.path.join(os.path.dirname(path), "merges.txt")
+  if not os.path.isfile(merges):
+    raise FileNotFoundError(f"{merges}: byte-level BPE needs merges.txt beside {os.path.basename(path)}")
+  try:
+    with open(path, encoding="utf-8") as f:
+      vocab = json.load(f)
+  except (UnicodeDecodeError, json.JSONDecodeError) as e:
+    raise TokenizerError(f"{path}: not a JSON vocabulary ({e})") from None
+  if not isinstance(vocab, dict) or not all(isinstance(v, int) for v in vocab.values()):
+    raise TokenizerError(f"{path}: expected a JSON object of token -> id")
+  try:
+    model = models.BPE.from_file(path, merges, unk_token="<unk>" if "<unk>" in vocab else None)
+  except Exception as e:  # tokenizers raises its own exception type
+    raise TokenizerError(f"{merges}: cannot read BPE merges ({str(e).strip()})") from None
+  full = os.path.join(os.path.dirname(path), "tokenizer.json")
+  if os.path.isfile(full):  # a saved HF tokenizer: its own added-token rules (roberta-base strips before <mask>)
+    tok = HFTokenizer.from_file(full)
+  else:  # as RobertaTokenizerFast builds itself from vocab.json + merges.txt
+    tok = HFTokenizer(model)
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.post_processor = processors.ByteLevel(trim_offsets=True)
+    tok.add_special_tokens([AddedToken(t, normalized=False) for t in BYTE_BPE_SPECIAL_TOKENS if t in vocab])
+  pieces = [""] * (max(vocab.values()) + 1)
+  for piece, i in vocab.items():
+    pieces[i] = piece
+  specials = set(BYTE_BPE_SPECIAL_TOKENS)
+  # "Ġ" (a space byte) starts a word; so do special tokens and the first piece of a text.
+  continues = np.array([not (p.startswith("\u0120") or p in specials) for p in pieces], bool)
+  def offsets(s):
+    enc = tok.encode(s, add_special_tokens=False)
+    return enc.ids, enc.offsets
+  return Tokenizer("byte_bpe", path, lambda s: tok.encode(s, add_special_tokens=False).ids,
+                   lambda ids: tok.decode(ids, skip_special_tokens=False), offsets, pieces, continues,
+                   BYTE_BPE_SPECIAL_TOKENS)
+
+
 def load(path: str, do_lower_case: bool = True, reference: str = "hf") -> Tokenizer:
-  """Load a BERT `vocab.txt` (WordPiece) or a sentencepiece `.model`, checked for BERT's special tokens.
-  `reference`: "hf" or "original" (see the module docstring; WordPiece only)."""
+  """Load a BERT `vocab.txt` (WordPiece), a sentencepiece `.model` or RoBERTa's byte-level BPE `vocab.json`
+  (with `merges.txt` beside it), checked for their special tokens. `reference`: "hf" or "original" (see the
+  module docstring; WordPiece only). Byte-level BPE keeps case (`do_lower_case` does not apply)."""
   if reference not in REFERENCES:
     raise errors.ConfigError(f"unknown tokenizer reference {reference!r}; choose one of {sorted(REFERENCES)}")
   path = os.fspath(path)
@@ -160,13 +208,16 @@ def load(path: str, do_lower_case: bool = True, reference: str = "hf") -> Tokeni
     raise FileNotFoundError(f"{path}: tokenizer file not found")
   if path.endswith(".model"):
     return _load_sentencepiece(path)
+  if path.endswith(".json"):
+    return _load_byte_bpe(path)
   return _load_wordpiece(path, do_lower_case, reference)
 
 
 # ----------------------------------------------------------------------------- training
 def train(files: Sequence[str], out_dir: str, kind: str = "wordpiece", vocab_size: int = 8000,
           do_lower_case: bool = True, seed: int = 0) -> str:
-  """Train a tokenizer on text files; returns the path to load (`vocab.txt` or `spm.model`)."""
+  """Train a tokenizer on text files; returns the path to load (`vocab.txt`, `spm.model` or, for kind
+  "byte_bpe", RoBERTa-style `vocab.json` with `merges.txt`)."""
   files = [os.fspath(f) for f in files]
   out_dir = os.fspath(out_dir)
   for f in files:
@@ -185,6 +236,13 @@ def train(files: Sequence[str], out_dir: str, kind: str = "wordpiece", vocab_siz
                             show_progress=False, limit_alphabet=1000, wordpieces_prefix="##")
     tok.save_model(out_dir)
     return os.path.join(out_dir, "vocab.txt")
+  if kind == "byte_bpe":
+    from tokenizers import ByteLevelBPETokenizer  # pylint: disable=import-outside-toplevel
+    tok = ByteLevelBPETokenizer(add_prefix_space=False, trim_offsets=True)
+    tok.train_from_iterator(_clean_lines(files), vocab_size=vocab_size, min_frequency=2, show_progress=False,
+                            special_tokens=["<s>", "<pad>", "</s>", "<unk>", "<mask>"])  # RoBERTa's ids 0-4
+    tok.save_model(out_dir)
+    return os.path.join(out_dir, "vocab.json")
   if kind in ("unigram", "bpe"):
     import sentencepiece as spm
     prefix = os.path.join(out_dir, "spm")
@@ -196,7 +254,7 @@ def train(files: Sequence[str], out_dir: str, kind: str = "wordpiece", vocab_siz
         character_coverage=0.9995, input_sentence_size=2_000_000, shuffle_input_sentence=True, seed_sentencepiece_size=1_000_000,
         minloglevel=2, num_threads=1, hard_vocab_limit=False)
     return prefix + ".model"
-  raise errors.ConfigError(f"unknown tokenizer kind {kind!r}; choose wordpiece, unigram or bpe")
+  raise errors.ConfigError(f"unknown tokenizer kind {kind!r}; choose wordpiece, unigram, bpe or byte_bpe")
 
 
 def _clean_lines(files):
@@ -213,7 +271,7 @@ def main(argv: Iterable[str] | None = None) -> None:
   p = argparse.ArgumentParser(description="Train a BERT tokenizer (WordPiece or sentencepiece) on text files.")
   p.add_argument("--input", nargs="+", required=True, help="text files")
   p.add_argument("--out", required=True, help="output folder")
-  p.add_argument("--kind", default="wordpiece", choices=["wordpiece", "unigram", "bpe"])
+  p.add_argument("--kind", default="wordpiece", choices=["wordpiece", "unigram", "bpe", "byte_bpe"])
   p.add_argument("--vocab_size", type=int, default=30522)
   p.add_argument("--cased", action="store_true", help="keep case and accents")
   args = p.parse_args(argv)
