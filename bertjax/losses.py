@@ -45,7 +45,7 @@ def pretraining_sums(out, batch):
   sums = {"mlm_loss_sum": jnp.sum(cross_entropy(out["mlm_logits"], ids) * w),
           "mlm_correct": jnp.sum((jnp.argmax(out["mlm_logits"], -1) == ids) * w),
           "mlm_weight": jnp.sum(w)}
-  if "next_sentence_labels" in batch:
+  if "next_sentence_labels" in batch and "nsp_logits" in out:  # an MLM-only model has no NSP head
     labels = batch["next_sentence_labels"]
     nw = batch.get("next_sentence_weights")
     nw = jnp.ones(labels.shape, jnp.float32) if nw is None else nw.astype(jnp.float32)

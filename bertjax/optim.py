@@ -7,7 +7,11 @@ larger by (1 − β1^t)/√(1 − β2^t): ×3.2 at step 100 and ×1.8 at step 36
 doubles to quintuples every step. False reproduces the original; True is AdamW as PyTorch, HF and optax have it.
 
 `train.schedule`: linear (the original: lr·t/w during warmup, then lr·(1 − t/T)) | linear_from_warmup (HF's
-get_linear_schedule_with_warmup: lr·(T − t)/(T − w) after warmup, reaching 0 at T from the peak).
+get_linear_schedule_with_warmup: lr·(T − t)/(T − w) after warmup, reaching 0 at T from the peak) | cosine |
+wsd (warmup-stable-decay; `decay_fraction`, `decay_shape`) | constant; see `schedule`.
+
+StableAdamW (ModernBERT's optimizer) is not in optax; the modern recipes use optax's AdamW with their β2/ε and
+global-norm gradient clipping.
 
 LAMB follows the reference used for BERT (NVIDIA's and TF-Addons'): LayerNorm parameters and biases are left out
 of the layer-wise trust ratio as they are of weight decay (`optax.lamb` applies the ratio to every parameter).
@@ -26,23 +30,52 @@ import optax
 from bertjax import errors
 
 
-SCHEDULES = ("linear", "linear_from_warmup")
+SCHEDULES = ("linear", "linear_from_warmup", "cosine", "wsd", "constant")
+DECAY_SHAPES = ("linear", "cosine", "sqrt")
 
 
-def schedule(learning_rate: float, warmup_steps: int, num_steps: int, kind: str = "linear"):
-  """lr·step/warmup during warmup, then (linear) lr·(1 - step/num_steps), the original's polynomial decay of
-  power 1, or (linear_from_warmup) lr·(num_steps - step)/(num_steps - warmup), HF's linear schedule."""
+def schedule(learning_rate: float, warmup_steps: int, num_steps: int, kind: str = "linear", *,
+             decay_fraction: float = 0.1, decay_shape: str = "linear", final_lr_ratio: float = 0.0):
+  """The learning rate at a step: lr·step/warmup during warmup, then by `kind`:
+
+  linear: lr·(1 - step/num_steps), the original's polynomial decay of power 1 (from 0, so the end of warmup is
+  below the peak); linear_from_warmup: lr·(num_steps - step)/(num_steps - warmup), HF's linear schedule;
+  cosine: from lr down to lr·final_lr_ratio along half a cosine over the steps after warmup;
+  wsd (warmup-stable-decay, as ModernBERT and MiniCPM train): lr until the last `decay_fraction` of the steps,
+  then down to lr·final_lr_ratio with `decay_shape` linear, cosine or sqrt (1 - √progress);
+  constant: lr after warmup.
+  """
   if kind not in SCHEDULES:
     raise errors.ConfigError(f"unknown train.schedule {kind!r}; choose one of {list(SCHEDULES)}")
+  if decay_shape not in DECAY_SHAPES:
+    raise errors.ConfigError(f"unknown train.decay_shape {decay_shape!r}; choose one of {list(DECAY_SHAPES)}")
+  floor = learning_rate * final_lr_ratio
+
+  def shaped(progress, shape):  # 1 -> 0 as progress goes 0 -> 1
+    progress = jnp.clip(progress, 0.0, 1.0)
+    if shape == "cosine":
+      return 0.5 * (1.0 + jnp.cos(jnp.pi * progress))
+    if shape == "sqrt":
+      return 1.0 - jnp.sqrt(progress)
+    return 1.0 - progress
 
   def fn(step):
     step = jnp.asarray(step, jnp.float32)
     warm = learning_rate * step / max(warmup_steps, 1)
     if kind == "linear":
-      decay = learning_rate * jnp.maximum(0.0, 1.0 - step / max(num_steps, 1))
+      after = learning_rate * jnp.maximum(0.0, 1.0 - step / max(num_steps, 1))
+    elif kind == "linear_from_warmup":
+      after = learning_rate * jnp.maximum(0.0, (num_steps - step) / max(num_steps - warmup_steps, 1))
+    elif kind == "cosine":
+      progress = (step - warmup_steps) / max(num_steps - warmup_steps, 1)
+      after = floor + (learning_rate - floor) * shaped(progress, "cosine")
+    elif kind == "wsd":
+      decay_steps = max(int(round(num_steps * decay_fraction)), 1)
+      progress = (step - (num_steps - decay_steps)) / decay_steps
+      after = floor + (learning_rate - floor) * shaped(progress, decay_shape)
     else:
-      decay = learning_rate * jnp.maximum(0.0, (num_steps - step) / max(num_steps - warmup_steps, 1))
-    return jnp.where(step < warmup_steps, warm, decay)
+      after = jnp.full_like(step, learning_rate)
+    return jnp.where(step < warmup_steps, warm, after)
   return fn
 
 
@@ -142,7 +175,9 @@ def fused_adamw(learning_rate, b1: float, b2: float, eps: float, weight_decay: f
 def make(cfg_train) -> tuple[optax.GradientTransformation, callable]:
   """(optimizer, learning-rate schedule) from `config.train`."""
   t = cfg_train
-  lr = schedule(t.learning_rate, t.warmup_steps, t.num_steps, t.get("schedule", "linear"))
+  lr = schedule(t.learning_rate, t.warmup_steps, t.num_steps, t.get("schedule", "linear"),
+                decay_fraction=t.get("decay_fraction", 0.1), decay_shape=t.get("decay_shape", "linear"),
+                final_lr_ratio=t.get("final_lr_ratio", 0.0))
   clip = t.grad_clip_norm if t.grad_clip_norm and t.grad_clip_norm > 0 else 0.0
   bias_correction = t.get("adam_bias_correction", True)
   if t.optimizer == "adamw" and t.get("fused_update", False):

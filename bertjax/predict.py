@@ -84,7 +84,7 @@ def main(argv=None):
   module, params, tok = load(args.workdir)
   for text in args.text:
     print(text)
-    for _, cands in fill_mask(module, params, tok, text, args.top_k, module.cfg.max_position_embeddings):
+    for _, cands in fill_mask(module, params, tok, text, args.top_k, module.cfg.max_length):
       print("   [MASK] -> " + ", ".join(f"{t} ({p:.3f})" for t, p in cands))
   return 0
 

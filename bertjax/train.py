@@ -31,6 +31,15 @@ prng_impl_error = trainer.prng_impl_error
 StopFlag = trainer.StopFlag
 
 
+def resolve(config):
+  """Fills the fields a config may leave to be derived (in place): data.max_predictions_per_seq 0 = from the
+  sequence length and masking rate, as the data creation derives it."""
+  if config.data.max_predictions_per_seq == 0:
+    config.data.max_predictions_per_seq = pretraining.max_predictions(config.data.max_seq_length,
+                                                                      config.data.masked_lm_prob)
+  return config
+
+
 def validate(config, num_devices: int, creation: dict | None = None, tokenizer_vocab: int | None = None
              ) -> model_lib.BertConfig:
   """The model config, or a ConfigError listing every problem found."""
@@ -84,6 +93,23 @@ def validate(config, num_devices: int, creation: dict | None = None, tokenizer_v
                     f"{creation['vocab_size']} ({creation.get('tokenizer')})")
   if prng_problem := prng_impl_error(config):
     errors.append(prng_problem)
+  if mcfg is not None and mcfg.local_attention and mcfg.local_attention >= seq:
+    errors.append(f"model.local_attention {mcfg.local_attention} is not shorter than data.max_seq_length {seq}: "
+                  "every layer would attend globally")
+  if mcfg is not None and config.train.use_nsp and not mcfg.nsp_head:
+    errors.append("train.use_nsp is True but model.nsp_head is False (an MLM-only model has no NSP head)")
+  made_mode = (creation or {}).get("options", {}).get("example_mode", "nsp_pairs")
+  if creation is not None and made_mode != config.data.get("example_mode", "nsp_pairs"):
+    errors.append(f"data.example_mode is {config.data.example_mode!r} but the data in {config.data.data_dir} was "
+                  f"made as {made_mode!r} (python -m bertjax.data.dataset --example_mode ...)")
+  if made_mode != "nsp_pairs" and config.train.use_nsp:
+    errors.append(f"train.use_nsp is True but the data is {made_mode!r} (no sentence pairs): set "
+                  "train.use_nsp=False")
+  eval_prob = config.data.get("eval_masked_lm_prob", 0.0)
+  if eval_prob and not (0 < eval_prob < 1 and
+                        pretraining.max_predictions(seq, eval_prob) <= config.data.max_predictions_per_seq):
+    errors.append(f"data.eval_masked_lm_prob {eval_prob} must be in (0, 1) and need no more than "
+                  f"data.max_predictions_per_seq {config.data.max_predictions_per_seq} masked positions")
   if config.data.get("packing") and config.data.dynamic_masking:
     errors.append("data.packing with data.dynamic_masking is not supported: masks are drawn per example before "
                   "packing; use static masking with packing")
@@ -171,6 +197,7 @@ def load_init_params(path: str, mcfg: model_lib.BertConfig):
 
 
 def build(config, mcfg: model_lib.BertConfig, devices=None) -> trainer.Trainer:
+  resolve(config)
   """Mesh, model, optimizer, abstract sharded state and the jitted pre-training steps (nothing allocated)."""
   mesh, _, _ = trainer.make_mesh(config, devices)
   mcfg = mcfg.for_platform(mesh.devices.flat[0].platform)
@@ -208,6 +235,7 @@ def _train_and_evaluate(config, workdir: str) -> dict:
   if not config.data.data_dir:
     raise ConfigError("invalid config:\n  - data.data_dir is empty: build data with python -m bertjax.data.dataset")
   creation = dataset.read_creation(config.data.data_dir)
+  resolve(config)
   mcfg = validate(config, jax.device_count(), creation)
   run = build(config, mcfg)
   mesh, rules, batch_sharding = run.mesh, run.rules, run.batch_sharding
@@ -251,6 +279,11 @@ def _train_and_evaluate(config, workdir: str) -> dict:
     eval_source = dataset.load_source(config.data.data_dir, config.data.eval_split)
     if len(eval_source) == 0:
       eval_source = None
+    elif config.data.get("eval_masked_lm_prob", 0.0):  # e.g. ModernBERT: trains at 30%, evaluates at 15%
+      tok = tokenizer_lib.load(creation["tokenizer"], do_lower_case=creation.get("do_lower_case", True))
+      opts = pretraining.CreationOptions(**{**creation["options"], "masked_lm_prob": config.data.eval_masked_lm_prob,
+                                            "max_predictions_per_seq": config.data.max_predictions_per_seq})
+      eval_source = input_pipeline.Remasked(eval_source, pretraining.Vocab.of(tok), opts, seed=config.seed)
   except Exception as e:  # pylint: disable=broad-except
     logging.warning("no evaluation split %r: %s", config.data.eval_split, e)
 

@@ -40,6 +40,12 @@ def optimizer_errors(train_config) -> list[str]:
   out = []
   if train_config.get("schedule", "linear") not in optim.SCHEDULES:
     out.append(f"train.schedule {train_config.schedule!r} is not one of {list(optim.SCHEDULES)}")
+  if train_config.get("decay_shape", "linear") not in optim.DECAY_SHAPES:
+    out.append(f"train.decay_shape {train_config.decay_shape!r} is not one of {list(optim.DECAY_SHAPES)}")
+  if not 0 < train_config.get("decay_fraction", 0.1) <= 1:
+    out.append(f"train.decay_fraction must be in (0, 1], got {train_config.decay_fraction}")
+  if not 0 <= train_config.get("final_lr_ratio", 0.0) <= 1:
+    out.append(f"train.final_lr_ratio must be in [0, 1], got {train_config.final_lr_ratio}")
   if train_config.optimizer not in ("adamw", "lamb"):
     out.append(f"train.optimizer {train_config.optimizer!r} is not one of ['adamw', 'lamb']")
   return out

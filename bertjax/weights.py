@@ -76,11 +76,16 @@ def load(path: str, *, overrides: Mapping[str, Any] | None = None, head: str = "
     tok, lower = _creation_tokenizer(run.data.data_dir)
   else:
     meta, state = convert.read_hf_dir(path)
-    cfg = convert.hf_config_to_bert(meta, **overrides)
+    cfg = convert.config_from_hf(meta, **overrides)
     flat = cfg.replace(scan_layers=False)
     saved_scan = False
     arch = convert.head_of_architecture(meta)
-    if head == "all":
+    family = meta.get("model_type", "bert")
+    if family != "bert":  # roberta / modernbert: the MLM model or its encoder (task heads start fresh)
+      want = "pretraining" if head == "pretraining" else "auto" if head == "all" else "encoder"
+      params = convert.families.from_state_dict(family, flat, state, head=want)
+      params = params if "bert" in params else {"bert": params}
+    elif head == "all":
       params = convert.from_state_dict(flat, state, head=arch or "auto")[1]
       params = params if "bert" in params or "mlm_bias" in params else {"bert": params}
     elif head == "pretraining":
@@ -141,7 +146,11 @@ def _creation_tokenizer(data_dir: str) -> tuple[str, bool]:
 
 
 def _hf_tokenizer(path: str) -> tuple[str, bool]:
+  """The folder's tokenizer file: BERT's vocab.txt, else a byte-level BPE's vocab.json or tokenizer.json."""
   vocab = os.path.join(path, "vocab.txt")
+  for name in ("vocab.json", "tokenizer.json"):
+    if not os.path.isfile(vocab) and os.path.isfile(os.path.join(path, name)):
+      return os.path.join(path, name), False
   lower = True
   tc = os.path.join(path, "tokenizer_config.json")
   if os.path.isfile(tc):

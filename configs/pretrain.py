@@ -3,8 +3,10 @@
   python -m bertjax.main --config=configs/pretrain.py:variant=base,seq=128,shard=fsdp --workdir=DIR \
       --config.data.data_dir=gs://bucket/data --config.train.num_steps=1000000
 
-Argument keys (all optional): variant, seq, preds, batch, steps, shard, tp, ln (post|pre), act (gelu|gelu_tanh|relu),
-pos (learned|sinusoidal), nsp (True|False), mask (masked-LM rate, data creation), wwm, dynamic, dtype, scan, remat, opt.
+Argument keys (all optional): variant, seq, preds (0 = from mask), batch, steps, shard, tp, ln (post|pre),
+act (gelu|gelu_tanh|relu|silu), pos (learned|sinusoidal|rotary|alibi), nsp (True|False), mask (masked-LM rate),
+wwm, dynamic, dtype, scan, remat, opt. configs/roberta.py and configs/modernbert.py are the other families'
+recipes on this one; any architecture switch of either works here too (--config.model.position_embedding=rotary).
 Every field can also be overridden with --config.a.b=value; the config is locked, so a mistyped key is an error.
 """
 import ml_collections
@@ -26,12 +28,26 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.model.hidden_size = 0
   c.model.num_heads = 0
   c.model.intermediate_size = 0
-  c.model.type_vocab_size = 2  # segment (token type) embeddings
+  c.model.type_vocab_size = 2  # segment (token type) embeddings; 0 = none
   c.model.vocab_size = a.vocab  # must equal the tokenizer's vocabulary size (checked before compiling)
   c.model.max_position_embeddings = 512  # learned position table size; sequences may not be longer
-  c.model.hidden_act = a.act  # gelu (exact erf, BERT) | gelu_tanh | relu (seeds' FFN)
-  c.model.position_embedding = a.pos  # learned (BERT) | sinusoidal (seed 003)
-  c.model.layer_norm = a.ln  # post (BERT) | pre
+  c.model.hidden_act = a.act  # gelu (exact erf, BERT) | gelu_tanh | relu (seeds' FFN) | silu
+  c.model.ffn = "mlp"  # mlp (BERT) | glu (gated: GeGLU with gelu, SwiGLU with silu)
+  c.model.position_embedding = a.pos  # learned (BERT) | sinusoidal (seed 003) | rotary | alibi
+  c.model.position_offset = 0  # first learned position id (RoBERTa: 2)
+  c.model.rope_theta = 10000.0  # rotary base (global-attention layers)
+  c.model.rope_theta_local = 0.0  # rotary base of sliding-window layers; 0 = rope_theta
+  c.model.local_attention = 0  # sliding window (tokens) of local layers; 0 = every layer global
+  c.model.global_every = 3  # with local_attention: layers 0, N, 2N, ... attend globally
+  c.model.layer_norm = a.ln  # post (BERT) | pre (a final norm after the stack)
+  c.model.norm = "layernorm"  # layernorm | rmsnorm
+  c.model.layer_norm_eps = 1e-12  # every norm's epsilon
+  c.model.norm_bias = True  # LayerNorm bias (False for rmsnorm)
+  c.model.use_bias = True  # biases of the encoder's linear layers and the MLM transform
+  c.model.embedding_norm = True  # a norm over the summed embeddings
+  c.model.first_attention_norm = True  # pre-norm: layer 0 normalises its input (ModernBERT: False)
+  c.model.vocab_multiple = 1  # pad the embedding table to a multiple of this (64 for throughput)
+  c.model.nsp_head = a.nsp  # pooler + NSP head (False: an MLM-only model)
   c.model.dropout_rate = 0.1  # hidden dropout
   c.model.attention_dropout_rate = 0.1  # attention-probability dropout
   c.model.dtype = a.dtype  # computation dtype: float32 | bfloat16 (params stay float32; losses in float32)
@@ -52,8 +68,11 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.data.train_split = "train"
   c.data.eval_split = "validation"
   c.data.max_seq_length = a.seq  # must equal the data's max_seq_length
-  c.data.max_predictions_per_seq = a.preds  # must equal the data's
+  c.data.max_predictions_per_seq = a.preds  # must equal the data's; 0 = ceil(max_seq_length · masked_lm_prob)
   c.data.masked_lm_prob = a.mask  # used when the data is (re)made, and by dynamic masking
+  # nsp_pairs (the original) | full_sentences | doc_sentences (RoBERTa's): how the data must have been made
+  c.data.example_mode = "nsp_pairs"
+  c.data.eval_masked_lm_prob = 0.0  # held-out masking rate, re-masked once; 0 = as the data was made
   c.data.whole_word_mask = a.wwm  # used when the data is made, and by dynamic masking
   c.data.dynamic_masking = a.dynamic  # redraw masks in the pipeline each time an example is read
   c.data.prefetch = 2  # batches prepared ahead in a background thread
@@ -72,7 +91,11 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.train.b2 = 0.999
   c.train.eps = 1e-6
   c.train.adam_bias_correction = False  # the original's update (no bias correction; matters only in warmup)
-  c.train.schedule = "linear"  # linear: the original's lr·(1 − t/T) after warmup | linear_from_warmup (HF's)
+  # linear: the original's lr·(1 − t/T) after warmup | linear_from_warmup (HF's) | cosine | wsd | constant
+  c.train.schedule = "linear"
+  c.train.decay_fraction = 0.1  # wsd: the last fraction of the steps decays
+  c.train.decay_shape = "linear"  # wsd: linear | cosine | sqrt (1 - √progress)
+  c.train.final_lr_ratio = 0.0  # cosine, wsd: end at learning_rate · this
   c.train.weight_decay = 0.01  # decoupled, not applied to LayerNorm parameters or biases
   c.train.grad_clip_norm = 1.0  # clip by global norm (0 disables)
   c.train.fused_update = True  # clipping + AdamW in one pass per parameter (False: optax chain, same maths and state)

@@ -150,6 +150,20 @@ def dynamic_masking(vocab: pretraining.Vocab, opts: pretraining.CreationOptions,
   return fn
 
 
+class Remasked:
+  """A source whose examples are masked afresh at `opts.masked_lm_prob`, the same masks every time it is read
+  (example g's mask is drawn from seed/eval/g): a held-out set at another masking rate than training's."""
+
+  def __init__(self, source, vocab: pretraining.Vocab, opts: pretraining.CreationOptions, seed: int):
+    self._source, self._vocab, self._opts, self._seed = source, vocab, opts, seed
+
+  def __len__(self):
+    return len(self._source)
+
+  def __getitem__(self, g: int) -> dict:
+    return pretraining.remask(dict(self._source[g]), self._vocab, self._opts, random.Random(f"{self._seed}/eval/{g}"))
+
+
 def eval_batches(source, global_batch_size: int, *, sharding=None, limit: int | None = None,
                  process: tuple[int, int] | None = None) -> Iterator[dict]:
   """Every example exactly once, in order; the last partial batch is padded with zero-weight rows."""

@@ -4,6 +4,11 @@ The algorithm (document chunking, the NSP pairing, `truncate_seq_pair`, 80/10/10
 words) makes the same `random.Random` calls in the same order as the original, over token ids instead of token
 strings: one buffer holding the whole corpus with seed s gives the original's output for `random_seed=s`.
 
+`example_mode` picks how text becomes examples: "nsp_pairs" (the original: segment pairs A/B with the NSP label),
+or, for MLM-only recipes, RoBERTa's "full_sentences" (contiguous sentences packed up to the sequence length,
+crossing document boundaries with an extra [SEP] between documents) and "doc_sentences" (the same within one
+document: an example never spans two).
+
 At scale the corpus streams through buffers of `buffer_documents` documents (memory bounded; the random-next
 document is drawn from the same buffer), processed in parallel worker processes, in order, so the output does
 not depend on the number of workers.
@@ -12,6 +17,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import math
 import multiprocessing as mp
 import random
 from typing import Iterable, Iterator, Sequence
@@ -25,18 +31,32 @@ FEATURES = ("input_ids", "input_mask", "segment_ids", "masked_lm_positions", "ma
             "masked_lm_weights", "next_sentence_labels")
 
 
+EXAMPLE_MODES = ("nsp_pairs", "full_sentences", "doc_sentences")
+
+
+def max_predictions(max_seq_length: int, masked_lm_prob: float) -> int:
+  """The masked positions an example may hold at a masking rate: ceil(length · rate) (20 at 128 x 15%, as the
+  original's recipe; 39 at 128 x 30%)."""
+  return max(1, math.ceil(max_seq_length * masked_lm_prob - 1e-9))
+
+
 @dataclasses.dataclass(frozen=True)
 class CreationOptions:
   max_seq_length: int = 128
-  max_predictions_per_seq: int = 20
+  max_predictions_per_seq: int = 20  # 0 = max_predictions(max_seq_length, masked_lm_prob)
   masked_lm_prob: float = 0.15
   short_seq_prob: float = 0.1
   dupe_factor: int = 10
   whole_word_mask: bool = False
   random_seed: int = 12345
   buffer_documents: int = 100_000  # documents held at once; the random-next document comes from this buffer
+  example_mode: str = "nsp_pairs"  # nsp_pairs (the original) | full_sentences | doc_sentences (RoBERTa's, no NSP)
 
   def __post_init__(self):
+    if self.example_mode not in EXAMPLE_MODES:
+      raise errors.ConfigError(f"example_mode {self.example_mode!r}; choose one of {list(EXAMPLE_MODES)}")
+    if 0 < self.masked_lm_prob < 1 and self.max_predictions_per_seq == 0:
+      object.__setattr__(self, "max_predictions_per_seq", max_predictions(self.max_seq_length, self.masked_lm_prob))
     if self.max_seq_length < 5:
       raise errors.ConfigError(f"max_seq_length {self.max_seq_length} is too short: [CLS] A [SEP] B [SEP] needs >= 5")
     if not 0 < self.masked_lm_prob < 1:
@@ -170,15 +190,57 @@ def create_instances_from_document(all_documents, document_index: int, opts: Cre
   return instances
 
 
+def create_packed_instances(documents: list[list[list[int]]], opts: CreationOptions, vocab: Vocab,
+                            rng: random.Random) -> list[Instance]:
+  """RoBERTa's FULL-SENTENCES (or, `doc_sentences`, DOC-SENTENCES) examples of one pass over `documents`:
+  [CLS] s1 s2 ... [SEP] with whole sentences in corpus order, as many as fit in max_seq_length; a sentence longer
+  than an example is cut to fit. Across a document boundary (full_sentences) an extra [SEP] separates the
+  documents; with doc_sentences each document ends its example. One segment, no NSP label."""
+  room = opts.max_seq_length - 2
+  instances: list[Instance] = []
+  chunk: list[int] = []
+
+  def emit():
+    while chunk and chunk[-1] == vocab.sep_id:  # an example never ends on a document separator
+      chunk.pop()
+    if chunk:
+      tokens = [vocab.cls_id] + chunk + [vocab.sep_id]
+      tokens, positions, labels = create_masked_lm_predictions(
+          tokens, opts.masked_lm_prob, opts.max_predictions_per_seq, vocab, rng, opts.whole_word_mask)
+      instances.append(Instance(tokens, [0] * len(tokens), False, positions, labels))
+    chunk.clear()
+
+  for document in documents:
+    for sentence in document:
+      sentence = sentence[:room]
+      if len(chunk) + len(sentence) > room:
+        emit()
+      chunk.extend(sentence)
+    if opts.example_mode == "doc_sentences":
+      emit()
+    elif chunk:  # the document separator, when it fits
+      if len(chunk) + 1 >= room:
+        emit()
+      else:
+        chunk.append(vocab.sep_id)
+  emit()
+  return instances
+
+
 def create_instances(documents: list[list[list[int]]], opts: CreationOptions, vocab: Vocab,
                      rng: random.Random) -> list[Instance]:
-  """The original's `create_training_instances` after tokenization: shuffle, dupe_factor passes, shuffle."""
+  """The original's `create_training_instances` after tokenization: shuffle, dupe_factor passes, shuffle.
+  In the packed modes each pass walks the documents in a fresh order (a different packing per pass)."""
   documents = [d for d in documents if d]
   rng.shuffle(documents)
   instances = []
   for _ in range(opts.dupe_factor):
-    for index in range(len(documents)):
-      instances.extend(create_instances_from_document(documents, index, opts, vocab, rng))
+    if opts.example_mode == "nsp_pairs":
+      for index in range(len(documents)):
+        instances.extend(create_instances_from_document(documents, index, opts, vocab, rng))
+    else:
+      instances.extend(create_packed_instances(documents, opts, vocab, rng))
+      rng.shuffle(documents)
   rng.shuffle(instances)
   return instances
 

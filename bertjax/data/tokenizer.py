@@ -157,27 +157,34 @@ def _load_sentencepiece(path: str) -> Tokenizer:
 
 
 def _load_byte_bpe(path: str) -> Tokenizer:
-  """RoBERTa's byte-level BPE from `vocab.json` with `merges.txt` in the same folder (as RobertaTokenizerFast)."""
+  """Byte-level BPE: RoBERTa's `vocab.json` with `merges.txt` beside it (built as RobertaTokenizerFast builds
+  itself), or a saved HF `tokenizer.json` (given, or beside vocab.json; its own added-token rules, e.g.
+  roberta-base's strip before <mask>, ModernBERT's BERT-named special tokens)."""
   import json  # pylint: disable=import-outside-toplevel
   from tokenizers import AddedToken, Tokenizer as HFTokenizer, decoders, models, pre_tokenizers, processors
-  merges = os.path.join(os.path.dirname(path), "merges.txt")
-  if not os.path.isfile(merges):
-    raise FileNotFoundError(f"{merges}: byte-level BPE needs merges.txt beside {os.path.basename(path)}")
-  try:
-    with open(path, encoding="utf-8") as f:
-      vocab = json.load(f)
-  except (UnicodeDecodeError, json.JSONDecodeError) as e:
-    raise TokenizerError(f"{path}: not a JSON vocabulary ({e})") from None
-  if not isinstance(vocab, dict) or not all(isinstance(v, int) for v in vocab.values()):
-    raise TokenizerError(f"{path}: expected a JSON object of token -> id")
-  try:
-    model = models.BPE.from_file(path, merges, unk_token="<unk>" if "<unk>" in vocab else None)
-  except Exception as e:  # tokenizers raises its own exception type
-    raise TokenizerError(f"{merges}: cannot read BPE merges ({str(e).strip()})") from None
-  full = os.path.join(os.path.dirname(path), "tokenizer.json")
-  if os.path.isfile(full):  # a saved HF tokenizer: its own added-token rules (roberta-base strips before <mask>)
-    tok = HFTokenizer.from_file(full)
-  else:  # as RobertaTokenizerFast builds itself from vocab.json + merges.txt
+  folder = os.path.dirname(path)
+  full = path if os.path.basename(path) == "tokenizer.json" else os.path.join(folder, "tokenizer.json")
+  if os.path.isfile(full):
+    try:
+      tok = HFTokenizer.from_file(full)
+    except Exception as e:  # tokenizers raises its own exception type
+      raise TokenizerError(f"{full}: not an HF tokenizer file ({str(e).strip()[:200]})") from None
+    vocab = tok.get_vocab(with_added_tokens=True)
+  else:
+    merges = os.path.join(folder, "merges.txt")
+    if not os.path.isfile(merges):
+      raise FileNotFoundError(f"{merges}: byte-level BPE needs merges.txt beside {os.path.basename(path)}")
+    try:
+      with open(path, encoding="utf-8") as f:
+        vocab = json.load(f)
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+      raise TokenizerError(f"{path}: not a JSON vocabulary ({e})") from None
+    if not isinstance(vocab, dict) or not all(isinstance(v, int) for v in vocab.values()):
+      raise TokenizerError(f"{path}: expected a JSON object of token -> id")
+    try:
+      model = models.BPE.from_file(path, merges, unk_token="<unk>" if "<unk>" in vocab else None)
+    except Exception as e:  # tokenizers raises its own exception type
+      raise TokenizerError(f"{merges}: cannot read BPE merges ({str(e).strip()[:200]})") from None
     tok = HFTokenizer(model)
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
@@ -186,15 +193,15 @@ def _load_byte_bpe(path: str) -> Tokenizer:
   pieces = [""] * (max(vocab.values()) + 1)
   for piece, i in vocab.items():
     pieces[i] = piece
-  specials = set(BYTE_BPE_SPECIAL_TOKENS)
+  roles = BYTE_BPE_SPECIAL_TOKENS if all(t in vocab for t in BYTE_BPE_SPECIAL_TOKENS) else SPECIAL_TOKENS
   # "Ġ" (a space byte) starts a word; so do special tokens and the first piece of a text.
-  continues = np.array([not (p.startswith("\u0120") or p in specials) for p in pieces], bool)
+  starts = set(roles)
+  continues = np.array([not (p.startswith("\u0120") or p in starts) for p in pieces], bool)
   def offsets(s):
     enc = tok.encode(s, add_special_tokens=False)
     return enc.ids, enc.offsets
   return Tokenizer("byte_bpe", path, lambda s: tok.encode(s, add_special_tokens=False).ids,
-                   lambda ids: tok.decode(ids, skip_special_tokens=False), offsets, pieces, continues,
-                   BYTE_BPE_SPECIAL_TOKENS)
+                   lambda ids: tok.decode(ids, skip_special_tokens=False), offsets, pieces, continues, roles)
 
 
 def load(path: str, do_lower_case: bool = True, reference: str = "hf") -> Tokenizer:

@@ -1,0 +1,176 @@
+"""The family recipes (configs/roberta.py, configs/modernbert.py) end to end on a small corpus, the data they
+need (RoBERTa's FULL-SENTENCES / DOC-SENTENCES examples, the masking rate as one knob), the schedules they use,
+and an architecture switch on the BERT recipe."""
+import math
+import random
+
+import numpy as np
+import pytest
+
+from bertjax import optim, train
+from bertjax.data import dataset, pretraining, tokenizer
+
+WORDS = ("the model reads text and predicts masked words from both sides of each sentence while a second "
+         "head guesses whether two segments follow each other").split()
+
+
+def _corpus(d, docs=60, seed=0):
+  rng = np.random.default_rng(seed)
+  text = ["\n".join(" ".join(rng.choice(WORDS, rng.integers(5, 14))).capitalize() + "."
+                    for _ in range(rng.integers(2, 9))) for _ in range(docs)]
+  (d / "corpus.txt").write_text("\n\n".join(text))
+  return d / "corpus.txt"
+
+
+@pytest.fixture(scope="module")
+def packed_data(tmp_path_factory):
+  """FULL-SENTENCES data (seq 64, 30% masking, predictions derived) with a byte-level BPE tokenizer."""
+  d = tmp_path_factory.mktemp("packed")
+  corpus = _corpus(d)
+  tok = tokenizer.train([corpus], d / "tok", kind="byte_bpe", vocab_size=300)
+  opts = pretraining.CreationOptions(max_seq_length=64, max_predictions_per_seq=0, masked_lm_prob=0.3,
+                                     dupe_factor=2, example_mode="full_sentences")
+  dataset.create([corpus], tok, d / "data", opts, heldout_every=6)
+  return str(d / "data")
+
+
+class _Vocab:
+  cls_id, sep_id, mask_id, size = 1, 2, 3, 100
+  continues_word = np.zeros(100, bool)
+
+
+@pytest.mark.parametrize("mode", ["full_sentences", "doc_sentences"])
+def test_packed_examples_hold_every_sentence_in_order(mode):
+  """With masking off, each pass's examples are the documents' sentences in corpus order, cut into examples
+  of whole sentences no longer than the sequence length; full_sentences separates documents with [SEP] and fills
+  across them, doc_sentences ends an example at each document's end."""
+  rng = random.Random(0)
+  docs = [[[rng.randint(10, 99) for _ in range(rng.randint(3, 9))] for _ in range(rng.randint(1, 6))]
+          for _ in range(12)]
+  opts = pretraining.CreationOptions(max_seq_length=24, max_predictions_per_seq=1, masked_lm_prob=1e-6,
+                                     dupe_factor=1, example_mode=mode)
+  out = pretraining.create_packed_instances(docs, opts, _Vocab, random.Random(1))
+  assert all(len(x.tokens) <= 24 and x.tokens[0] == 1 and x.tokens[-1] == 2 for x in out)
+  assert all(set(x.segment_ids) == {0} and not x.is_random_next for x in out)
+  def original(x):  # the tokens with the (at least one) masked position put back
+    t = list(x.tokens)
+    for p, label in zip(x.masked_lm_positions, x.masked_lm_labels):
+      t[p] = label
+    return t[1:-1]
+  bodies = [original(x) for x in out]
+  if mode == "doc_sentences":
+    want = [[t for s in doc for t in s] for doc in docs]
+    got, i = [], 0
+    for doc in want:  # each document is one or more whole examples
+      joined = []
+      while len(joined) < len(doc):
+        joined += bodies[i]
+        i += 1
+      got.append(joined)
+    assert got == want and i == len(bodies)
+  else:
+    flat = [t for b in bodies for t in b]
+    want = [t for doc in docs for t in [tok for s in doc for tok in s] + [2]][:-1]
+    assert [t for t in flat if t != 2] == [t for t in want if t != 2]
+    assert sum(len(b) for b in bodies) < len(want) + 1
+    assert max(len(b) for b in bodies[:-1]) > 22 - 9  # examples fill up: no example is left short but the last
+
+
+def test_masking_rate_is_one_knob():
+  assert pretraining.max_predictions(128, 0.15) == 20  # the original recipe's 20
+  assert pretraining.max_predictions(128, 0.3) == 39
+  assert pretraining.max_predictions(1024, 0.3) == 308
+  opts = pretraining.CreationOptions(max_seq_length=512, max_predictions_per_seq=0, masked_lm_prob=0.4)
+  assert opts.max_predictions_per_seq == 205
+
+
+def test_packed_data_has_the_rate_and_one_segment(packed_data):
+  made = dataset.read_creation(packed_data)
+  assert made["options"]["max_predictions_per_seq"] == 20 and made["options"]["example_mode"] == "full_sentences"
+  src = dataset.load_source(packed_data, "train")
+  rows = [src[i] for i in range(len(src))]
+  assert all(int(np.max(r["segment_ids"])) == 0 for r in rows)
+  masked = sum(float(np.sum(r["masked_lm_weights"])) for r in rows)
+  tokens = sum(float(np.sum(r["input_mask"])) - 2 for r in rows)
+  assert 0.27 < masked / tokens < 0.33  # 30%, as asked
+
+
+def _small(c, data_dir, steps=6):
+  c.data.data_dir = data_dir
+  c.data.max_seq_length = 64
+  c.model.vocab_size = dataset.read_creation(data_dir)["vocab_size"]
+  c.model.hidden_size, c.model.num_heads, c.model.intermediate_size = 64, 4, 96
+  c.train.global_batch_size, c.train.num_steps, c.train.warmup_steps = 8, steps, 2
+  c.train.learning_rate = 2e-3
+  c.data.prefetch = 0
+  c.log_every = c.eval_every = c.checkpoint_every = steps
+  c.eval_batches = 2
+  return c
+
+
+def test_roberta_recipe_end_to_end(tmp_path, packed_data):
+  from configs import roberta
+  c = roberta.get_config("variant=tiny,seq=64,mask=0.3")
+  c = _small(c, packed_data)
+  c.model.max_position_embeddings = 66
+  summary = train.train_and_evaluate(c, str(tmp_path / "w"))
+  assert summary["final_step"] == 6 and np.isfinite(summary["eval"]["mlm_loss"])
+  assert "nsp_loss" not in summary["eval"]
+
+
+def test_modernbert_recipe_end_to_end_evaluates_at_its_own_rate(tmp_path, packed_data):
+  from configs import modernbert
+  c = _small(modernbert.get_config("variant=tiny,seq=64"), packed_data)
+  c.model.local_attention = 16
+  summary = train.train_and_evaluate(c, str(tmp_path / "w"))
+  assert summary["final_step"] == 6 and np.isfinite(summary["eval"]["mlm_loss"])
+  # The held-out set is re-masked at 15% (the data was made at 30%).
+  from bertjax.data import input_pipeline
+  made = dataset.read_creation(packed_data)
+  tok = tokenizer.load(made["tokenizer"])
+  opts = pretraining.CreationOptions(**{**made["options"], "masked_lm_prob": 0.15})
+  src = input_pipeline.Remasked(dataset.load_source(packed_data, "validation"), pretraining.Vocab.of(tok), opts, 0)
+  rows = [src[i] for i in range(len(src))]
+  rate = sum(float(np.sum(r["masked_lm_weights"])) for r in rows) / sum(float(np.sum(r["input_mask"])) - 2 for r in rows)
+  assert 0.12 < rate < 0.18
+  assert all(np.array_equal(src[0][k], rows[0][k]) for k in rows[0])  # the same masks every read
+
+
+def test_switch_on_the_bert_recipe(tmp_path, data_dir):
+  """--config.model.position_embedding=rotary (and the other modern switches) on the BERT recipe and data."""
+  import helpers
+  c = helpers.small_config(data_dir)
+  c.model.position_embedding = "rotary"
+  c.model.ffn = "glu"
+  c.model.norm, c.model.norm_bias, c.model.layer_norm = "rmsnorm", False, "pre"
+  summary = train.train_and_evaluate(c, str(tmp_path / "w"))
+  assert summary["final_step"] == 6 and np.isfinite(summary["eval"]["loss"])
+
+
+def test_recipe_and_data_mismatch_is_named(tmp_path, data_dir):
+  from bertjax import errors
+  from configs import roberta
+  c = _small(roberta.get_config("variant=tiny,seq=32"), data_dir)
+  c.data.max_seq_length, c.data.max_predictions_per_seq = 32, 5
+  with pytest.raises(errors.ConfigError, match="made as 'nsp_pairs'"):
+    train.train_and_evaluate(c, str(tmp_path / "w"))
+
+
+@pytest.mark.parametrize("kind,shape", [("cosine", "linear"), ("wsd", "sqrt"), ("wsd", "linear"),
+                                        ("wsd", "cosine"), ("constant", "linear")])
+def test_schedules_match_their_formulas(kind, shape):
+  lr, warm, total, frac, floor = 1e-3, 10, 100, 0.2, 0.1
+  fn = optim.schedule(lr, warm, total, kind, decay_fraction=frac, decay_shape=shape, final_lr_ratio=floor)
+  for t in range(0, total + 1, 3):
+    if t < warm:
+      want = lr * t / warm
+    elif kind == "constant":
+      want = lr
+    elif kind == "cosine":
+      want = lr * floor + (lr - lr * floor) * 0.5 * (1 + math.cos(math.pi * (t - warm) / (total - warm)))
+    else:
+      start = total - round(total * frac)
+      p = min(max((t - start) / (total - start), 0.0), 1.0)
+      f = {"linear": 1 - p, "sqrt": 1 - math.sqrt(p), "cosine": 0.5 * (1 + math.cos(math.pi * p))}[shape]
+      want = lr * floor + (lr - lr * floor) * f
+    assert float(fn(t)) == pytest.approx(want, rel=1e-5, abs=1e-12), t
