@@ -2,6 +2,11 @@
 
   python benchmarks/bench.py --variant base --seq 128 --batch 8 --regime fixed [--regime pretrain --regime glue]
       [--dtype float32] [--shard dp] [--steps 10] [--peer hf [--peer hf_compile] | --peer none] [--out bench.json]
+  python benchmarks/bench.py --family modernbert --variant base --seq 512 --batch 4 --preds 0 --out mb.json
+
+`--family roberta|modernbert` times that family's pre-training step (configs/roberta.py or configs/modernbert.py
+at `--variant`, MLM only) against HF's `RobertaForMaskedLM` / `ModernBertForMaskedLM` of the same sizes, in the
+`fixed` regime (every row full).
 
 Regimes: `fixed` (every row full), `pretrain` (lengths as data creation makes them with short_seq_prob 0.1),
 `glue` (short sentence pairs, pre-training step), `glue_finetune` (the same pairs through the fine-tuning step
@@ -27,6 +32,7 @@ import time
 import numpy as np
 
 REGIMES = ("fixed", "pretrain", "glue", "glue_finetune")
+FAMILIES = ("bert", "roberta", "modernbert")
 PEERS = {"hf": False, "hf_compile": True}  # name -> through torch.compile
 
 
@@ -87,14 +93,21 @@ def bertjax_batches(examples, batch, seq, preds, pack, per_row=8):
   return out
 
 
+def family_config(family, variant, seq, preds, batch, shard, dtype):
+  """The pre-training config of a family's recipe at these sizes."""
+  import importlib  # pylint: disable=import-outside-toplevel
+  recipe = importlib.import_module("configs." + ("pretrain" if family == "bert" else family))
+  return recipe.get_config(f"variant={variant},seq={seq},preds={preds},batch={batch},shard={shard},dtype={dtype},"
+                           f"steps=1000")
+
+
 def run_bertjax(variant, seq, batch, preds, dtype, shard, steps, regime, examples, overrides=(), profile="",
-                warmup=2):
+                warmup=2, family="bert"):
   import jax  # pylint: disable=import-outside-toplevel
   from bertjax import accounting, sharding as sharding_lib, train  # pylint: disable=import-outside-toplevel
-  from configs import common, pretrain  # pylint: disable=import-outside-toplevel
+  from configs import common  # pylint: disable=import-outside-toplevel
   pack = regime != "fixed"
-  c = pretrain.get_config(f"variant={variant},seq={seq},preds={preds},batch={batch},shard={shard},dtype={dtype},"
-                          f"steps=1000")
+  c = family_config(family, variant, seq, preds, batch, shard, dtype)
   c.train.warmup_steps = 10
   c.data.packing = pack
   c.data.pack_max_per_row = 8
@@ -187,7 +200,8 @@ def _hf_config(variant, seq, **kw):
                                  intermediate_size=ffn, max_position_embeddings=max(512, seq), **kw)
 
 
-def _time_torch(m, lr, examples, batch, steps, warmup, labels_fn, dtype="float32", compile_model=False):
+def _time_torch(m, lr, examples, batch, steps, warmup, labels_fn, dtype="float32", compile_model=False,
+                segments=True):
   """Times full PyTorch train steps (forward, backward, clipping, AdamW) on `batch`-sized slices of `examples`;
   `labels_fn(stacked_batch)` gives the loss's keyword arguments. On a CUDA GPU when PyTorch sees one (parameters
   in float32, bfloat16 autocast when `dtype` is bfloat16, as bertjax computes), else on all CPU cores.
@@ -213,8 +227,9 @@ def _time_torch(m, lr, examples, batch, steps, warmup, labels_fn, dtype="float32
     b = stack(examples[i * batch:(i + 1) * batch])
     args = dict(input_ids=torch.tensor(b["input_ids"], dtype=torch.long),
                 attention_mask=torch.tensor(b["input_mask"], dtype=torch.long),
-                token_type_ids=torch.tensor(b["segment_ids"], dtype=torch.long),
                 **{k: torch.tensor(v) for k, v in labels_fn(b).items()})
+    if segments:
+      args["token_type_ids"] = torch.tensor(b["segment_ids"], dtype=torch.long)
     args = {k: v.to(device) for k, v in args.items()}
     sync()
     t = time.perf_counter()
@@ -260,17 +275,37 @@ def run_hf(variant, seq, batch, preds, steps, examples, dtype="float32", warmup=
   m = transformers.BertForPreTraining(_hf_config(variant, seq)).train()
 
   def labels_fn(b):
-    labels = np.full(b["input_ids"].shape, -100, np.int64)
-    for r in range(len(labels)):
-      w = b["masked_lm_weights"][r] > 0
-      labels[r, b["masked_lm_positions"][r][w]] = b["masked_lm_ids"][r][w]
-    return {"labels": labels, "next_sentence_label": b["next_sentence_labels"].astype(np.int64)}
+    return {"labels": _mlm_labels(b), "next_sentence_label": b["next_sentence_labels"].astype(np.int64)}
 
   return _time_torch(m, 1e-4, examples, batch, steps, warmup, labels_fn, dtype, compile_model)
 
 
+def _mlm_labels(b):
+  labels = np.full(b["input_ids"].shape, -100, np.int64)
+  for r in range(len(labels)):
+    w = b["masked_lm_weights"][r] > 0
+    labels[r, b["masked_lm_positions"][r][w]] = b["masked_lm_ids"][r][w]
+  return labels
+
+
+def run_hf_family(family, variant, seq, batch, steps, examples, dtype="float32", warmup=2, compile_model=False):
+  """HF's masked-LM model of the family (`RobertaForMaskedLM`, `ModernBertForMaskedLM`) from the same config
+  bertjax trains, through bertjax's own exporter's config.json (the same sizes, activations, window, bases)."""
+  import transformers  # pylint: disable=import-outside-toplevel
+  from bertjax import convert, model as model_lib  # pylint: disable=import-outside-toplevel
+  c = family_config(family, variant, seq, 0, batch, "dp", "float32")
+  cfg = model_lib.BertConfig.from_dict(c.model.to_dict())
+  make = convert.families.roberta_hf_config if family == "roberta" else convert.families.modernbert_hf_config
+  hf_cfg = transformers.AutoConfig.for_model(**make(cfg))
+  m = transformers.AutoModelForMaskedLM.from_config(hf_cfg).train()
+  lr = c.train.learning_rate
+  return _time_torch(m, lr, examples, batch, steps, warmup, lambda b: {"labels": _mlm_labels(b)}, dtype,
+                     compile_model, segments=False)
+
+
 def main(argv=None):
   p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  p.add_argument("--family", default="bert", choices=FAMILIES)
   p.add_argument("--variant", default="base")
   p.add_argument("--seq", type=int, default=128)
   p.add_argument("--batch", type=int, default=8)
@@ -287,6 +322,12 @@ def main(argv=None):
   p.add_argument("--profile", default="", help="write a jax.profiler trace of three extra steps to this folder")
   p.add_argument("--out", default="bench.json")
   args = p.parse_args(argv)
+  if args.family != "bert" and (args.regime or ["fixed"]) != ["fixed"]:
+    p.error(f"--family {args.family} runs the fixed regime only")
+  if args.preds == 0:  # derived from the recipe's masking rate, as the data creation derives it
+    from bertjax.data import pretraining  # pylint: disable=import-outside-toplevel
+    args.preds = pretraining.max_predictions(args.seq, family_config(args.family, args.variant, args.seq, 0, 1, "dp",
+                                                                     "float32").data.masked_lm_prob)
   # JAX would otherwise take most of a GPU's memory up front, leaving none to the PyTorch peer on the same GPU.
   os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
   import jax  # pylint: disable=import-outside-toplevel
@@ -318,10 +359,16 @@ def main(argv=None):
     rng = np.random.default_rng(0)
     n = args.examples or (args.steps + 2) * args.batch * (8 if regime != "fixed" else 1)
     examples = make_examples(sample_lengths(regime, n, args.seq, rng), args.seq, args.preds, 30522, rng)
+    if args.family != "bert":  # one segment, as these families' MLM-only data has it
+      for e in examples:
+        e["segment_ids"] = np.zeros_like(e["segment_ids"])
     finetuning = regime == "glue_finetune"
     theirs = {}
     for name in peers if platform in ("cpu", "gpu") else ():  # first, so that its GPU memory is released before ours
-      run = run_hf_finetune if finetuning else functools.partial(run_hf, preds=args.preds)
+      if args.family != "bert":
+        run = functools.partial(run_hf_family, args.family)
+      else:
+        run = run_hf_finetune if finetuning else functools.partial(run_hf, preds=args.preds)
       theirs[name] = run(args.variant, args.seq, args.batch, steps=args.steps, examples=examples, dtype=args.dtype,
                          compile_model=PEERS[name])
       _release_torch_memory()
@@ -330,11 +377,11 @@ def main(argv=None):
                                   args.set, args.profile)
     else:
       ours = run_bertjax(args.variant, args.seq, args.batch, args.preds, args.dtype, args.shard, args.steps, regime,
-                         [dict(e) for e in examples], args.set, args.profile)
+                         [dict(e) for e in examples], args.set, args.profile, family=args.family)
     if platform == "cpu":
       peak = max(peak, cpu_peak())
-    row = {"config": " ".join([args.variant, f"seq {args.seq} batch {args.batch}", args.dtype, args.shard, regime,
-                               *args.set]),
+    row = {"config": " ".join([args.family, args.variant, f"seq {args.seq} batch {args.batch}", args.dtype,
+                               args.shard, regime, *args.set]), "family": args.family,
            "regime": regime, "device": f"{jax.device_count()} x {jax.devices()[0].device_kind}",
            "tokens_per_s": ours["tokens_per_s"], "sequences_per_s": ours["sequences_per_s"],
            "step_time_s": ours["step_time_s"], "compile_s": ours["compile_s"],
@@ -346,6 +393,8 @@ def main(argv=None):
     row["ratio"] = None
     row["peers"] = []
     head = "BertForSequenceClassification" if finetuning else "BertForPreTraining"
+    if args.family != "bert":
+      head = {"roberta": "RobertaForMaskedLM", "modernbert": "ModernBertForMaskedLM"}[args.family]
     for name, t in theirs.items():
       mode = "torch.compile" if PEERS[name] else "eager"
       row["peers"].append({"name": name, "peer": f"HF transformers {t['version']} {head} (PyTorch {t['torch']} "

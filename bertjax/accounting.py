@@ -29,12 +29,13 @@ def model_flops_per_sequence(cfg, seq_len: int, num_predictions: int,
 
   3·[L·(24·S·d² + 4·S²·d) + 2·P·(d² + d·V) + 2·d²]; for packed rows pass the sum of each example's squared
   length as `seq_len_squared`. (Counts the 4·d² attention projections and 2·d·d_ff FFN with d_ff = 4d, as
-  the usual 24·S·d²; for other FFN widths the FFN term is scaled.) With `final_layer_rows` Q (prune_final_layer:
+  the usual 24·S·d²; for other FFN widths the FFN term is scaled, and a gated FFN has three matrices.
+  Sliding-window layers are counted as dense attention, as bertjax computes them: a banded mask on the scores.) With `final_layer_rows` Q (prune_final_layer:
   [CLS] and the masked positions of an unpacked row), less what the last layer then leaves out.
   """
   d, L, V, P = cfg.hidden_size, cfg.num_layers, cfg.vocab_size, num_predictions
   s2 = seq_len * seq_len if seq_len_squared is None else seq_len_squared
-  per_layer = 2 * seq_len * (4 * d * d + 2 * d * cfg.intermediate_size) + 4 * s2 * d
+  per_layer = 2 * seq_len * (4 * d * d + ffn_matrices(cfg) * d * cfg.intermediate_size) + 4 * s2 * d
   total = 3.0 * (L * per_layer + 2 * P * (d * d + d * V) + 2 * d * d)
   if final_layer_rows is not None:
     total -= pruned_final_layer_flops(cfg, seq_len - final_layer_rows, s2 - final_layer_rows * seq_len)
@@ -46,7 +47,12 @@ def pruned_final_layer_flops(cfg, rows: float, score_pairs: float) -> float:
   output projections and FFN (its key and value projections stay: every position is a key); `score_pairs`
   (query, key) pairs fewer in QKᵀ and in the probabilities times V."""
   d = cfg.hidden_size
-  return 3.0 * (2 * rows * (2 * d * d + 2 * d * cfg.intermediate_size) + 4 * score_pairs * d)
+  return 3.0 * (2 * rows * (2 * d * d + ffn_matrices(cfg) * d * cfg.intermediate_size) + 4 * score_pairs * d)
+
+
+def ffn_matrices(cfg) -> int:
+  """d x d_ff matrices per FFN: 2 (in, out), 3 for a gated FFN (GeGLU/SwiGLU: in, gate, out)."""
+  return 3 if getattr(cfg, "ffn", "mlp") == "glu" else 2
 
 
 def pretraining_step_flops(cfg, seq_len: int, num_predictions: int, global_batch: int) -> float:

@@ -42,7 +42,8 @@ def resolve(config):
 
 def validate(config, num_devices: int, creation: dict | None = None, tokenizer_vocab: int | None = None
              ) -> model_lib.BertConfig:
-  """The model config, or a ConfigError listing every problem found."""
+  """The model config, or a ConfigError listing every problem found. Fills the derived fields first (`resolve`)."""
+  resolve(config)
   errors = []
   mcfg = None
   try:
@@ -235,7 +236,6 @@ def _train_and_evaluate(config, workdir: str) -> dict:
   if not config.data.data_dir:
     raise ConfigError("invalid config:\n  - data.data_dir is empty: build data with python -m bertjax.data.dataset")
   creation = dataset.read_creation(config.data.data_dir)
-  resolve(config)
   mcfg = validate(config, jax.device_count(), creation)
   run = build(config, mcfg)
   mesh, rules, batch_sharding = run.mesh, run.rules, run.batch_sharding

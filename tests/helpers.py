@@ -1,7 +1,9 @@
 """What several test modules share: small configs, the entry-point command lines and their checks.
 
 Fixtures live in conftest.py; plain functions here (`import helpers`)."""
+import csv
 import os
+import random
 import re
 import subprocess
 import sys
@@ -74,3 +76,18 @@ def assert_one_line_error(proc, pattern):
   lines = [l for l in proc.stderr.splitlines() if l.startswith("error: ")]
   assert len(lines) == 1 and re.search(pattern, lines[0]), proc.stderr[-2000:]
   assert "Traceback" not in proc.stderr
+
+
+def write_sentiment(path, n, seed):
+  """A CSV (sentence, sentiment) whose label is decided by one planted word among filler: learnable in seconds."""
+  rng = random.Random(seed)
+  pos, neg = ["good", "fine", "nice"], ["bad", "poor", "awful"]
+  filler = "alpha beta gamma delta river mountain city island".split()
+  with open(path, "w", newline="") as f:
+    w = csv.writer(f)
+    w.writerow(["sentence", "sentiment"])
+    for _ in range(n):
+      label = rng.choice(["pos", "neg"])
+      words = [rng.choice(filler) for _ in range(rng.randint(4, 10))]
+      words.insert(rng.randrange(len(words) + 1), rng.choice(pos if label == "pos" else neg))
+      w.writerow([" ".join(words), label])

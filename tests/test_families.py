@@ -148,7 +148,6 @@ def test_byte_level_bpe_ids_match_roberta_tokenizer_fast(tmp_path):
   read from vocab.json + merges.txt, gives HF RobertaTokenizerFast's ids on text it was not trained on."""
   import codecs
   import json as json_mod
-  import this  # noqa: F401  (prints the Zen once)
   from bertjax.data import tokenizer
   texts = [codecs.decode(__import__("this").s, "rot13")] + [m.__doc__ for m in (json_mod, np, pytest, codecs) if m.__doc__]
   (tmp_path / "corpus.txt").write_text("\n".join(texts), encoding="utf-8")
@@ -162,3 +161,29 @@ def test_byte_level_bpe_ids_match_roberta_tokenizer_fast(tmp_path):
     assert tok.decode(tok.encode(text)) == text
   assert (tok.cls_id, tok.pad_id, tok.sep_id, tok.unk_id, tok.mask_id) == (
       hf.cls_token_id, hf.pad_token_id, hf.sep_token_id, hf.unk_token_id, hf.mask_token_id) == (0, 1, 2, 3, 4)
+
+
+@pytest.mark.parametrize("family", ["roberta", "modernbert"])
+def test_finetuning_starts_from_a_family_checkpoint(tmp_path, family):
+  """`init=` an HF roberta / modernbert folder (with its byte-level BPE tokenizer): the encoder loads, the task
+  head starts fresh, and a learnable sentence task is learnt through the same fine-tuning path as BERT's."""
+  import shutil
+  from bertjax import finetune
+  from bertjax.data import tokenizer
+  from configs import finetune as finetune_config
+  import helpers
+  text = tmp_path / "corpus.txt"
+  helpers.write_sentiment(text, 300, 5)
+  path = tokenizer.train([text], tmp_path / "tok", kind="byte_bpe", vocab_size=320)
+  vocab = tokenizer.load(path).vocab_size
+  m = roberta(vocab=vocab) if family == "roberta" else modernbert(vocab=vocab, layers=3, window=8)
+  m.save_pretrained(tmp_path / "hf")
+  for name in ("vocab.json", "merges.txt"):
+    shutil.copy(tmp_path / "tok" / name, tmp_path / "hf" / name)
+  helpers.write_sentiment(tmp_path / "train.csv", 480, 0)
+  helpers.write_sentiment(tmp_path / "dev.csv", 200, 1)
+  c = finetune_config.get_config(f"task=local,init={tmp_path / 'hf'},lr=1e-3,batch=16,epochs=3,seq=32")
+  c.data.train_file, c.data.eval_file = str(tmp_path / "train.csv"), str(tmp_path / "dev.csv")
+  c.data.text_a_column, c.data.label_column, c.data.labels = "sentence", "sentiment", ("neg", "pos")
+  out = finetune.finetune(c, str(tmp_path / "w"))
+  assert out["report"]["best"]["metrics"]["validation"]["accuracy"] > 0.9, out["report"]

@@ -1,5 +1,4 @@
 """Fine-tuning: metrics against independent references, SQuAD windows, end to end on tiny configs, bad input."""
-import csv
 import json
 import os
 import random
@@ -8,6 +7,8 @@ import sys
 
 import numpy as np
 import pytest
+
+import helpers
 
 from bertjax import finetune, scores
 from bertjax import tasks as tasks_lib
@@ -233,23 +234,9 @@ def tiny_config(task, vocab_path, **data):
   return c
 
 
-def write_sentiment(path, n, seed):
-  rng = random.Random(seed)
-  pos, neg = ["good", "fine", "nice"], ["bad", "poor", "awful"]
-  filler = "alpha beta gamma delta river mountain city island".split()
-  with open(path, "w", newline="") as f:
-    w = csv.writer(f)
-    w.writerow(["sentence", "sentiment"])
-    for _ in range(n):
-      label = rng.choice(["pos", "neg"])
-      words = [rng.choice(filler) for _ in range(rng.randint(4, 10))]
-      words.insert(rng.randrange(len(words) + 1), rng.choice(pos if label == "pos" else neg))
-      w.writerow([" ".join(words), label])
-
-
 def test_learnable_local_classification_above_90_percent(tmp_path, vocab):
-  write_sentiment(tmp_path / "train.csv", 480, 0)
-  write_sentiment(tmp_path / "dev.csv", 200, 1)
+  helpers.write_sentiment(tmp_path / "train.csv", 480, 0)
+  helpers.write_sentiment(tmp_path / "dev.csv", 200, 1)
   c = tiny_config("local", vocab, train_file=str(tmp_path / "train.csv"), eval_file=str(tmp_path / "dev.csv"),
                   text_a_column="sentence", label_column="sentiment", labels=("neg", "pos"))
   out = finetune.finetune(c, str(tmp_path / "w"))
@@ -315,8 +302,8 @@ def test_packed_finetune_rows_equal_unpacked_examples():
 
 
 def test_learnable_classification_with_packing(tmp_path, vocab, capsys):
-  write_sentiment(tmp_path / "train.csv", 480, 0)
-  write_sentiment(tmp_path / "dev.csv", 200, 1)
+  helpers.write_sentiment(tmp_path / "train.csv", 480, 0)
+  helpers.write_sentiment(tmp_path / "dev.csv", 200, 1)
   c = tiny_config("local", vocab, train_file=str(tmp_path / "train.csv"), eval_file=str(tmp_path / "dev.csv"),
                   text_a_column="sentence", label_column="sentiment", labels=("neg", "pos"), packing=True,
                   max_seq_length=64)
@@ -330,8 +317,8 @@ def test_learnable_classification_with_packing(tmp_path, vocab, capsys):
 def test_stopped_finetuning_resumes_exactly(tmp_path, vocab, capsys):
   """Stopped mid-epoch and again across an epoch's end, then continued with the same command: the same per-step
   losses, evaluations and best epoch as one uninterrupted run."""
-  write_sentiment(tmp_path / "train.csv", 128, 0)
-  write_sentiment(tmp_path / "dev.csv", 40, 1)
+  helpers.write_sentiment(tmp_path / "train.csv", 128, 0)
+  helpers.write_sentiment(tmp_path / "dev.csv", 40, 1)
 
   def config(stop=0):
     c = tiny_config("local", vocab, train_file=str(tmp_path / "train.csv"), eval_file=str(tmp_path / "dev.csv"),
@@ -365,7 +352,7 @@ def test_stopped_finetuning_resumes_exactly(tmp_path, vocab, capsys):
 
 
 def test_sharded_finetune_equals_data_parallel(tmp_path, vocab):
-  write_sentiment(tmp_path / "train.csv", 64, 0)
+  helpers.write_sentiment(tmp_path / "train.csv", 64, 0)
   losses = {}
   for shard in ("dp", "fsdp"):
     c = tiny_config("local", vocab, train_file=str(tmp_path / "train.csv"), text_a_column="sentence",
@@ -436,8 +423,8 @@ def test_finetune_from_an_hf_folder_through_main(tmp_path, vocab):
                                                       max_position_embeddings=64))
   hm.save_pretrained(tmp_path / "hf")
   shutil.copy(vocab, tmp_path / "hf" / "vocab.txt")
-  write_sentiment(tmp_path / "train.csv", 64, 0)
-  write_sentiment(tmp_path / "dev.csv", 20, 1)
+  helpers.write_sentiment(tmp_path / "train.csv", 64, 0)
+  helpers.write_sentiment(tmp_path / "dev.csv", 20, 1)
   cmd = [sys.executable, "-m", "bertjax.main",
          f"--config={ROOT}/configs/finetune.py:task=local,init={tmp_path / 'hf'},batch=16,epochs=1,seq=32",
          f"--workdir={tmp_path / 'w'}", f"--config.data.train_file={tmp_path / 'train.csv'}",
@@ -527,8 +514,8 @@ def test_classification_features_follow_run_classifier(vocab):
 
 @pytest.mark.slow
 def test_sweep_runs_a_grid_and_tabulates_median_and_best(tmp_path, vocab):
-  write_sentiment(tmp_path / "train.csv", 48, 0)
-  write_sentiment(tmp_path / "dev.csv", 16, 1)
+  helpers.write_sentiment(tmp_path / "train.csv", 48, 0)
+  helpers.write_sentiment(tmp_path / "dev.csv", 16, 1)
   n = tokenizer.load(vocab).vocab_size
   base = "configs/finetune.py:task=local,variant=tiny,batch=16,epochs=1,seq=32,vocab=" + str(n)
   extra = ["--", f"--config.data.train_file={tmp_path / 'train.csv'}", f"--config.data.eval_file={tmp_path / 'dev.csv'}",
@@ -560,7 +547,7 @@ def test_signal_stops_finetuning_with_a_checkpoint(tmp_path, vocab, sig):
   command resumes from that step."""
   import re
   import signal
-  write_sentiment(tmp_path / "train.csv", 2000, 0)
+  helpers.write_sentiment(tmp_path / "train.csv", 2000, 0)
   n = tokenizer.load(vocab).vocab_size
 
   def cmd(*extra):
@@ -592,7 +579,7 @@ def test_signal_stops_finetuning_with_a_checkpoint(tmp_path, vocab, sig):
 
 # ------------------------------------------------------------------ refusals through the real entry point
 def finetune_cmd(tmp_path, vocab, workdir, *extra, lr="1e-3"):
-  write_sentiment(tmp_path / "train.csv", 40, 0)
+  helpers.write_sentiment(tmp_path / "train.csv", 40, 0)
   n = tokenizer.load(vocab).vocab_size
   return [sys.executable, "-m", "bertjax.main",
           f"--config={ROOT}/configs/finetune.py:task=local,variant=tiny,lr={lr},batch=8,epochs=1,seq=32",
@@ -622,7 +609,7 @@ def test_finetune_refusals_are_one_line_errors(tmp_path, vocab):
 def test_fewer_examples_than_a_batch_train_on_one_partial_batch(tmp_path, vocab):
   """Every example is seen once per epoch: 5 examples and batch 16 make one step per epoch (zero-weight rows
   fill the batch), and an empty training file is refused."""
-  write_sentiment(tmp_path / "train.csv", 5, 0)
+  helpers.write_sentiment(tmp_path / "train.csv", 5, 0)
   c = tiny_config("local", vocab, train_file=str(tmp_path / "train.csv"), text_a_column="sentence",
                   label_column="sentiment", labels=("neg", "pos"))
   out = finetune.finetune(c, str(tmp_path / "w"))

@@ -39,12 +39,16 @@ def test_aot_compile_for_a_tpu_topology():
           "c = pretrain.get_config('variant=tiny,seq=64,preds=8,shard=fsdp')\n"
           "c.model.attention_impl, c.model.attention_dropout_rate = 'splash', 0.0\n"
           "splash = aot.compile_step(c, 'v5e:2x2', 8)\n"
-          "print(json.dumps([ok, big, splash]))")
+          "from configs import modernbert\n"
+          "c = modernbert.get_config('variant=tiny,seq=256,shard=fsdp')\n"
+          "modern = aot.compile_step(c, 'v5e:2x2', 8)\n"
+          "print(json.dumps([ok, big, splash, modern]))")
   env = dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu")
   out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=ROOT, timeout=900)
   assert out.returncode == 0, out.stderr[-3000:]
   import json
-  ok, big, splash = json.loads(out.stdout.strip().splitlines()[-1])
+  ok, big, splash, modern = json.loads(out.stdout.strip().splitlines()[-1])
+  assert modern["fits"]  # the ModernBERT recipe (rotary, sliding windows, GeGLU, no NSP) compiles for the TPU
   assert ok["fits"] and ok["chips"] == 4 and ok["mesh"] == {"data": 1, "fsdp": 4, "tensor": 1}
   assert ok["scan_unroll"] == 1  # the config's auto unroll is resolved for the TPU, not for this CPU host
   # the splash attention step holds the kernel compiled by Mosaic for the chip (not Pallas' interpreter)

@@ -32,11 +32,22 @@ def examples(n=7, src_len=24, preds=4, vocab=97, seed=0):
   return out
 
 
+SWITCHES = {
+    "bert": {},
+    "rotary-local-glu": dict(position_embedding="rotary", rope_theta_local=500.0, local_attention=6, global_every=2,
+                             ffn="glu", layer_norm="pre", use_bias=False, norm_bias=False),
+    "alibi-rmsnorm": dict(position_embedding="alibi", norm="rmsnorm", norm_bias=False, layer_norm="pre"),
+}
+
+
+@pytest.mark.parametrize("switches", sorted(SWITCHES))
 @pytest.mark.parametrize("prune", [False, True])
-def test_packed_outputs_equal_unpacked(prune):
+def test_packed_outputs_equal_unpacked(prune, switches):
   """With `prune` the packed rows' last layer runs at each example's [CLS] and masked positions only (the
-  reference stays the whole unpacked model)."""
-  cfg = model_lib.BertConfig.from_variant("tiny", vocab_size=97, max_position_embeddings=64, prune_final_layer=False)
+  reference stays the whole unpacked model). Rotary, ALiBi and the sliding window read the restarting positions
+  and the block-diagonal mask of packed rows."""
+  cfg = model_lib.BertConfig.from_variant("tiny", vocab_size=97, max_position_embeddings=64, prune_final_layer=False,
+                                          **SWITCHES[switches])
   m = model_lib.BertForPreTraining(cfg)
   exs = examples()
   unpacked = {k: np.stack([e[k] for e in exs]) for k in exs[0]}

@@ -47,6 +47,30 @@ def run_steps(config, devices, batches):
   return losses, state, run
 
 
+MODERN = dict(position_embedding="rotary", rope_theta=160000.0, rope_theta_local=10000.0, local_attention=8,
+              global_every=2, ffn="glu", layer_norm="pre", norm_bias=False, use_bias=False,
+              first_attention_norm=False, type_vocab_size=0, vocab_multiple=64, nsp_head=False)
+
+
+def modern(c, **more):
+  """ModernBERT's switches (rotary, local/global, GeGLU, pre-norm, no biases, padded vocabulary, MLM only) on
+  a small config."""
+  for k, v in {**MODERN, **more}.items():
+    c.model[k] = v
+  c.train.use_nsp = False
+  return c
+
+
+@pytest.mark.parametrize("shard", ["fsdp", "dp_tp"])
+def test_sharded_step_with_modern_switches_equals_single_device(shard):
+  batches = fixed_batches()
+  single, s1, _ = run_steps(modern(small_config(shard="dp")), jax.devices()[:1], batches)
+  losses, state, _ = run_steps(modern(small_config(shard=shard)), jax.devices(), batches)
+  np.testing.assert_allclose(losses, single, atol=1e-5)
+  jax.tree_util.tree_map(lambda a, b: np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=2e-5),
+                         state.params, s1.params)
+
+
 @pytest.mark.parametrize("shard,mesh", [("dp", (8, 1, 1)), ("fsdp", (1, 8, 1)), ("dp_tp", (2, 1, 4))])
 def test_sharded_step_equals_single_device(shard, mesh):
   batches = fixed_batches()
@@ -491,12 +515,19 @@ def test_cpu_peak_is_shared_by_fake_devices(monkeypatch):
   assert accounting.peak_tflops_per_device(2.5) == (2.5, "configured")
 
 
-@pytest.mark.parametrize("switch", ["lamb", "no_nsp", "remat_dots", "bfloat16"])
+@pytest.mark.parametrize("switch", ["lamb", "no_nsp", "remat_dots", "bfloat16", "modern_bfloat16_remat",
+                                    "alibi_rmsnorm_swiglu"])
 def test_each_switch_runs_training_steps(switch):
-  """Steps that were only ever built: LAMB, the NSP ablation, remat of matmul outputs, bfloat16 activations.
-  Each trains (the loss of a repeated batch falls), on one device, against the same model's float32 AdamW run."""
+  """Steps that were only ever built: LAMB, the NSP ablation, remat of matmul outputs, bfloat16 activations, the
+  modern switches under bfloat16 with remat, ALiBi with RMSNorm and SwiGLU. Each trains (the loss of a repeated
+  batch falls), on one device, against the same model's float32 AdamW run."""
   c = small_config(shard="dp")
-  if switch == "lamb":
+  if switch == "modern_bfloat16_remat":
+    c = modern(c, dtype="bfloat16", remat="dots")
+  elif switch == "alibi_rmsnorm_swiglu":
+    c = modern(c, position_embedding="alibi", rope_theta=10000.0, rope_theta_local=0.0, local_attention=0,
+               norm="rmsnorm", hidden_act="silu", first_attention_norm=True)
+  elif switch == "lamb":
     c.train.optimizer = "lamb"
   elif switch == "no_nsp":
     c.train.use_nsp = False

@@ -337,6 +337,9 @@ class Embeddings(nn.Module):
     x = self._lookup(self.word_embeddings, input_ids)
     if cfg.type_vocab_size:
       # Segment types: always one-hot, as in the original (a 2-row table: a scatter-add into it is all collisions).
+      # With one type (RoBERTa) every token takes it, the second segment of a pair included, as RoBERTa is fed.
+      if cfg.type_vocab_size == 1:
+        segment_ids = jnp.zeros_like(segment_ids)
       x = x + self._one_hot(self.token_type_embeddings.embedding, segment_ids)
     length, offset = input_ids.shape[-1], cfg.position_offset
     if cfg.position_embedding == "learned":
