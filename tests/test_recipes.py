@@ -174,3 +174,32 @@ def test_schedules_match_their_formulas(kind, shape):
       f = {"linear": 1 - p, "sqrt": 1 - math.sqrt(p), "cosine": 0.5 * (1 + math.cos(math.pi * p))}[shape]
       want = lr * floor + (lr - lr * floor) * f
     assert float(fn(t)) == pytest.approx(want, rel=1e-5, abs=1e-12), t
+
+
+def test_roberta_workdir_exports_with_its_tokenizer(tmp_path, packed_data):
+  """A RoBERTa-recipe workdir -> python -m bertjax.convert -> HF AutoTokenizer + AutoModelForMaskedLM give
+  bertjax's fill-in-the-blank scores."""
+  transformers = pytest.importorskip("transformers")
+  torch = pytest.importorskip("torch")
+  import helpers
+  from bertjax import predict
+  from configs import roberta
+  c = _small(roberta.get_config("variant=tiny,seq=64,mask=0.3"), packed_data, steps=2)
+  c.model.max_position_embeddings = 66
+  train.train_and_evaluate(c, str(tmp_path / "w"))
+  proc = helpers.run_cmd([helpers.sys.executable, "-m", "bertjax.convert", "--workdir", str(tmp_path / "w"),
+                          "--out", str(tmp_path / "hf")])
+  assert proc.returncode == 0 and "RobertaForMaskedLM" in proc.stdout, proc.stderr[-2000:]
+  hf_tok = transformers.AutoTokenizer.from_pretrained(str(tmp_path / "hf"))
+  hf = transformers.AutoModelForMaskedLM.from_pretrained(str(tmp_path / "hf")).eval()
+  module, params, tok = predict.load(str(tmp_path / "w"))
+  text = "the model reads text"
+  assert hf_tok(text, add_special_tokens=False)["input_ids"] == tok.encode(text)
+  ids = [tok.cls_id] + tok.encode(text) + [tok.sep_id]
+  batch = {"input_ids": np.asarray([ids], np.int32), "input_mask": np.ones((1, len(ids)), np.int32),
+           "segment_ids": np.zeros((1, len(ids)), np.int32),
+           "masked_lm_positions": np.arange(len(ids), dtype=np.int32)[None]}
+  ours = np.asarray(module.apply({"params": params}, batch)["mlm_logits"])[0]
+  with torch.no_grad():
+    theirs = hf(input_ids=torch.tensor([ids])).logits.numpy()[0]
+  np.testing.assert_allclose(ours, theirs, atol=1e-4)

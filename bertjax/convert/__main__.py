@@ -1,9 +1,10 @@
 """python -m bertjax.convert --workdir W --out DIR: a bertjax workdir as an HF transformers folder.
 
-A pre-training workdir becomes `BertForPreTraining` (its latest checkpoint); a fine-tuning workdir its best
-parameters as `BertForSequenceClassification`, `BertForTokenClassification` or `BertForQuestionAnswering`, with
-the labels in config.json. A WordPiece vocabulary is copied beside it with its casing, so that
-`AutoTokenizer.from_pretrained(DIR)` reads the same ids.
+A pre-training workdir becomes its family's MLM model (its latest checkpoint): `BertForPreTraining`,
+`RobertaForMaskedLM` or `ModernBertForMaskedLM`; a fine-tuning workdir of a BERT its best parameters as
+`BertForSequenceClassification`, `BertForTokenClassification` or `BertForQuestionAnswering`, with the labels in
+config.json. The tokenizer is copied beside it (a WordPiece vocabulary with its casing; a byte-level BPE's
+vocab.json + merges.txt or tokenizer.json), so that `AutoTokenizer.from_pretrained(DIR)` reads the same ids.
 """
 from __future__ import annotations
 
@@ -32,11 +33,17 @@ def export(workdir: str, out: str) -> str:
     from bertjax.data import dataset  # pylint: disable=import-outside-toplevel
     creation = dataset.read_creation(data_dir)
     tok_path, lower = creation["tokenizer"], creation.get("do_lower_case", True)
-    arch = "BertForPreTraining"
+    with open(os.path.join(out, "config.json"), encoding="utf-8") as f:
+      arch = json.load(f)["architectures"][0]
   if os.path.basename(tok_path) == "vocab.txt":
     shutil.copyfile(tok_path, os.path.join(out, "vocab.txt"))
     with open(os.path.join(out, "tokenizer_config.json"), "w", encoding="utf-8") as f:
       json.dump({"tokenizer_class": "BertTokenizer", "do_lower_case": bool(lower)}, f, indent=2)
+  elif tok_path.endswith(".json"):  # byte-level BPE: the files HF's tokenizers read
+    folder = os.path.dirname(tok_path)
+    for name in ("vocab.json", "merges.txt", "tokenizer.json"):
+      if os.path.isfile(os.path.join(folder, name)):
+        shutil.copyfile(os.path.join(folder, name), os.path.join(out, name))
   return arch
 
 
