@@ -18,6 +18,7 @@ import optax
 
 from bertjax import accounting, checkpoint as checkpoint_lib, errors, losses, metrics as metrics_lib
 from bertjax import model as model_lib, optim
+from bertjax.model import electra as electra_lib
 from bertjax import sharding as sharding_lib
 from bertjax import state as state_lib
 from bertjax import trainer, weights
@@ -97,7 +98,19 @@ def validate(config, num_devices: int, creation: dict | None = None, tokenizer_v
   if mcfg is not None and mcfg.local_attention and mcfg.local_attention >= seq:
     errors.append(f"model.local_attention {mcfg.local_attention} is not shorter than data.max_seq_length {seq}: "
                   "every layer would attend globally")
-  if mcfg is not None and config.train.use_nsp and not mcfg.nsp_head:
+  if is_electra(config):
+    if accum != 1:
+      errors.append("objective 'electra' takes train.grad_accum_steps=1 (its masks are drawn per step in the graph)")
+    if config.data.get("packing"):
+      errors.append("objective 'electra' does not take data.packing (its masks are drawn per row in the graph)")
+    if config.train.use_nsp:
+      errors.append("objective 'electra' has no NSP: set train.use_nsp=False")
+    if mcfg is not None:
+      try:
+        electra_lib.generator_config(mcfg, config.electra.generator_hidden, config.electra.generator_layers)
+      except (ValueError, TypeError) as e:
+        errors.append(f"electra generator: {e}")
+  elif mcfg is not None and config.train.use_nsp and not mcfg.nsp_head:
     errors.append("train.use_nsp is True but model.nsp_head is False (an MLM-only model has no NSP head)")
   made_mode = (creation or {}).get("options", {}).get("example_mode", "nsp_pairs")
   if creation is not None and made_mode != config.data.get("example_mode", "nsp_pairs"):
@@ -188,7 +201,10 @@ def evaluate(eval_step, params, source, config, batch_sharding) -> dict:
   if total is None:
     return {}
   total = jax.device_get(total)
-  _, m = losses.from_sums(total, config.train.use_nsp)
+  if is_electra(config):
+    _, m = electra_lib.electra_loss(total, config.electra.disc_weight)
+  else:
+    _, m = losses.from_sums(total, config.train.use_nsp)
   return {k: float(v) for k, v in m.items()}
 
 
@@ -197,12 +213,12 @@ def load_init_params(path: str, mcfg: model_lib.BertConfig):
   return weights.load(path, overrides={"scan_layers": mcfg.scan_layers}, head="pretraining").params
 
 
-def build(config, mcfg: model_lib.BertConfig, devices=None) -> trainer.Trainer:
+def build(config, mcfg: model_lib.BertConfig, devices=None, special_ids=None) -> trainer.Trainer:
+  """The trainer of the config's objective: MLM (+ NSP) on BertForPreTraining, or ELECTRA's replaced-token
+  detection (`special_ids`: the tokenizer's (cls, sep, mask) ids, which ELECTRA's in-graph masking needs)."""
   resolve(config)
-  """Mesh, model, optimizer, abstract sharded state and the jitted pre-training steps (nothing allocated)."""
   mesh, _, _ = trainer.make_mesh(config, devices)
   mcfg = mcfg.for_platform(mesh.devices.flat[0].platform)
-  model = model_lib.BertForPreTraining(mcfg)
   tx, lr_fn = optim.make(config.train)
   micro = config.train.global_batch_size // config.train.grad_accum_steps
   if config.data.get("packing"):
@@ -210,8 +226,61 @@ def build(config, mcfg: model_lib.BertConfig, devices=None) -> trainer.Trainer:
   else:
     dummy = model_lib.dummy_batch(mcfg, micro, config.data.max_seq_length, config.data.max_predictions_per_seq)
     dummy["next_sentence_weights"] = np.ones((micro,), np.float32)
-  return trainer.build(config, model, tx, lr_fn, dummy, make_train_step(model, tx, lr_fn, config),
-                       make_eval_step(model), mesh=mesh)
+  if is_electra(config):
+    model = electra_module(config, mcfg, special_ids)
+    steps = (make_electra_train_step(model, tx, lr_fn, config), make_electra_eval_step(model, config))
+  else:
+    model = model_lib.BertForPreTraining(mcfg)
+    steps = (make_train_step(model, tx, lr_fn, config), make_eval_step(model))
+  return trainer.build(config, model, tx, lr_fn, dummy, *steps, mesh=mesh)
+
+
+def is_electra(config) -> bool:
+  return config.get("objective", "mlm") == "electra"
+
+
+def electra_module(config, mcfg, special_ids=None):
+  cls_id, sep_id, mask_id = special_ids or (2, 3, 4)  # placeholders for timing and AOT builds without data
+  gen = electra_lib.generator_config(mcfg, config.electra.generator_hidden, config.electra.generator_layers)
+  return electra_lib.ElectraForPreTraining(mcfg, gen,
+                                           mask_prob=config.data.masked_lm_prob,
+                                           temperature=config.electra.temperature, special_ids=(cls_id, sep_id),
+                                           mask_id=mask_id)
+
+
+def make_electra_train_step(model, tx, lr_fn, config):
+  """state, batch -> state, metrics: L = L_gen + λ·L_disc in one step for both networks (ELECTRA)."""
+  seed, impl = config.seed, config.train.get("prng_impl", "threefry2x32")
+  weight = config.electra.disc_weight
+
+  def step_fn(state, batch):
+    rng = jax.random.fold_in(jax.random.fold_in(jax.random.key(seed, impl=impl), 1), state.step)
+    r_drop, r_electra = jax.random.split(rng)
+
+    def loss_fn(params):
+      out = model.apply({"params": params}, batch, deterministic=False,
+                        rngs={"dropout": r_drop, "electra": r_electra})
+      sums = electra_lib.electra_sums(out, batch)
+      return electra_lib.electra_loss(sums, weight)[0], sums
+
+    (_, sums), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
+    _, metrics = electra_lib.electra_loss(sums, weight)
+    grad_norm = optax.global_norm(grads)
+    updates, opt_state = tx.update(grads, state.opt_state, state.params)
+    params = optax.apply_updates(state.params, updates)
+    metrics.update(grad_norm=grad_norm, learning_rate=lr_fn(state.step),
+                   tokens=jnp.sum(batch["input_mask"].astype(jnp.float32)))
+    return state_lib.TrainState(step=state.step + 1, params=params, opt_state=opt_state), metrics
+
+  return step_fn
+
+
+def make_electra_eval_step(model, config):
+  def eval_fn(params, batch):  # the same masks and samples at every evaluation: a fixed stream
+    key = jax.random.key(config.seed, impl=config.train.get("prng_impl", "threefry2x32"))
+    out = model.apply({"params": params}, batch, deterministic=True, rngs={"electra": key})
+    return electra_lib.electra_sums(out, batch)
+  return eval_fn
 
 
 def row_predictions(config) -> int:
@@ -237,7 +306,11 @@ def _train_and_evaluate(config, workdir: str) -> dict:
     raise ConfigError("invalid config:\n  - data.data_dir is empty: build data with python -m bertjax.data.dataset")
   creation = dataset.read_creation(config.data.data_dir)
   mcfg = validate(config, jax.device_count(), creation)
-  run = build(config, mcfg)
+  special = None
+  if is_electra(config):
+    tok = tokenizer_lib.load(creation["tokenizer"], do_lower_case=creation.get("do_lower_case", True))
+    special = (tok.cls_id, tok.sep_id, tok.mask_id)
+  run = build(config, mcfg, special_ids=special)
   mesh, rules, batch_sharding = run.mesh, run.rules, run.batch_sharding
   gbs, seq, preds = config.train.global_batch_size, config.data.max_seq_length, config.data.max_predictions_per_seq
 
@@ -290,6 +363,8 @@ def _train_and_evaluate(config, workdir: str) -> dict:
   total = config.train.num_steps
   start = int(jax.device_get(state.step))
   flops_per_step = accounting.pretraining_step_flops(mcfg, seq, preds, gbs)
+  if is_electra(config):
+    flops_per_step = accounting.electra_step_flops(mcfg, run.module.gen_cfg, seq, preds, gbs)
   peak, peak_source = accounting.peak_tflops_per_device(config.peak_tflops_per_device)
   writer = metrics_lib.Writer(workdir)
   progress = metrics_lib.Progress(total, start)

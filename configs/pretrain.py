@@ -20,6 +20,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
                        dtype="float32", scan=True, remat="none", opt="adamw", vocab=30522)
   c = ml_collections.ConfigDict()
   c.mode = "pretrain"  # dispatch in bertjax.main
+  c.objective = "mlm"  # mlm (MLM, + NSP with train.use_nsp) | electra (configs/electra.py)
   c.seed = 0  # parameter init, dropout and data order
 
   c.model = ml_collections.ConfigDict()
@@ -48,6 +49,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.model.first_attention_norm = True  # pre-norm: layer 0 normalises its input (ModernBERT: False)
   c.model.vocab_multiple = 1  # pad the embedding table to a multiple of this (64 for throughput)
   c.model.nsp_head = a.nsp  # pooler + NSP head (False: an MLM-only model)
+  c.model.embedding_size = 0  # embedding width; 0 = hidden_size (ELECTRA-small: 128, projected to the hidden size)
   c.model.dropout_rate = 0.1  # hidden dropout
   c.model.attention_dropout_rate = 0.1  # attention-probability dropout
   c.model.dtype = a.dtype  # computation dtype: float32 | bfloat16 (params stay float32; losses in float32)

@@ -17,14 +17,14 @@ variable name and the layout change between them; `from_tf_variables` uses it fo
 """
 from bertjax.convert.files import MAX_HEADER_BYTES, PICKLE_SUFFIXES, read_hf_dir, read_safetensors
 from bertjax.convert import families
-from bertjax.convert.families import FAMILIES, config_from_hf, family_of, from_hf
+from bertjax.convert.families import FAMILIES, config_from_hf, electra_from_hf, electra_to_hf, family_of, from_hf
 from bertjax.convert.families import to_hf_any as to_hf
 from bertjax.convert.hf import (HEAD_PREFIXES, HF_ACTIVATIONS, IGNORED_BUFFERS, NAME_TABLE, TASK_HEADS,
                                 ConversionError, bert_to_hf_config, from_state_dict, from_tf_variables,
                                 head_of_architecture, head_rows, hf_config_to_bert, stack_layers, task_module,
                                 to_state_dict, unstack_layers)
 
-__all__ = ["families", "FAMILIES", "config_from_hf", "family_of", "MAX_HEADER_BYTES", "PICKLE_SUFFIXES", "read_hf_dir", "read_safetensors", "HEAD_PREFIXES",
+__all__ = ["families", "FAMILIES", "electra_from_hf", "electra_to_hf", "config_from_hf", "family_of", "MAX_HEADER_BYTES", "PICKLE_SUFFIXES", "read_hf_dir", "read_safetensors", "HEAD_PREFIXES",
            "HF_ACTIVATIONS", "IGNORED_BUFFERS", "NAME_TABLE", "TASK_HEADS", "ConversionError", "bert_to_hf_config",
            "from_hf", "from_state_dict", "from_tf_variables", "head_of_architecture", "head_rows",
            "hf_config_to_bert", "stack_layers", "task_module", "to_hf", "to_state_dict", "unstack_layers"]

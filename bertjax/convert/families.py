@@ -26,14 +26,16 @@ from bertjax.convert import hf as bert_hf
 from bertjax.convert.files import read_hf_dir
 
 ConversionError = bert_hf.ConversionError
-FAMILIES = ("bert", "roberta", "modernbert")
-MLM_ARCHITECTURES = {"roberta": "RobertaForMaskedLM", "modernbert": "ModernBertForMaskedLM"}
+FAMILIES = ("bert", "roberta", "modernbert", "electra")
+MLM_ARCHITECTURES = {"roberta": "RobertaForMaskedLM", "modernbert": "ModernBertForMaskedLM",
+                     "electra": "ElectraForMaskedLM"}
 MODERNBERT_SPECIAL_IDS = {"pad_token_id": 50283, "eos_token_id": 50282, "bos_token_id": 50281,
                           "cls_token_id": 50281, "sep_token_id": 50282}
 _ACTS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "relu": "relu", "silu": "silu"}
 _ACTS_BACK = {"gelu": "gelu", "gelu_tanh": "gelu_new", "relu": "relu", "silu": "silu"}
 # Tensors a checkpoint may carry that are tied to (equal to) others the table reads.
-_TIED = {"roberta": ("lm_head.decoder.weight", "lm_head.decoder.bias"), "modernbert": ("decoder.weight",)}
+_TIED = {"roberta": ("lm_head.decoder.weight", "lm_head.decoder.bias"), "modernbert": ("decoder.weight",),
+         "electra": ("generator_lm_head.weight",)}
 
 
 def _act(name: str) -> str:
@@ -132,6 +134,55 @@ def modernbert_hf_config(cfg: model_lib.BertConfig, architecture: str = "ModernB
           "attention_dropout": cfg.attention_dropout_rate, "tie_word_embeddings": True,
           # ModernBERT's tokenizer ids where the vocabulary has them; none otherwise (HF checks they fit).
           **{k: (v if v < cfg.padded_vocab_size else None) for k, v in MODERNBERT_SPECIAL_IDS.items()}}
+
+
+def electra_config(hf: Mapping, **overrides) -> model_lib.BertConfig:
+  """An ELECTRA discriminator's or generator's config.json (each is a BERT encoder with its own embedding width)."""
+  if hf.get("position_embedding_type", "absolute") != "absolute":
+    raise ConversionError(f"position_embedding_type {hf['position_embedding_type']!r} is not supported")
+  embedding = hf.get("embedding_size", hf["hidden_size"])
+  fields = dict(
+      vocab_size=hf["vocab_size"], hidden_size=hf["hidden_size"], num_layers=hf["num_hidden_layers"],
+      num_heads=hf["num_attention_heads"], intermediate_size=hf["intermediate_size"],
+      embedding_size=0 if embedding == hf["hidden_size"] else embedding,
+      max_position_embeddings=hf.get("max_position_embeddings", 512), type_vocab_size=hf.get("type_vocab_size", 2),
+      hidden_act=_act(hf.get("hidden_act", "gelu")), layer_norm_eps=hf.get("layer_norm_eps", 1e-12),
+      dropout_rate=hf.get("hidden_dropout_prob", 0.1),
+      attention_dropout_rate=hf.get("attention_probs_dropout_prob", 0.1),
+      initializer_range=hf.get("initializer_range", 0.02), nsp_head=False)
+  fields.update(overrides)
+  return model_lib.BertConfig(**fields)
+
+
+def electra_hf_config(cfg: model_lib.BertConfig, architecture: str = "ElectraForPreTraining") -> dict:
+  out = bert_hf.bert_to_hf_config(cfg, architecture)
+  out.update(model_type="electra", embedding_size=cfg.embed_dim, hidden_act=_ACTS_BACK[cfg.hidden_act])
+  out.pop("tie_word_embeddings", None)
+  return out
+
+
+def electra_rows(cfg: model_lib.BertConfig, head: str):
+  """(bertjax path, HF name, layout): BERT's encoder table under `electra.` (no pooler), the projection from
+  the embedding width, and the discriminator's (`discriminator`) or the generator's (`generator`) head."""
+  flat = cfg.replace(scan_layers=False)
+  enc = [(p, "electra." + hf, kind) for p, hf, _, kind in bert_hf.NAME_TABLE(flat, pretraining=False)
+         if p[0] != "pooler"]
+  if cfg.embed_dim != cfg.hidden_size:
+    enc += [(("embeddings_project", "kernel"), "electra.embeddings_project.weight", "dense"),
+            (("embeddings_project", "bias"), "electra.embeddings_project.bias", "copy")]
+  if head == "encoder":
+    return enc
+  enc = [(("bert",) + p, hf, kind) for p, hf, kind in enc]
+  if head == "discriminator":
+    return enc + [(("head_dense", "kernel"), "discriminator_predictions.dense.weight", "dense"),
+                  (("head_dense", "bias"), "discriminator_predictions.dense.bias", "copy"),
+                  (("head_out", "kernel"), "discriminator_predictions.dense_prediction.weight", "dense"),
+                  (("head_out", "bias"), "discriminator_predictions.dense_prediction.bias", "copy")]
+  return enc + [(("mlm_transform", "kernel"), "generator_predictions.dense.weight", "dense"),
+                (("mlm_transform", "bias"), "generator_predictions.dense.bias", "copy"),
+                (("mlm_ln", "scale"), "generator_predictions.LayerNorm.weight", "copy"),
+                (("mlm_ln", "bias"), "generator_predictions.LayerNorm.bias", "copy"),
+                (("mlm_bias",), "generator_lm_head.bias", "copy")]
 
 
 def family_of(cfg: model_lib.BertConfig) -> str:
@@ -241,30 +292,54 @@ def join_fused(state: Mapping[str, np.ndarray]) -> dict:
 
 
 _ROWS = {"roberta": roberta_rows, "modernbert": modernbert_rows}
-_CONFIGS = {"roberta": roberta_config, "modernbert": modernbert_config}
+_CONFIGS = {"roberta": roberta_config, "modernbert": modernbert_config, "electra": electra_config}
+ELECTRA_HEADS = {"ElectraForPreTraining": "discriminator", "ElectraForMaskedLM": "generator"}
+
+
+def _rows(family, cfg, head):
+  if family == "electra":
+    return electra_rows(cfg, head)
+  return _ROWS[family](cfg, head == "pretraining")
+
+
+def _expected(family, cfg, head):
+  if family != "electra" or head == "encoder":
+    return bert_hf._expected_shapes(cfg, head)  # pylint: disable=protected-access
+  import jax  # pylint: disable=import-outside-toplevel
+  from bertjax.model import electra  # pylint: disable=import-outside-toplevel
+  module = electra.ElectraDiscriminator(cfg) if head == "discriminator" else model_lib.BertForPreTraining(cfg)
+  shapes = jax.eval_shape(lambda: module.init(jax.random.key(0), model_lib.dummy_batch(cfg, 1, 4, 1))["params"])
+  shapes = jax.tree_util.tree_map(lambda x: x.shape, bert_hf._unbox(shapes))  # pylint: disable=protected-access
+  return dict(bert_hf._flatten(shapes))  # pylint: disable=protected-access
 
 
 # ----------------------------------------------------------------------------- public API
 def from_state_dict(family: str, cfg: model_lib.BertConfig, state: Mapping[str, np.ndarray], *,
                     head: str = "auto") -> dict:
   """bertjax params (BertForPreTraining tree for head "pretraining", BertModel tree for "encoder"; "auto" picks
-  pretraining when the checkpoint has the MLM head) from a roberta / modernbert state dict."""
+  pretraining when the checkpoint has the MLM head) from a roberta / modernbert state dict. ELECTRA: head
+  "discriminator" (`model.electra.ElectraDiscriminator`'s tree), "generator" (BertForPreTraining's) or "encoder"."""
   state = {k: v for k, v in state.items() if not k.endswith(bert_hf.IGNORED_BUFFERS) and k not in _TIED[family]}
   if family == "modernbert":
     state = split_fused(state, cfg)
-  mlm_prefix = "lm_head." if family == "roberta" else "head."
+  mlm_prefix = {"roberta": "lm_head.", "modernbert": "head.", "electra": "generator_predictions."}[family]
   has_mlm = any(k.startswith(mlm_prefix) for k in state)
   if head == "auto":
-    head = "pretraining" if has_mlm else "encoder"
-  if head not in ("pretraining", "encoder"):
-    raise ConversionError(f"{family} checkpoints load as 'pretraining' or 'encoder', not {head!r}")
+    if family == "electra":
+      head = ("generator" if has_mlm else "discriminator"
+              if any(k.startswith("discriminator_predictions.") for k in state) else "encoder")
+    else:
+      head = "pretraining" if has_mlm else "encoder"
+  heads = ("discriminator", "generator", "encoder") if family == "electra" else ("pretraining", "encoder")
+  if head not in heads:
+    raise ConversionError(f"{family} checkpoints load as one of {list(heads)}, not {head!r}")
   flat = cfg.replace(scan_layers=False)
-  enc_prefix = "roberta." if family == "roberta" else "model."
-  rows = _ROWS[family](flat, head == "pretraining")
+  enc_prefix = {"roberta": "roberta.", "modernbert": "model.", "electra": "electra."}[family]
+  rows = _rows(family, flat, head)
   if head == "encoder" and not any(k.startswith(enc_prefix) for k in state):  # a bare encoder, names unprefixed
     rows = [(p, hf[len(enc_prefix):], kind) for p, hf, kind in rows]
   layouts = bert_hf._layouts(cfg)  # pylint: disable=protected-access
-  expected = bert_hf._expected_shapes(flat, head)  # pylint: disable=protected-access
+  expected = _expected(family, flat, head)
   params, missing, misshaped, used = {}, [], [], set()
   for path, name, kind in rows:
     if name not in state:
@@ -282,7 +357,9 @@ def from_state_dict(family: str, cfg: model_lib.BertConfig, state: Mapping[str, 
     if cfg.norm_bias:
       ln["bias"] = np.zeros((cfg.hidden_size,), np.float32)
     root.setdefault("encoder", {}).setdefault("layer_0", {})["attention_ln"] = ln
-  ignore = () if head == "pretraining" else (mlm_prefix, "classifier.", "qa_outputs.", "decoder.", "dense.")
+  ignore = () if head in ("pretraining", "discriminator", "generator") else (
+      mlm_prefix, "classifier.", "qa_outputs.", "decoder.", "dense.", "discriminator_predictions.",
+      "generator_lm_head.")
   unexpected = sorted(k for k in state if k not in used and not k.startswith(ignore)
                       and not k.startswith(tuple(enc_prefix + p for p in ("pooler.",))))
   problems = [f"{what} {len(names)}: {names[:20]}" for what, names in
@@ -303,7 +380,11 @@ def to_state_dict(family: str, cfg: model_lib.BertConfig, params: Mapping) -> di
     params = _pad_bias(params, cfg)
   flat = cfg.replace(scan_layers=False)
   layouts = bert_hf._layouts(cfg)  # pylint: disable=protected-access
-  rows = _ROWS[family](flat, "mlm_bias" in params)
+  if family == "electra":
+    rows = _rows(family, flat, "generator" if "mlm_bias" in params else "discriminator" if "head_dense" in params
+                 else "encoder")
+  else:
+    rows = _rows(family, flat, "pretraining" if "mlm_bias" in params else "encoder")
   state = {hf: np.ascontiguousarray(layouts[kind][1](bert_hf._get(params, path)).astype(np.float32))  # pylint: disable=protected-access
            for path, hf, kind in rows}
   return join_fused(state) if family == "modernbert" else state
@@ -321,6 +402,8 @@ def from_hf_dir(hf_cfg: Mapping, state: Mapping[str, np.ndarray], *, head: str =
   """(cfg, params) from a roberta or modernbert folder's config.json and state dict."""
   family = hf_cfg.get("model_type")
   cfg = _CONFIGS[family](hf_cfg, **overrides)
+  if family == "electra" and head == "auto":
+    head = next((h for a, h in ELECTRA_HEADS.items() if a in (hf_cfg.get("architectures") or [])), "auto")
   return cfg, from_state_dict(family, cfg, state, head=head)
 
 
@@ -329,8 +412,9 @@ def to_hf(cfg: model_lib.BertConfig, params: Mapping, out_dir: str, family: str)
   from safetensors.numpy import save_file  # pylint: disable=import-outside-toplevel
   state = to_state_dict(family, cfg, params)
   pretraining = "mlm_bias" in params
-  make = roberta_hf_config if family == "roberta" else modernbert_hf_config
-  arch = MLM_ARCHITECTURES[family] if pretraining else {"roberta": "RobertaModel", "modernbert": "ModernBertModel"}[family]
+  make = {"roberta": roberta_hf_config, "modernbert": modernbert_hf_config, "electra": electra_hf_config}[family]
+  bare = {"roberta": "RobertaModel", "modernbert": "ModernBertModel", "electra": "ElectraModel"}[family]
+  arch = MLM_ARCHITECTURES[family] if pretraining else "ElectraForPreTraining" if "head_dense" in params else bare
   hf_cfg = make(cfg, arch)
   os.makedirs(out_dir, exist_ok=True)
   tmp = os.path.join(out_dir, "model.safetensors.tmp")
@@ -366,9 +450,33 @@ def to_hf_any(cfg: model_lib.BertConfig, params: Mapping, out_dir: str, *, head:
               family: str | None = None) -> None:
   """Write an HF folder of the config's family (`family_of`): BERT as `hf.to_hf` (fine-tuned heads too),
   RoBERTa and ModernBERT as their MaskedLM (or bare encoder) models."""
+  if family is None and "head_dense" in params:  # an ELECTRA discriminator (its generator: family="electra")
+    family = "electra"
   family = family or family_of(cfg)
   if family == "bert":
     return bert_hf.to_hf(cfg, params, out_dir, head=head, labels=labels)
   if head is not None:
     raise ConversionError(f"fine-tuned heads export for bert checkpoints; this model is {family}")
   return to_hf(cfg, params, out_dir, family)
+
+
+def electra_from_hf(discriminator_dir: str, generator_dir: str, **overrides):
+  """(discriminator cfg, generator cfg, ElectraForPreTraining params) from HF's two folders; the embeddings are
+  the discriminator's (the generator's copy must be the same shape)."""
+  from bertjax.model import electra  # pylint: disable=import-outside-toplevel
+  disc_cfg, disc = from_hf(discriminator_dir, head="discriminator", **overrides)
+  gen_cfg, gen = from_hf(generator_dir, head="generator", **overrides)
+  if disc_cfg.embed_dim != gen_cfg.embed_dim or disc_cfg.vocab_size != gen_cfg.vocab_size:
+    raise ConversionError(f"{generator_dir}: the generator's embeddings ({gen_cfg.vocab_size} x {gen_cfg.embed_dim}) "
+                          f"do not match the discriminator's ({disc_cfg.vocab_size} x {disc_cfg.embed_dim})")
+  return disc_cfg, gen_cfg, electra.join(disc, gen)
+
+
+def electra_to_hf(disc_cfg: model_lib.BertConfig, gen_cfg: model_lib.BertConfig, params: Mapping,
+                  out_dir: str) -> None:
+  """OUT/discriminator (ElectraForPreTraining) and OUT/generator (ElectraForMaskedLM), as HF publishes ELECTRA."""
+  import jax  # pylint: disable=import-outside-toplevel
+  from bertjax.model import electra  # pylint: disable=import-outside-toplevel
+  disc, gen = electra.split(jax.tree_util.tree_map(np.asarray, bert_hf._unbox(params)))  # pylint: disable=protected-access
+  to_hf(disc_cfg, disc, os.path.join(out_dir, "discriminator"), "electra")
+  to_hf(gen_cfg, gen, os.path.join(out_dir, "generator"), "electra")

@@ -77,6 +77,9 @@ class BertConfig:
   first_attention_norm: bool = True  # pre-norm: layer 0 normalises its input (ModernBERT: no, the embedding norm does)
   vocab_multiple: int = 1  # the embedding table padded to a multiple of this (64 for throughput); never predicted
   nsp_head: bool = True  # BertForPreTraining builds the pooler and NSP head (RoBERTa/ModernBERT recipes: MLM only)
+  # Width of the token/position/segment embeddings; 0 = hidden_size. Otherwise a linear layer projects them to
+  # hidden_size (ELECTRA-small: 128 -> 256), and the tied MLM decoder works at this width.
+  embedding_size: int = 0
   dropout_rate: float = 0.1
   attention_dropout_rate: float = 0.1
   initializer_range: float = 0.02
@@ -114,7 +117,7 @@ class BertConfig:
   def __post_init__(self):
     positive = ("vocab_size", "hidden_size", "num_layers", "num_heads", "intermediate_size",
                 "max_position_embeddings")
-    non_negative = ("scan_unroll", "type_vocab_size", "position_offset", "local_attention")
+    non_negative = ("scan_unroll", "type_vocab_size", "position_offset", "local_attention", "embedding_size")
     for name in positive + non_negative + ("global_every", "vocab_multiple"):
       value, least = getattr(self, name), 0 if name in non_negative else 1
       if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < least:
@@ -133,7 +136,7 @@ class BertConfig:
     for name, allowed in choices.items():
       if getattr(self, name) not in allowed:
         raise errors.ConfigError(f"BertConfig.{name}={getattr(self, name)!r}; choose one of {sorted(allowed)}")
-    if self.position_embedding == "sinusoidal" and self.hidden_size % 2:
+    if self.position_embedding == "sinusoidal" and self.embed_dim % 2:
       raise errors.ConfigError("BertConfig: sinusoidal positions need an even hidden_size")
     self._check_combinations()
     for name in ("dropout_rate", "attention_dropout_rate"):
@@ -181,6 +184,11 @@ class BertConfig:
   def max_length(self) -> int:
     """The longest sequence the positions allow (a learned table less its offset)."""
     return self.max_position_embeddings - self.position_offset
+
+  @property
+  def embed_dim(self) -> int:
+    """Width of the embeddings (and of the tied MLM decoder)."""
+    return self.embedding_size or self.hidden_size
 
   @property
   def padded_vocab_size(self) -> int:

@@ -140,13 +140,21 @@ def check_batch(cfg: BertConfig, batch: Mapping[str, Any], required=ENCODER_KEYS
 
 
 class BertModel(nn.Module):
-  """The encoder: {"hidden": [B, L, d], "pooled": [B, d]} (pooled = tanh(W·h_[CLS] + b))."""
+  """The encoder: {"hidden": [B, L, d], "pooled": [B, d]} (pooled = tanh(W·h_[CLS] + b)).
+
+  `shared_embeddings`: an `Embeddings` module owned by a parent, whose parameters this encoder reads rather than
+  owning its own (ELECTRA's generator and discriminator share one)."""
   cfg: BertConfig
+  shared_embeddings: nn.Module | None = None
 
   def setup(self):
-    self.embeddings = Embeddings(self.cfg)
-    self.encoder = Encoder(self.cfg)
-    self.pooler = Dense((self.cfg.hidden_size,), ("embed", "mlp"), self.cfg)
+    cfg = self.cfg
+    if self.shared_embeddings is None:
+      self.embeddings = Embeddings(cfg)
+    if cfg.embed_dim != cfg.hidden_size:
+      self.embeddings_project = Dense((cfg.hidden_size,), (None, "embed"), cfg)
+    self.encoder = Encoder(cfg)
+    self.pooler = Dense((cfg.hidden_size,), ("embed", "mlp"), cfg)
 
   def __call__(self, batch, deterministic: bool = True, positions=None, pool: bool = True):
     """With `positions` [B, Q] (prune_final_layer): "hidden" is [B, Q, d] at those positions only, the last layer
@@ -155,7 +163,9 @@ class BertModel(nn.Module):
     check_batch(self.cfg, batch)
     ids = batch["input_ids"]
     ctx = context(self.cfg, batch)
-    x = self.embeddings(ids, batch["segment_ids"], batch.get("position_ids"), deterministic)
+    x = self.embedder(ids, batch["segment_ids"], batch.get("position_ids"), deterministic)
+    if self.cfg.embed_dim != self.cfg.hidden_size:
+      x = self.embeddings_project(x)
     cls_positions = batch.get("cls_positions")
     if positions is None:
       h = self.encoder(x, ctx, deterministic)
@@ -173,10 +183,15 @@ class BertModel(nn.Module):
     """tanh(Dense(h_[CLS])) of the [CLS] states: [B, d], or [B, K, d] for packed rows (one per example)."""
     return jnp.tanh(self.pooler(cls_hidden))
 
+  @property
+  def embedder(self):
+    """The embeddings this encoder reads: its own, or the shared ones."""
+    return self.embeddings if self.shared_embeddings is None else self.shared_embeddings
+
   def attend(self, x):
     """Logits against the word-embedding table (the tied MLM decoder), in float32; the rows padding the table
     to `vocab_multiple` are left out (never predicted)."""
-    table = self.embeddings.word_embeddings.embedding
+    table = self.embedder.word_embeddings.embedding
     logits = jnp.einsum("...d,vd->...v", x, table.astype(x.dtype), preferred_element_type=jnp.float32)
     return logits[..., :self.cfg.vocab_size] if self.cfg.padded_vocab_size != self.cfg.vocab_size else logits
 

@@ -11,13 +11,15 @@ from bertjax.model.layers import Dense, dropout, layer_norm, take_rows
 
 class BertForPreTraining(nn.Module):
   """Encoder + MLM head (only at `masked_lm_positions`: [B, P, V] logits) + NSP head on the pooled output
-  (`cfg.nsp_head`; without it, MLM alone as RoBERTa and ModernBERT pre-train, and no pooler)."""
+  (`cfg.nsp_head`; without it, MLM alone as RoBERTa and ModernBERT pre-train, and no pooler). The MLM transform
+  maps to the embedding width, where the tied decoder works (ELECTRA's generator: hidden -> embedding_size)."""
   cfg: BertConfig
+  shared_embeddings: nn.Module | None = None
 
   def setup(self):
     cfg = self.cfg
-    self.bert = BertModel(cfg)
-    self.mlm_transform = Dense((cfg.hidden_size,), ("embed", "mlp"), cfg, use_bias=cfg.use_bias)
+    self.bert = BertModel(cfg, self.shared_embeddings)
+    self.mlm_transform = Dense((cfg.embed_dim,), ("embed", "mlp"), cfg, use_bias=cfg.use_bias)
     self.mlm_ln = layer_norm(cfg)
     self.mlm_bias = self.param("mlm_bias", nn.with_logical_partitioning(nn.initializers.zeros, ("vocab",)),
                                (cfg.vocab_size,), cfg.params_dtype)

@@ -303,7 +303,7 @@ class Embeddings(nn.Module):
 
   def setup(self):
     cfg = self.cfg
-    embed = functools.partial(nn.Embed, features=cfg.hidden_size, dtype=cfg.compute_dtype,
+    embed = functools.partial(nn.Embed, features=cfg.embed_dim, dtype=cfg.compute_dtype,
                               param_dtype=cfg.params_dtype)
     self.word_embeddings = embed(cfg.padded_vocab_size, embedding_init=nn.with_logical_partitioning(
         _init(cfg), ("vocab", "embed")))
@@ -348,7 +348,7 @@ class Embeddings(nn.Module):
       else:
         x = x + self._lookup(self.position_embeddings, position_ids + offset)
     elif cfg.position_embedding == "sinusoidal":
-      table = jnp.asarray(sinusoidal_positions(cfg.max_position_embeddings, cfg.hidden_size))
+      table = jnp.asarray(sinusoidal_positions(cfg.max_position_embeddings, cfg.embed_dim))
       pos = table[:length] if position_ids is None else jnp.take(table, position_ids, axis=0)
       x = x + pos.astype(x.dtype)
     if cfg.embedding_norm:

@@ -1,0 +1,204 @@
+"""ELECTRA: HF parity of both networks in both directions, the objective (masking, sampling, the stopped gradient,
+λ weighting) against NumPy, and the recipe end to end."""
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+import flax.linen as nn  # noqa: E402
+import jax  # noqa: E402
+
+from bertjax import convert, model  # noqa: E402
+from bertjax.model import electra  # noqa: E402
+
+ATOL = 1e-5
+
+
+def _randomise(m):
+  with torch.no_grad():
+    for name, p in m.named_parameters():
+      if name.endswith("bias") or "LayerNorm" in name:
+        p.add_(torch.randn_like(p) * 0.1)
+  return m.eval()
+
+
+def hf_pair(vocab=120, seed=0, embedding=32):
+  """A discriminator (hidden 64, embeddings 32 projected) and a generator (hidden 32) as HF builds them."""
+  torch.manual_seed(seed)
+  common = dict(vocab_size=vocab, embedding_size=embedding, max_position_embeddings=64, num_hidden_layers=2)
+  disc = transformers.ElectraForPreTraining(transformers.ElectraConfig(
+      hidden_size=64, num_attention_heads=2, intermediate_size=128, **common))
+  gen = transformers.ElectraForMaskedLM(transformers.ElectraConfig(
+      hidden_size=32, num_attention_heads=1, intermediate_size=128, **common))
+  return _randomise(disc), _randomise(gen)
+
+
+def batch_for(vocab, b=3, length=20, p=4, seed=0):
+  rng = np.random.default_rng(seed)
+  ids = rng.integers(5, vocab, (b, length))
+  mask = np.ones((b, length), np.int64)
+  mask[1, 14:], mask[2, 6:] = 0, 0
+  seg = (np.arange(length)[None] >= 5).astype(np.int64) * mask
+  pos = np.stack([np.sort(rng.choice(np.arange(1, 6), p, replace=False)) for _ in range(b)])
+  return {"input_ids": ids * mask, "input_mask": mask, "segment_ids": seg, "masked_lm_positions": pos}
+
+
+def hf_outputs(m, batch):
+  with torch.no_grad():
+    out = m(input_ids=torch.tensor(batch["input_ids"]), attention_mask=torch.tensor(batch["input_mask"]),
+            token_type_ids=torch.tensor(batch["segment_ids"]), output_hidden_states=True)
+  return out.logits.numpy(), out.hidden_states[-1].numpy()
+
+
+def jbatch(batch):
+  return {k: np.asarray(v, np.int32) for k, v in batch.items()}
+
+
+def check_disc(cfg, params, m, batch):
+  logits, hidden = hf_outputs(m, batch)
+  out = electra.ElectraDiscriminator(cfg).apply({"params": params}, jbatch(batch))
+  valid = batch["input_mask"].astype(bool)
+  d = {"disc_logits": np.abs(np.asarray(out["disc_logits"]) - logits)[valid].max(),
+       "hidden": np.abs(np.asarray(out["hidden"]) - hidden)[valid].max()}
+  assert all(v <= ATOL for v in d.values()), d
+
+
+def check_gen(cfg, params, m, batch):
+  logits, hidden = hf_outputs(m, batch)
+  out = model.for_pretraining(cfg).apply({"params": params}, jbatch(batch))
+  want = np.take_along_axis(logits, batch["masked_lm_positions"][..., None], axis=1)
+  np.testing.assert_allclose(np.asarray(out["mlm_logits"]), want, atol=ATOL)
+  np.testing.assert_allclose(np.asarray(out["hidden"]),
+                             np.take_along_axis(hidden, batch["masked_lm_positions"][..., None], axis=1), atol=ATOL)
+
+
+@pytest.mark.parametrize("scan", [False, True])
+def test_both_networks_match_hf_both_directions(tmp_path, scan):
+  disc, gen = hf_pair()
+  disc.save_pretrained(tmp_path / "disc")
+  gen.save_pretrained(tmp_path / "gen")
+  batch = batch_for(120)
+  dcfg, dparams = convert.from_hf(str(tmp_path / "disc"), scan_layers=scan)
+  gcfg, gparams = convert.from_hf(str(tmp_path / "gen"), scan_layers=scan)
+  assert dcfg.embed_dim == 32 and dcfg.hidden_size == 64 and gcfg.hidden_size == 32
+  check_disc(dcfg, dparams, disc, batch)
+  check_gen(gcfg, gparams, gen, batch)
+  # export: bertjax's (perturbed) parameters through the joint tree and back out as HF's two folders
+  dcfg, gcfg, joint = convert.electra_from_hf(str(tmp_path / "disc"), str(tmp_path / "gen"), scan_layers=scan)
+  rng = np.random.default_rng(1)
+  joint = jax.tree_util.tree_map(lambda a: np.asarray(a) + rng.normal(0, 0.01, np.shape(a)).astype(np.float32), joint)
+  convert.electra_to_hf(dcfg, gcfg, joint, str(tmp_path / "out"))
+  back_disc = transformers.AutoModelForPreTraining.from_pretrained(str(tmp_path / "out" / "discriminator"))
+  back_gen = transformers.AutoModelForMaskedLM.from_pretrained(str(tmp_path / "out" / "generator"))
+  assert type(back_disc).__name__ == "ElectraForPreTraining" and type(back_gen).__name__ == "ElectraForMaskedLM"
+  d, g = electra.split(joint)
+  check_disc(dcfg, d, back_disc.eval(), batch_for(120, seed=2))
+  check_gen(gcfg, g, back_gen.eval(), batch_for(120, seed=2))
+
+
+def _tiny_joint(mask_prob=0.15, temperature=1.0, seed=0):
+  disc = model.BertConfig(vocab_size=50, hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64,
+                          embedding_size=16, max_position_embeddings=32, nsp_head=False, dropout_rate=0.0,
+                          attention_dropout_rate=0.0)
+  gen = electra.generator_config(disc, 0.5)
+  m = electra.ElectraForPreTraining(disc, gen, mask_prob=mask_prob, temperature=temperature, special_ids=(1, 2),
+                                    mask_id=3)
+  rng = np.random.default_rng(seed)
+  ids = rng.integers(5, 50, (4, 24)).astype(np.int32)
+  mask = np.ones_like(ids)
+  mask[1, 15:], mask[3, 5:] = 0, 0
+  ids = ids * mask
+  ids[:, 0] = 1
+  ids[np.arange(4), mask.sum(1) - 1] = 2
+  batch = {"input_ids": ids, "input_mask": mask, "segment_ids": np.zeros_like(ids),
+           "masked_lm_positions": np.zeros((4, 6), np.int32), "masked_lm_ids": np.zeros((4, 6), np.int32),
+           "masked_lm_weights": np.zeros((4, 6), np.float32)}
+  params = nn.meta.unbox(m.init({"params": jax.random.key(seed), "electra": jax.random.key(1)}, batch)["params"])
+  return m, params, batch
+
+
+def test_masking_and_corruption_follow_the_original():
+  m, params, batch = _tiny_joint(mask_prob=0.2)
+  ids, mask = batch["input_ids"], batch["input_mask"]
+  for k in range(5):
+    out = jax.device_get(m.apply({"params": params}, batch, rngs={"electra": jax.random.key(k)}))
+    w = out["masked_lm_weights"] > 0
+    want = np.clip(np.round(mask.sum(1) * 0.2), 1, 6)  # max(1, min(P, round(n·p))), n = every real token
+    np.testing.assert_array_equal(w.sum(1), want)
+    for r in range(4):
+      pos = out["masked_lm_positions"][r][w[r]]
+      assert len(set(pos)) == len(pos) and all(mask[r, pos] == 1) and not np.isin(ids[r, pos], (1, 2)).any()
+      np.testing.assert_array_equal(out["masked_lm_ids"][r][w[r]], ids[r, pos])
+    expect = ids.copy()
+    rows, cols = np.nonzero(w)
+    expect[rows, out["masked_lm_positions"][rows, cols]] = out["sampled_ids"][rows, cols]
+    np.testing.assert_array_equal(out["fake_ids"], expect)  # the samples in place, nothing else changed
+    np.testing.assert_array_equal(out["disc_labels"], (expect != ids).astype(np.float32))
+
+
+def test_replacements_are_drawn_from_the_tempered_softmax():
+  """E[onehot(sample) - softmax(logits / T)] = 0 over many draws: the sampler is softmax(logits/T), at T = 2."""
+  m, params, batch = _tiny_joint(temperature=2.0)
+  # A peaked generator (a spread output bias), so that the temperature changes the distribution markedly.
+  params["generator"]["mlm_bias"] = np.random.default_rng(0).normal(0, 3.0, 50).astype(np.float32)
+  apply = jax.jit(lambda k: m.apply({"params": params}, batch, rngs={"electra": k}))
+  total, n = np.zeros(50), 0
+  var = np.zeros(50)
+  for k in range(600):
+    out = jax.device_get(apply(jax.random.key(k)))
+    w = out["masked_lm_weights"] > 0
+    logits = out["mlm_logits"][w] / 2.0
+    p = np.exp(logits - logits.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    total += (np.eye(50)[out["sampled_ids"][w]] - p).sum(0)
+    var += (p * (1 - p)).sum(0)
+    n += int(w.sum())
+  z = total / np.sqrt(np.maximum(var, 1e-9))
+  assert n > 2000 and np.abs(z).max() < 4.5, np.abs(z).max()
+
+
+def test_loss_is_gen_plus_lambda_disc_and_the_sample_stops_the_gradient():
+  m, params, batch = _tiny_joint()
+  out = jax.device_get(m.apply({"params": params}, batch, rngs={"electra": jax.random.key(3)}))
+  w = out["masked_lm_weights"]
+  logits = out["mlm_logits"].astype(np.float64)
+  logp = logits - np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1, keepdims=True)) - logits.max(-1, keepdims=True)
+  ce = -np.take_along_axis(logp, out["masked_lm_ids"][..., None], -1)[..., 0]
+  gen = (ce * w).sum() / (w.sum() + 1e-6)
+  z, y, t = out["disc_logits"].astype(np.float64), out["disc_labels"], batch["input_mask"]
+  bce = -(y * np.log(1 / (1 + np.exp(-z))) + (1 - y) * np.log(1 - 1 / (1 + np.exp(-z))))
+  disc = (bce * t).sum() / (t.sum() + 1e-6)
+  loss, metrics = electra.electra_loss(electra.electra_sums(out, batch), 50.0)
+  np.testing.assert_allclose(float(loss), gen + 50.0 * disc, rtol=1e-5)
+  np.testing.assert_allclose(float(metrics["disc_baseline_accuracy"]), 1 - (y * t).sum() / t.sum(), rtol=1e-6)
+
+  def disc_only(p):
+    o = m.apply({"params": p}, batch, rngs={"electra": jax.random.key(3)})
+    s = electra.electra_sums(o, batch)
+    return s["disc_loss_sum"]
+  g = jax.grad(disc_only)(params)
+  gen_grads = jax.tree_util.tree_leaves(g["generator"])
+  assert all(float(np.abs(x).max()) == 0.0 for x in gen_grads)  # no gradient through the sampled tokens
+  assert float(np.abs(g["embeddings"]["word_embeddings"]["embedding"]).max()) > 0  # shared: the discriminator's
+
+
+def test_fine_tuning_starts_from_an_electra_discriminator(tmp_path):
+  import helpers
+  from bertjax import finetune
+  from bertjax.data import tokenizer
+  from configs import finetune as finetune_config
+  helpers.write_sentiment(tmp_path / "corpus.txt", 300, 5)
+  vocab = tokenizer.train([tmp_path / "corpus.txt"], tmp_path / "tok", vocab_size=200)
+  n = tokenizer.load(vocab).vocab_size
+  disc, _ = hf_pair(vocab=n)
+  disc.save_pretrained(tmp_path / "hf")
+  import shutil
+  shutil.copy(vocab, tmp_path / "hf" / "vocab.txt")
+  helpers.write_sentiment(tmp_path / "train.csv", 480, 0)
+  helpers.write_sentiment(tmp_path / "dev.csv", 200, 1)
+  c = finetune_config.get_config(f"task=local,init={tmp_path / 'hf'},lr=1e-3,batch=16,epochs=3,seq=32")
+  c.data.train_file, c.data.eval_file = str(tmp_path / "train.csv"), str(tmp_path / "dev.csv")
+  c.data.text_a_column, c.data.label_column, c.data.labels = "sentence", "sentiment", ("neg", "pos")
+  out = finetune.finetune(c, str(tmp_path / "w"))
+  assert out["report"]["best"]["metrics"]["validation"]["accuracy"] > 0.9, out["report"]
