@@ -6,7 +6,9 @@
 
 `--family roberta|modernbert` times that family's pre-training step (configs/roberta.py or configs/modernbert.py
 at `--variant`, MLM only) against HF's `RobertaForMaskedLM` / `ModernBertForMaskedLM` of the same sizes, in the
-`fixed` regime (every row full).
+`fixed` regime (every row full). `--family electra` (configs/electra.py, variant small|base|large) times the
+ELECTRA step (generator + sampling + discriminator) against HF's `ElectraForMaskedLM` + `ElectraForPreTraining`
+with tied embeddings, the replacements sampled in PyTorch, L = L_gen + 50·L_disc.
 
 Regimes: `fixed` (every row full), `pretrain` (lengths as data creation makes them with short_seq_prob 0.1),
 `glue` (short sentence pairs, pre-training step), `glue_finetune` (the same pairs through the fine-tuning step
@@ -28,11 +30,12 @@ import json
 import os
 import statistics
 import time
+import types
 
 import numpy as np
 
 REGIMES = ("fixed", "pretrain", "glue", "glue_finetune")
-FAMILIES = ("bert", "roberta", "modernbert")
+FAMILIES = ("bert", "roberta", "modernbert", "electra")
 PEERS = {"hf": False, "hf_compile": True}  # name -> through torch.compile
 
 
@@ -123,7 +126,10 @@ def run_bertjax(variant, seq, batch, preds, dtype, shard, steps, regime, example
   with sharding_lib.use_mesh(run.mesh, run.rules):
     compile_s, times, timed = _timed(run.train_step, state, [b for b, _ in batches], warmup, steps,
                                      run.batch_sharding, profile)
-  flops = [accounting.batch_flops(mcfg, b) for b, _ in batches[warmup:warmup + steps]]
+  if family == "electra":
+    flops = [accounting.electra_step_flops(mcfg, run.module.gen_cfg, seq, preds, batch)] * steps
+  else:
+    flops = [accounting.batch_flops(mcfg, b) for b, _ in batches[warmup:warmup + steps]]
   step = statistics.median(times)
   tokens = [float(np.asarray(b["input_mask"]).sum()) for b in timed]
   seqs = [float(np.asarray(b["next_sentence_weights"]).sum()) for b in timed]
@@ -303,6 +309,48 @@ def run_hf_family(family, variant, seq, batch, steps, examples, dtype="float32",
                      compile_model, segments=False)
 
 
+def run_hf_electra(variant, seq, batch, steps, examples, dtype="float32", warmup=2, compile_model=False):
+  """HF's ELECTRA pair as its users pre-train it: ElectraForMaskedLM (generator) and ElectraForPreTraining
+  (discriminator) sharing the embeddings, the generator's logits sampled (Gumbel-max, no gradient), the
+  discriminator's labels = sampled != original, L = L_gen + 50·L_disc."""
+  import torch  # pylint: disable=import-outside-toplevel
+  import transformers  # pylint: disable=import-outside-toplevel
+  from bertjax import convert, model as model_lib  # pylint: disable=import-outside-toplevel
+  from bertjax.model import electra  # pylint: disable=import-outside-toplevel
+  c = family_config("electra", variant, seq, 0, batch, "dp", "float32")
+  dcfg = model_lib.BertConfig.from_dict(c.model.to_dict())
+  gcfg = electra.generator_config(dcfg, c.electra.generator_hidden, c.electra.generator_layers)
+  make = convert.families.electra_hf_config
+  disc = transformers.ElectraForPreTraining(transformers.ElectraConfig(**make(dcfg)))
+  gen = transformers.ElectraForMaskedLM(transformers.ElectraConfig(**make(gcfg, "ElectraForMaskedLM")))
+  gen.electra.embeddings = disc.electra.embeddings  # tied, as the paper trains them
+
+  class Pair(torch.nn.Module):
+    def __init__(self):
+      super().__init__()
+      self.gen, self.disc = gen, disc
+
+    def forward(self, input_ids, attention_mask, labels, original_ids):
+      g = self.gen(input_ids=input_ids, attention_mask=attention_mask, labels=labels)
+      masked = labels != -100
+      with torch.no_grad():
+        noise = -torch.log(-torch.log(torch.rand_like(g.logits) + 1e-9) + 1e-9)
+        sampled = torch.argmax(g.logits + noise, dim=-1)
+      fake = torch.where(masked, sampled, original_ids)
+      d = self.disc(input_ids=fake, attention_mask=attention_mask, labels=(fake != original_ids).long())
+      return types.SimpleNamespace(loss=g.loss + 50.0 * d.loss)
+
+  def labels_fn(b):
+    original = b["input_ids"].astype(np.int64).copy()
+    for r in range(len(original)):
+      w = b["masked_lm_weights"][r] > 0
+      original[r, b["masked_lm_positions"][r][w]] = b["masked_lm_ids"][r][w]
+    return {"labels": _mlm_labels(b), "original_ids": original}
+
+  return _time_torch(Pair().train(), c.train.learning_rate, examples, batch, steps, warmup, labels_fn, dtype,
+                     compile_model, segments=False)
+
+
 def main(argv=None):
   p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   p.add_argument("--family", default="bert", choices=FAMILIES)
@@ -365,7 +413,9 @@ def main(argv=None):
     finetuning = regime == "glue_finetune"
     theirs = {}
     for name in peers if platform in ("cpu", "gpu") else ():  # first, so that its GPU memory is released before ours
-      if args.family != "bert":
+      if args.family == "electra":
+        run = run_hf_electra
+      elif args.family != "bert":
         run = functools.partial(run_hf_family, args.family)
       else:
         run = run_hf_finetune if finetuning else functools.partial(run_hf, preds=args.preds)
@@ -394,7 +444,8 @@ def main(argv=None):
     row["peers"] = []
     head = "BertForSequenceClassification" if finetuning else "BertForPreTraining"
     if args.family != "bert":
-      head = {"roberta": "RobertaForMaskedLM", "modernbert": "ModernBertForMaskedLM"}[args.family]
+      head = {"roberta": "RobertaForMaskedLM", "modernbert": "ModernBertForMaskedLM",
+              "electra": "ElectraForMaskedLM + ElectraForPreTraining"}[args.family]
     for name, t in theirs.items():
       mode = "torch.compile" if PEERS[name] else "eager"
       row["peers"].append({"name": name, "peer": f"HF transformers {t['version']} {head} (PyTorch {t['torch']} "

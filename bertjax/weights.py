@@ -72,6 +72,12 @@ def load(path: str, *, overrides: Mapping[str, Any] | None = None, head: str = "
     run = ml_collections.ConfigDict(meta)
     cfg = model_lib.BertConfig.from_dict({**run.model.to_dict(), **overrides})
     params = checkpoint_lib.Checkpointer(path).restore_params()
+    if run.get("objective", "mlm") == "electra":  # the discriminator (with the shared embeddings) is the model
+      from bertjax.model import electra  # pylint: disable=import-outside-toplevel
+      if head == "pretraining":
+        raise errors.ConfigError(f"{path} is an ELECTRA run: its discriminator has no MLM head to pre-train "
+                                 "from; load it as an encoder (fine-tuning) or continue it in its own workdir")
+      params = electra.split(params)[0]
     saved_scan = "layers" in params["bert"]["encoder"]
     tok, lower = _creation_tokenizer(run.data.data_dir)
   else:

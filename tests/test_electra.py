@@ -202,3 +202,14 @@ def test_fine_tuning_starts_from_an_electra_discriminator(tmp_path):
   c.data.text_a_column, c.data.label_column, c.data.labels = "sentence", "sentiment", ("neg", "pos")
   out = finetune.finetune(c, str(tmp_path / "w"))
   assert out["report"]["best"]["metrics"]["validation"]["accuracy"] > 0.9, out["report"]
+
+
+def test_discriminator_auc_matches_sklearn():
+  """The AUC from 200 probability bins (the original's tf.metrics.auc thresholds) against sklearn's exact one."""
+  from sklearn.metrics import roc_auc_score
+  rng = np.random.default_rng(0)
+  y = (rng.random(5000) < 0.15).astype(np.float32)
+  z = rng.normal(0, 1.5, 5000) + 1.2 * y
+  bins = np.clip(np.floor(1 / (1 + np.exp(-z)) * 200), 0, 199).astype(int)
+  pos, neg = np.bincount(bins, y, 200), np.bincount(bins, 1 - y, 200)
+  assert float(electra.auc_from_histograms(pos, neg)) == pytest.approx(roc_auc_score(y, z), abs=3e-3)

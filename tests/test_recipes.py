@@ -225,3 +225,32 @@ def test_electra_recipe_end_to_end(tmp_path, packed_data):
   for a, b in zip(jax.tree_util.tree_leaves(jax.device_get(whole["state"].params)),
                   jax.tree_util.tree_leaves(jax.device_get(resumed["state"].params))):
     np.testing.assert_array_equal(a, b)
+
+
+def test_electra_workdir_exports_both_networks(tmp_path, packed_data):
+  """python -m bertjax.convert on an ELECTRA workdir writes HF's discriminator and generator folders, each with
+  the tokenizer; HF's discriminator gives bertjax's replaced-token logits."""
+  transformers = pytest.importorskip("transformers")
+  torch = pytest.importorskip("torch")
+  import helpers
+  from bertjax import checkpoint as checkpoint_lib, model as model_lib
+  from bertjax.model import electra as electra_lib
+  from configs import electra
+  c = _small(electra.get_config("variant=tiny,seq=64,preds=20"), packed_data, steps=2)
+  c.model.embedding_size = 32
+  train.train_and_evaluate(c, str(tmp_path / "w"))
+  proc = helpers.run_cmd([helpers.sys.executable, "-m", "bertjax.convert", "--workdir", str(tmp_path / "w"),
+                          "--out", str(tmp_path / "hf")])
+  assert proc.returncode == 0 and "ElectraForPreTraining" in proc.stdout, proc.stderr[-2000:]
+  disc = transformers.AutoModelForPreTraining.from_pretrained(str(tmp_path / "hf" / "discriminator")).eval()
+  assert (tmp_path / "hf" / "generator" / "vocab.json").exists()
+  src = dataset.load_source(packed_data, "validation")
+  b = {k: np.stack([np.asarray(src[i][k]) for i in range(4)]) for k in ("input_ids", "input_mask", "segment_ids")}
+  params = electra_lib.split(checkpoint_lib.Checkpointer(str(tmp_path / "w")).restore_params())[0]
+  cfg = model_lib.BertConfig.from_dict(c.model.to_dict())
+  ours = np.asarray(electra_lib.ElectraDiscriminator(cfg).apply({"params": params}, b)["disc_logits"])
+  with torch.no_grad():
+    theirs = disc(input_ids=torch.tensor(b["input_ids"], dtype=torch.long),
+                  attention_mask=torch.tensor(b["input_mask"], dtype=torch.long)).logits.numpy()
+  valid = b["input_mask"] > 0
+  np.testing.assert_allclose(ours[valid], theirs[valid], atol=1e-4)

@@ -26,15 +26,30 @@ def export(workdir: str, out: str) -> str:
     tok_path, lower = meta["tokenizer"], meta["do_lower_case"]
     arch = convert.TASK_HEADS[head][0]
   else:
+    with open(os.path.join(workdir, "config.json"), encoding="utf-8") as f:
+      run = json.load(f)
+    from bertjax.data import dataset  # pylint: disable=import-outside-toplevel
+    creation = dataset.read_creation(run["data"]["data_dir"])
+    tok_path, lower = creation["tokenizer"], creation.get("do_lower_case", True)
+    if run.get("objective", "mlm") == "electra":  # OUT/discriminator and OUT/generator, as HF publishes ELECTRA
+      from bertjax import checkpoint as checkpoint_lib, model as model_lib  # pylint: disable=import-outside-toplevel
+      from bertjax.model import electra  # pylint: disable=import-outside-toplevel
+      disc_cfg = model_lib.BertConfig.from_dict(run["model"])
+      gen_cfg = electra.generator_config(disc_cfg, run["electra"]["generator_hidden"],
+                                         run["electra"]["generator_layers"])
+      convert.electra_to_hf(disc_cfg, gen_cfg, checkpoint_lib.Checkpointer(workdir).restore_params(), out)
+      for sub in ("discriminator", "generator"):
+        _copy_tokenizer(tok_path, lower, os.path.join(out, sub))
+      return "ElectraForPreTraining + ElectraForMaskedLM"
     module, params, _ = predict.load(workdir)
     convert.to_hf(module.cfg, params, out)
-    with open(os.path.join(workdir, "config.json"), encoding="utf-8") as f:
-      data_dir = json.load(f)["data"]["data_dir"]
-    from bertjax.data import dataset  # pylint: disable=import-outside-toplevel
-    creation = dataset.read_creation(data_dir)
-    tok_path, lower = creation["tokenizer"], creation.get("do_lower_case", True)
     with open(os.path.join(out, "config.json"), encoding="utf-8") as f:
       arch = json.load(f)["architectures"][0]
+  _copy_tokenizer(tok_path, lower, out)
+  return arch
+
+
+def _copy_tokenizer(tok_path: str, lower: bool, out: str) -> None:
   if os.path.basename(tok_path) == "vocab.txt":
     shutil.copyfile(tok_path, os.path.join(out, "vocab.txt"))
     with open(os.path.join(out, "tokenizer_config.json"), "w", encoding="utf-8") as f:
@@ -44,7 +59,6 @@ def export(workdir: str, out: str) -> str:
     for name in ("vocab.json", "merges.txt", "tokenizer.json"):
       if os.path.isfile(os.path.join(folder, name)):
         shutil.copyfile(os.path.join(folder, name), os.path.join(out, name))
-  return arch
 
 
 @errors.guard

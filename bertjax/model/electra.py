@@ -135,12 +135,29 @@ def electra_sums(out, batch):
   z, y = out["disc_logits"], out["disc_labels"]
   bce = jnp.maximum(z, 0.0) - z * y + jnp.log1p(jnp.exp(-jnp.abs(z)))
   pred = (z > 0).astype(jnp.float32)
-  return {"mlm_loss_sum": jnp.sum(ce * w), "mlm_weight": jnp.sum(w),
+  # ROC counts at AUC_THRESHOLDS probability thresholds, as the original's tf.metrics.auc (200 thresholds):
+  # per probability bin, the real tokens that are replaced and those that are not.
+  bins = jnp.clip(jnp.floor(jax.nn.sigmoid(z) * AUC_THRESHOLDS), 0, AUC_THRESHOLDS - 1).astype(jnp.int32).ravel()
+  pos_hist = jnp.zeros(AUC_THRESHOLDS).at[bins].add((y * tok).ravel())
+  neg_hist = jnp.zeros(AUC_THRESHOLDS).at[bins].add(((1 - y) * tok).ravel())
+  return {"disc_pos_hist": pos_hist, "disc_neg_hist": neg_hist,"mlm_loss_sum": jnp.sum(ce * w), "mlm_weight": jnp.sum(w),
           "mlm_correct": jnp.sum((jnp.argmax(out["mlm_logits"], -1) == out["masked_lm_ids"]) * w),
           "sampled_correct": jnp.sum((out["sampled_ids"] == out["masked_lm_ids"]) * w),
           "disc_loss_sum": jnp.sum(bce * tok), "disc_weight": jnp.sum(tok),
           "disc_correct": jnp.sum((pred == y) * tok), "replaced": jnp.sum(y * tok),
           "disc_true_positive": jnp.sum(pred * y * tok), "disc_predicted": jnp.sum(pred * tok)}
+
+
+AUC_THRESHOLDS = 200
+
+
+def auc_from_histograms(pos_hist, neg_hist):
+  """Area under the ROC curve from per-bin counts (trapezoids between the bins' thresholds)."""
+  tp = jnp.cumsum(pos_hist[::-1])[::-1]  # predicted positive at threshold i: bins >= i
+  fp = jnp.cumsum(neg_hist[::-1])[::-1]
+  tpr = jnp.concatenate([tp / jnp.maximum(tp[0], 1e-6), jnp.zeros(1)])
+  fpr = jnp.concatenate([fp / jnp.maximum(fp[0], 1e-6), jnp.zeros(1)])
+  return jnp.sum((fpr[:-1] - fpr[1:]) * (tpr[:-1] + tpr[1:]) / 2.0)
 
 
 def electra_loss(sums, disc_weight: float = 50.0):
@@ -152,7 +169,8 @@ def electra_loss(sums, disc_weight: float = 50.0):
        "disc_accuracy": sums["disc_correct"] / (sums["disc_weight"] + 1e-6),
        "disc_baseline_accuracy": 1.0 - sums["replaced"] / (sums["disc_weight"] + 1e-6),
        "disc_precision": sums["disc_true_positive"] / (sums["disc_predicted"] + 1e-6),
-       "disc_recall": sums["disc_true_positive"] / (sums["replaced"] + 1e-6)}
+       "disc_recall": sums["disc_true_positive"] / (sums["replaced"] + 1e-6),
+       "disc_auc": auc_from_histograms(sums["disc_pos_hist"], sums["disc_neg_hist"])}
   m["loss"] = m["mlm_loss"] + disc_weight * m["disc_loss"]
   return m["loss"], m
 
