@@ -138,6 +138,15 @@ def _tree_add(a, b):
   return jax.tree_util.tree_map(jnp.add, a, b)
 
 
+def apply_gradients(state, grads, metrics, tx, lr_fn, batch):
+  """The optimizer update every pre-training objective ends with: (next state, metrics + grad norm, lr, tokens)."""
+  updates, opt_state = tx.update(grads, state.opt_state, state.params)
+  params = optax.apply_updates(state.params, updates)
+  metrics.update(grad_norm=optax.global_norm(grads), learning_rate=lr_fn(state.step),
+                 tokens=jnp.sum(batch["input_mask"].astype(jnp.float32)))
+  return state_lib.TrainState(step=state.step + 1, params=params, opt_state=opt_state), metrics
+
+
 def make_train_step(model, tx, lr_fn, config):
   """state, batch -> state, metrics. L = L_MLM + L_NSP; micro-batches sum to the full batch's exact gradient."""
   accum = config.train.grad_accum_steps
@@ -174,12 +183,7 @@ def make_train_step(model, tx, lr_fn, config):
 
       (grads, sums), _ = jax.lax.scan(body, zeros, (micro, jnp.arange(accum)))
     _, metrics = losses.from_sums(sums, use_nsp)
-    grad_norm = optax.global_norm(grads)
-    updates, opt_state = tx.update(grads, state.opt_state, state.params)
-    params = optax.apply_updates(state.params, updates)
-    metrics.update(grad_norm=grad_norm, learning_rate=lr_fn(state.step),
-                   tokens=jnp.sum(batch["input_mask"].astype(jnp.float32)))
-    return state_lib.TrainState(step=state.step + 1, params=params, opt_state=opt_state), metrics
+    return apply_gradients(state, grads, metrics, tx, lr_fn, batch)
 
   return step_fn
 
@@ -265,12 +269,7 @@ def make_electra_train_step(model, tx, lr_fn, config):
 
     (_, sums), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
     _, metrics = electra_lib.electra_loss(sums, weight)
-    grad_norm = optax.global_norm(grads)
-    updates, opt_state = tx.update(grads, state.opt_state, state.params)
-    params = optax.apply_updates(state.params, updates)
-    metrics.update(grad_norm=grad_norm, learning_rate=lr_fn(state.step),
-                   tokens=jnp.sum(batch["input_mask"].astype(jnp.float32)))
-    return state_lib.TrainState(step=state.step + 1, params=params, opt_state=opt_state), metrics
+    return apply_gradients(state, grads, metrics, tx, lr_fn, batch)
 
   return step_fn
 

@@ -185,9 +185,7 @@ def test_loss_is_gen_plus_lambda_disc_and_the_sample_stops_the_gradient():
 
 def test_fine_tuning_starts_from_an_electra_discriminator(tmp_path):
   import helpers
-  from bertjax import finetune
   from bertjax.data import tokenizer
-  from configs import finetune as finetune_config
   helpers.write_sentiment(tmp_path / "corpus.txt", 300, 5)
   vocab = tokenizer.train([tmp_path / "corpus.txt"], tmp_path / "tok", vocab_size=200)
   n = tokenizer.load(vocab).vocab_size
@@ -195,12 +193,7 @@ def test_fine_tuning_starts_from_an_electra_discriminator(tmp_path):
   disc.save_pretrained(tmp_path / "hf")
   import shutil
   shutil.copy(vocab, tmp_path / "hf" / "vocab.txt")
-  helpers.write_sentiment(tmp_path / "train.csv", 480, 0)
-  helpers.write_sentiment(tmp_path / "dev.csv", 200, 1)
-  c = finetune_config.get_config(f"task=local,init={tmp_path / 'hf'},lr=1e-3,batch=16,epochs=3,seq=32")
-  c.data.train_file, c.data.eval_file = str(tmp_path / "train.csv"), str(tmp_path / "dev.csv")
-  c.data.text_a_column, c.data.label_column, c.data.labels = "sentence", "sentiment", ("neg", "pos")
-  out = finetune.finetune(c, str(tmp_path / "w"))
+  out = helpers.finetune_sentiment(tmp_path, tmp_path / "hf")
   assert out["report"]["best"]["metrics"]["validation"]["accuracy"] > 0.9, out["report"]
 
 

@@ -168,9 +168,7 @@ def test_finetuning_starts_from_a_family_checkpoint(tmp_path, family):
   """`init=` an HF roberta / modernbert folder (with its byte-level BPE tokenizer): the encoder loads, the task
   head starts fresh, and a learnable sentence task is learnt through the same fine-tuning path as BERT's."""
   import shutil
-  from bertjax import finetune
   from bertjax.data import tokenizer
-  from configs import finetune as finetune_config
   import helpers
   text = tmp_path / "corpus.txt"
   helpers.write_sentiment(text, 300, 5)
@@ -180,10 +178,5 @@ def test_finetuning_starts_from_a_family_checkpoint(tmp_path, family):
   m.save_pretrained(tmp_path / "hf")
   for name in ("vocab.json", "merges.txt"):
     shutil.copy(tmp_path / "tok" / name, tmp_path / "hf" / name)
-  helpers.write_sentiment(tmp_path / "train.csv", 480, 0)
-  helpers.write_sentiment(tmp_path / "dev.csv", 200, 1)
-  c = finetune_config.get_config(f"task=local,init={tmp_path / 'hf'},lr=1e-3,batch=16,epochs=3,seq=32")
-  c.data.train_file, c.data.eval_file = str(tmp_path / "train.csv"), str(tmp_path / "dev.csv")
-  c.data.text_a_column, c.data.label_column, c.data.labels = "sentence", "sentiment", ("neg", "pos")
-  out = finetune.finetune(c, str(tmp_path / "w"))
+  out = helpers.finetune_sentiment(tmp_path, tmp_path / "hf")
   assert out["report"]["best"]["metrics"]["validation"]["accuracy"] > 0.9, out["report"]

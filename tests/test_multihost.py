@@ -74,14 +74,13 @@ def finetune_args(tmp_path, workdir):
   """A tiny sentence-classification fine-tuning run (local CSV) through bertjax.main, fsdp over 8 devices."""
   import random
   from bertjax.data import tokenizer
-  import test_finetune as tf
   if not (tmp_path / "train.csv").exists():
     rng = random.Random(0)
     words = "alpha beta gamma delta river mountain city island good bad fine poor nice awful".split()
     (tmp_path / "t.txt").write_text("\n".join(" ".join(rng.choice(words) for _ in range(12)) for _ in range(300)))
     tokenizer.train([tmp_path / "t.txt"], tmp_path / "tok", vocab_size=120)
-    tf.write_sentiment(tmp_path / "train.csv", 64, 0)
-    tf.write_sentiment(tmp_path / "dev.csv", 40, 1)
+    tt.write_sentiment(tmp_path / "train.csv", 64, 0)
+    tt.write_sentiment(tmp_path / "dev.csv", 40, 1)
   vocab = next((tmp_path / "tok").glob("vocab.txt"))
   return [f"--config={ROOT}/configs/finetune.py:task=local,variant=tiny,lr=1e-3,batch=16,epochs=2,seq=32,shard=fsdp",
           f"--workdir={workdir}", f"--config.data.tokenizer={vocab}",

@@ -15,7 +15,6 @@ dropped on export.
 """
 from __future__ import annotations
 
-import json
 import os
 from typing import Mapping
 
@@ -23,7 +22,7 @@ import numpy as np
 
 from bertjax import model as model_lib
 from bertjax.convert import hf as bert_hf
-from bertjax.convert.files import read_hf_dir
+from bertjax.convert.files import read_hf_dir, write_hf_dir
 
 ConversionError = bert_hf.ConversionError
 FAMILIES = ("bert", "roberta", "modernbert", "electra")
@@ -409,19 +408,13 @@ def from_hf_dir(hf_cfg: Mapping, state: Mapping[str, np.ndarray], *, head: str =
 
 def to_hf(cfg: model_lib.BertConfig, params: Mapping, out_dir: str, family: str) -> None:
   """config.json + model.safetensors that `AutoModelForMaskedLM` (MLM head present) or `AutoModel` loads."""
-  from safetensors.numpy import save_file  # pylint: disable=import-outside-toplevel
   state = to_state_dict(family, cfg, params)
   pretraining = "mlm_bias" in params
   make = {"roberta": roberta_hf_config, "modernbert": modernbert_hf_config, "electra": electra_hf_config}[family]
   bare = {"roberta": "RobertaModel", "modernbert": "ModernBertModel", "electra": "ElectraModel"}[family]
   arch = MLM_ARCHITECTURES[family] if pretraining else "ElectraForPreTraining" if "head_dense" in params else bare
   hf_cfg = make(cfg, arch)
-  os.makedirs(out_dir, exist_ok=True)
-  tmp = os.path.join(out_dir, "model.safetensors.tmp")
-  save_file(state, tmp, metadata={"format": "pt"})
-  os.replace(tmp, os.path.join(out_dir, "model.safetensors"))
-  with open(os.path.join(out_dir, "config.json"), "w", encoding="utf-8") as f:
-    json.dump(hf_cfg, f, indent=2)
+  write_hf_dir(out_dir, state, hf_cfg)
 
 
 def config_from_hf(hf_cfg: Mapping, **overrides) -> model_lib.BertConfig:

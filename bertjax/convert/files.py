@@ -82,3 +82,14 @@ def read_hf_dir(path: str) -> tuple[dict, dict[str, np.ndarray]]:
   if pickles:
     read_safetensors(os.path.join(path, pickles[0]))  # raises the refusal with its reason
   raise FileNotFoundError(f"{path}: no model.safetensors or model.safetensors.index.json")
+
+
+def write_hf_dir(out_dir: str, state: dict, hf_cfg: dict) -> None:
+  """OUT/model.safetensors (written whole, then renamed into place) and OUT/config.json."""
+  from safetensors.numpy import save_file  # pylint: disable=import-outside-toplevel
+  os.makedirs(out_dir, exist_ok=True)
+  tmp = os.path.join(out_dir, "model.safetensors.tmp")
+  save_file(state, tmp, metadata={"format": "pt"})
+  os.replace(tmp, os.path.join(out_dir, "model.safetensors"))
+  with open(os.path.join(out_dir, "config.json"), "w", encoding="utf-8") as f:
+    json.dump(hf_cfg, f, indent=2)

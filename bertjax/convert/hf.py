@@ -2,8 +2,6 @@
 google-research/bert checkpoint names."""
 from __future__ import annotations
 
-import json
-import os
 from typing import Callable, Mapping
 
 import jax
@@ -11,7 +9,7 @@ import numpy as np
 
 from bertjax import errors
 from bertjax import model as model_lib
-from bertjax.convert.files import read_hf_dir
+from bertjax.convert.files import read_hf_dir, write_hf_dir
 
 HEAD_PREFIXES = ("cls.", "classifier.", "qa_outputs.")
 # Fine-tuning heads: HF architecture, whether HF builds the pooler, and the head's rows (bertjax path, HF name,
@@ -345,7 +343,6 @@ def to_hf(cfg: model_lib.BertConfig, params: Mapping, out_dir: str, *, head: str
           labels=()) -> None:
   """Write config.json + model.safetensors that transformers loads: BertForPreTraining or BertModel, or with
   `head` the fine-tuned model (`labels` become config.json's id2label)."""
-  from safetensors.numpy import save_file  # pylint: disable=import-outside-toplevel
   state = to_state_dict(cfg, params, head)
   if head is not None:
     arch = TASK_HEADS[head][0]
@@ -359,9 +356,4 @@ def to_hf(cfg: model_lib.BertConfig, params: Mapping, out_dir: str, *, head: str
     hf_cfg["label2id"] = {name: i for i, name in enumerate(names)}
     if head == "sequence_classification" and n == 1:
       hf_cfg["problem_type"] = "regression"
-  os.makedirs(out_dir, exist_ok=True)
-  tmp = os.path.join(out_dir, "model.safetensors.tmp")
-  save_file(state, tmp, metadata={"format": "pt"})
-  os.replace(tmp, os.path.join(out_dir, "model.safetensors"))
-  with open(os.path.join(out_dir, "config.json"), "w", encoding="utf-8") as f:
-    json.dump(hf_cfg, f, indent=2)
+  write_hf_dir(out_dir, state, hf_cfg)
