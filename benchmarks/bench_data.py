@@ -1,10 +1,12 @@
 """Data benchmark (not a test): examples/s of pre-training data creation and batches/s of the input pipeline.
 
-    python benchmarks/bench_data.py --out bench_data.json [--workers 2] [--batch 256]
+    python benchmarks/bench_data.py --out bench_data.json [--workers 2] [--batch 256] [--no_beam]
 
-Uses the offline demo corpus; prints a table and writes JSON.
+Uses the offline demo corpus (real prose); example creation by the local worker path and by the Apache Beam
+pipeline on DirectRunner (one process, and `--workers` processes), per core too; prints a table and writes JSON.
 """
 import argparse
+import glob
 import json
 import os
 import tempfile
@@ -20,6 +22,7 @@ def main():
   p.add_argument("--batch", type=int, default=256)
   p.add_argument("--dupe_factor", type=int, default=5)
   p.add_argument("--steps", type=int, default=50)
+  p.add_argument("--no_beam", action="store_true", help="skip the Beam rows")
   args = p.parse_args()
   rows = []
   with tempfile.TemporaryDirectory() as d:
@@ -27,12 +30,17 @@ def main():
     corpus.build_demo_corpus(text)
     vocab = tokenizer.train([text], os.path.join(d, "tok"), vocab_size=8000)
     opts = pretraining.CreationOptions(max_seq_length=128, dupe_factor=args.dupe_factor, buffer_documents=64)
-    for workers in sorted({1, args.workers}):
-      out = os.path.join(d, f"data{workers}")
-      rec = dataset.create([text], vocab, out, opts, workers=workers)
+    runs = [(f"create, local (workers={w})", w, None) for w in sorted({1, args.workers})]
+    if not args.no_beam:
+      runs += [(f"create, Beam DirectRunner (workers={w})", w, "DirectRunner") for w in sorted({1, args.workers})]
+    for name, workers, runner in runs:
+      out = os.path.join(d, f"data{len(rows)}")
+      rec = dataset.create([text], vocab, out, opts, workers=workers, beam_runner=runner)
       n = sum(r["examples"] for r in rec["report"].values())
-      rows.append({"stage": f"create (workers={workers})", "items": n, "seconds": rec["seconds"],
-                   "rate": rec["examples_per_s"], "unit": "examples/s"})
+      size = sum(os.path.getsize(f) for f in glob.glob(os.path.join(out, dataset.NAME, "*", "*.array_record*")))
+      rows.append({"stage": name, "items": n, "seconds": rec["seconds"], "rate": rec["examples_per_s"],
+                   "unit": "examples/s", "per_core": rec["examples_per_s"] / workers, "bytes_per_example": size / n})
+    out = os.path.join(d, "data0")
     src = dataset.load_source(out, "train")
     for name, transform in (("static", None), ("dynamic masking", input_pipeline.dynamic_masking(
         pretraining.Vocab.of(tokenizer.load(vocab)), opts, seed=0))):
@@ -45,9 +53,10 @@ def main():
       pipe.close()
       rows.append({"stage": f"pipeline, {name}, batch {args.batch}", "items": args.steps, "seconds": dt,
                    "rate": args.steps / dt, "unit": "batches/s"})
-  print(f"{'stage':42s} {'items':>8s} {'seconds':>8s} {'rate':>10s}")
+  print(f"{'stage':42s} {'items':>8s} {'seconds':>8s} {'rate':>10s} {'':10s} {'per core':>9s}")
   for r in rows:
-    print(f"{r['stage']:42s} {r['items']:8d} {r['seconds']:8.2f} {r['rate']:10.1f} {r['unit']}")
+    per_core = f"{r['per_core']:9.1f}" if "per_core" in r else ""
+    print(f"{r['stage']:42s} {r['items']:8d} {r['seconds']:8.2f} {r['rate']:10.1f} {r['unit']:10s} {per_core}")
   with open(args.out, "w", encoding="utf-8") as f:
     json.dump(rows, f, indent=2)
 

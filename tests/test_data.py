@@ -329,6 +329,9 @@ def test_dataset_refuses_empty_corpus_and_existing_output(tmp_path, built):
   (tmp_path / "empty.txt").write_text("   \n\n\t\n")
   with pytest.raises(corpus.CorpusError, match="no training examples"):
     dataset.create([tmp_path / "empty.txt"], vocab, tmp_path / "o", opts)
+  # what the failed run left is replaced without --overwrite; a finished dataset is not
+  dataset.create([d / "corpus.txt"], vocab, tmp_path / "o", opts, heldout_every=10)
+  assert len(dataset.load_source(str(tmp_path / "o"), "train")) > 0
   with pytest.raises(FileExistsError, match="--overwrite"):
     dataset.create([d / "corpus.txt"], vocab, d / "out", opts)
 

@@ -13,10 +13,12 @@ import dataclasses
 import json
 import logging
 import os
+import shlex
 import shutil
 import sys
 import threading
 import time
+from typing import Sequence
 
 import numpy as np
 import tensorflow_datasets as tfds
@@ -63,56 +65,142 @@ class BertPretraining(tfds.core.GeneratorBasedBuilder):
   def _generate_examples(self, heldout: bool):
     c = self._creation
     stats = corpus_lib.CorpusStats()
-    docs = corpus_lib.read_documents(c["input"], c.get("format", "lines"), stats)
+    docs = corpus_lib.read_documents(c["input"], stats=stats, opts=reader_options(c),
+                                     tfds_data_dir=c.get("tfds_data_dir"))
     docs = pretraining.split_documents(docs, c.get("heldout_every", 20), heldout)
     counts: dict = {}
-    examples = pretraining.generate_examples(
+    examples = pretraining.generate_keyed_examples(
         docs, c["tokenizer"], pretraining.CreationOptions(**c["options"]), do_lower_case=c.get("do_lower_case", True),
         num_workers=c.get("workers", 1), stats=counts)
-    for i, ex in enumerate(examples):
-      yield i, ex
+    for (b, j), ex in examples:
+      yield pretraining.example_key(b, j), ex
     split = "validation" if heldout else "train"
-    c.setdefault("report", {})[split] = {"examples": counts.get("examples", 0), **dataclasses.asdict(stats),
-                                         "warnings": stats.warnings()}
-    for w in stats.warnings():
-      logging.warning("%s split: %s", split, w)
+    _report(c, split, counts.get("examples", 0), stats)
     if counts.get("examples", 0) == 0 and not heldout:
-      raise corpus_lib.CorpusError(f"no training examples came out of {c['input']}: the corpus is empty or has "
-                                   "no text that tokenizes")
+      raise corpus_lib.CorpusError(f"no training examples came out of {c['input'][:3]}: the corpus is empty or "
+                                   "has no text that tokenizes")
+
+
+class BertPretrainingBeam(BertPretraining, skip_registration=True):
+  """The same dataset made by an Apache Beam pipeline (`bertjax.data.beam_pipeline`)."""
+  name = NAME
+
+  def _split_generators(self, dl_manager, pipeline):  # pylint: disable=arguments-differ
+    del dl_manager
+    from bertjax.data import beam_pipeline  # pylint: disable=import-outside-toplevel
+    return beam_pipeline.split_collections(pipeline, self._creation)
+
+  def _process_pipeline_result(self, pipeline_result):
+    from bertjax.data import beam_pipeline  # pylint: disable=import-outside-toplevel
+    self._creation["beam_metrics"] = beam_pipeline.metrics(pipeline_result)
+
+
+def reader_options(creation: dict) -> corpus_lib.ReadOptions:
+  return corpus_lib.ReadOptions(**creation.get("reader", {"format": creation.get("format", "lines")}))
+
+
+def _report(creation: dict, split: str, examples: int, stats: corpus_lib.CorpusStats) -> None:
+  creation.setdefault("report", {})[split] = {"examples": examples, **dataclasses.asdict(stats),
+                                              "warnings": stats.warnings()}
+  for w in stats.warnings():
+    logging.warning("%s split: %s", split, w)
+
+
+def _beam_report(creation: dict, builder) -> None:
+  m = creation.pop("beam_metrics", {})
+  stats = corpus_lib.CorpusStats(**{f.name: m.get(f"corpus.{f.name}", 0) for f in dataclasses.fields(
+      corpus_lib.CorpusStats)})
+  for split, info in builder.info.splits.items():
+    _report(creation, split, info.num_examples, stats)
 
 
 def create(input_files, tokenizer_path: str, out_dir: str, opts: pretraining.CreationOptions, *,
-           fmt: str = "lines", do_lower_case: bool = True, heldout_every: int = 20, workers: int = 1,
-           overwrite: bool = False) -> dict:
-  """Build the dataset; returns the creation record (options, tokenizer, counts, warnings, timing)."""
-  input_files = [os.path.abspath(os.fspath(f)) for f in input_files]
+           fmt: str | None = None, do_lower_case: bool = True, heldout_every: int = 20, workers: int = 1,
+           overwrite: bool = False, reader: corpus_lib.ReadOptions | None = None, tfds_data_dir: str | None = None,
+           beam_runner: str | None = None, beam_options: Sequence[str] = ()) -> dict:
+  """Build the dataset; returns the creation record (options, tokenizer, counts, warnings, timing).
+
+  `beam_runner` (e.g. "DirectRunner", "DataflowRunner") makes it with Apache Beam, `beam_options` being Beam's own
+  command-line flags; otherwise `workers` local processes make it. Both write the same examples.
+  """
+  reader = reader or corpus_lib.ReadOptions()
+  if fmt is not None:
+    reader = dataclasses.replace(reader, format=fmt)
+  if not input_files:
+    raise corpus_lib.CorpusError("no corpus files given")
+  input_files = corpus_lib.expand(input_files)
   tok = tokenizer_lib.load(tokenizer_path, do_lower_case=do_lower_case, reference="original")  # fails early on a bad tokenizer
   record_path = os.path.join(out_dir, "creation.json")
-  if os.path.exists(os.path.join(out_dir, NAME)):
-    if not overwrite:
+  target = os.path.join(out_dir, NAME)
+  if os.path.exists(target):
+    complete = os.path.exists(os.path.join(target, BertPretraining.VERSION.__str__(), "dataset_info.json"))
+    if complete and not overwrite:
       raise FileExistsError(f"{out_dir}/{NAME} exists; pass --overwrite to rebuild it")
-    shutil.rmtree(os.path.join(out_dir, NAME))
+    shutil.rmtree(target)  # a finished dataset the user asked to replace, or what a failed run left
   creation = {"input": input_files, "tokenizer": os.path.abspath(tokenizer_path), "do_lower_case": do_lower_case,
-              "format": fmt, "heldout_every": heldout_every, "workers": workers,
-              "options": dataclasses.asdict(opts), "vocab_size": tok.vocab_size}
-  builder = BertPretraining(data_dir=out_dir, max_seq_length=opts.max_seq_length,
-                            max_predictions_per_seq=opts.max_predictions_per_seq, creation=creation,
-                            file_format="array_record")
+              "format": reader.format, "reader": dataclasses.asdict(reader), "heldout_every": heldout_every,
+              "workers": workers, "options": dataclasses.asdict(opts), "vocab_size": tok.vocab_size,
+              "tfds_data_dir": tfds_data_dir, "builder": "beam" if beam_runner else "local"}
+  kind = BertPretrainingBeam if beam_runner else BertPretraining
+  builder = kind(data_dir=out_dir, max_seq_length=opts.max_seq_length,
+                 max_predictions_per_seq=opts.max_predictions_per_seq, creation=creation, file_format="array_record")
+  download_config = tfds.download.DownloadConfig(download_mode=tfds.download.GenerateMode.REUSE_CACHE_IF_EXISTS)
+  if beam_runner:
+    from apache_beam.options import pipeline_options  # pylint: disable=import-outside-toplevel
+    flags = list(beam_options)
+    if beam_runner == "DirectRunner" and workers > 1 and not any(f.startswith("--direct_") for f in flags):
+      flags += [f"--direct_num_workers={workers}", "--direct_running_mode=multi_processing"]
+    creation["beam_runner"], creation["beam_options"] = beam_runner, flags
+    download_config = tfds.download.DownloadConfig(
+        download_mode=tfds.download.GenerateMode.REUSE_CACHE_IF_EXISTS, beam_runner=beam_runner,
+        beam_options=pipeline_options.PipelineOptions(flags))
   start = time.time()
+  # The runner logs a worker's error with its traceback before re-raising it; the error itself is reported once.
+  beam_log = logging.getLogger("apache_beam.runners.common")
+  level = beam_log.level
   try:
-    builder.download_and_prepare(download_config=tfds.download.DownloadConfig(
-        download_mode=tfds.download.GenerateMode.REUSE_CACHE_IF_EXISTS))
+    if beam_runner:
+      beam_log.setLevel(logging.CRITICAL)
+    builder.download_and_prepare(download_config=download_config)
   except AssertionError as e:
     if "validation" in str(e) and "No examples" in str(e):
-      raise corpus_lib.CorpusError(f"the held-out split came out empty: {input_files} has too few documents for "
+      raise corpus_lib.CorpusError(f"the held-out split came out empty: the corpus has too few documents for "
                                    f"heldout_every={heldout_every}; lower it, or pass 0 for no held-out split") from None
     raise
+  except Exception as e:  # pylint: disable=broad-except
+    cause = _user_error(e)
+    if cause is None:
+      raise
+    raise cause from None
+  finally:
+    beam_log.setLevel(level)
+  if beam_runner:
+    _beam_report(creation, builder)
+    if creation["report"].get("train", {}).get("examples", 0) == 0:
+      raise corpus_lib.CorpusError(f"no training examples came out of {input_files[:3]}: the corpus is empty or "
+                                   "has no text that tokenizes")
   creation["seconds"] = time.time() - start
   total = sum(r["examples"] for r in creation.get("report", {}).values())
   creation["examples_per_s"] = total / max(creation["seconds"], 1e-9)
   with open(record_path, "w", encoding="utf-8") as f:
     json.dump(creation, f, indent=2)
   return creation
+
+
+def _user_error(e: BaseException) -> errors.Error | None:
+  """The bertjax error behind a failure a runner wrapped (Beam re-raises a worker's error inside its own)."""
+  seen = set()
+  while e is not None and id(e) not in seen:
+    seen.add(id(e))
+    if isinstance(e, errors.Error):
+      return e
+    text = str(e)
+    for kind in (corpus_lib.ShardError, corpus_lib.CorpusError):
+      marker = f"{kind.__name__}: "
+      if marker in text:
+        return kind(text[text.rindex(marker) + len(marker):].strip().splitlines()[0])
+    e = e.__cause__ or e.__context__
+  return None
 
 
 DataPathError = errors.DataPathError
@@ -174,10 +262,24 @@ def load_source(data_dir: str, split: str):
 @errors.guard
 def main(argv=None):
   p = argparse.ArgumentParser(description="Create BERT pre-training data (create_pretraining_data.py semantics).")
-  p.add_argument("--input", nargs="+", required=True, help="text files (one sentence per line, blank line between documents)")
-  p.add_argument("--tokenizer", required=True, help="vocab.txt or sentencepiece .model")
+  p.add_argument("--input", nargs="+", required=True,
+                 help="shards or glob patterns (text, .jsonl, .parquet, optionally .gz/.bz2/.xz/.zst) or tfds:NAME[:SPLIT]")
+  p.add_argument("--tokenizer", required=True, help="vocab.txt, sentencepiece .model or byte-level BPE vocab.json")
   p.add_argument("--out", required=True, help="output data_dir")
-  p.add_argument("--format", default="lines", choices=["lines", "paragraphs"])
+  p.add_argument("--format", default="auto", choices=list(corpus_lib.FORMATS),
+                 help="auto: .jsonl/.json -> jsonl, .parquet -> parquet, tfds:... -> tfds, anything else -> lines "
+                      "(one sentence per line, blank line between documents)")
+  p.add_argument("--text_field", default="text", help="the JSONL key / Parquet column / tfds feature with the text")
+  p.add_argument("--splitter", default="sentencex", choices=list(corpus_lib.SPLITTERS),
+                 help="sentence splitter for paragraphs / records")
+  p.add_argument("--language", default="en", help="the sentence splitter's language")
+  p.add_argument("--skip_bad_records", action="store_true",
+                 help="skip and count bad records and unreadable shards instead of stopping at the first")
+  p.add_argument("--tfds_data_dir", default=None, help="where tfds: inputs are prepared")
+  p.add_argument("--beam_runner", default=None,
+                 help="make the examples with Apache Beam on this runner (DirectRunner, DataflowRunner, ...)")
+  p.add_argument("--beam_options", default="",
+                 help="Beam's own pipeline flags, e.g. '--project=P --region=R --temp_location=gs://B/tmp'")
   p.add_argument("--cased", action="store_true")
   p.add_argument("--heldout_every", type=int, default=20)
   p.add_argument("--workers", type=int, default=1)
@@ -187,8 +289,12 @@ def main(argv=None):
     p.add_argument(f"--{f.name}", type=kind, default=f.default)
   args = p.parse_args(argv)
   opts = pretraining.CreationOptions(**{f.name: getattr(args, f.name) for f in dataclasses.fields(pretraining.CreationOptions)})
-  rec = create(args.input, args.tokenizer, args.out, opts, fmt=args.format, do_lower_case=not args.cased,
-               heldout_every=args.heldout_every, workers=args.workers, overwrite=args.overwrite)
+  reader = corpus_lib.ReadOptions(format=args.format, text_field=args.text_field, splitter=args.splitter,
+                                  language=args.language, skip_bad_records=args.skip_bad_records)
+  rec = create(args.input, args.tokenizer, args.out, opts, do_lower_case=not args.cased,
+               heldout_every=args.heldout_every, workers=args.workers, overwrite=args.overwrite, reader=reader,
+               tfds_data_dir=args.tfds_data_dir, beam_runner=args.beam_runner,
+               beam_options=shlex.split(args.beam_options))
   for split, r in rec["report"].items():
     print(f"{split}: {r['examples']} examples (corpus: {r['documents']} documents)" +
           "".join(f"; warning: {w}" for w in r["warnings"]))

@@ -341,33 +341,50 @@ def generate_examples(documents: Iterable[list[str]], tokenizer_path: str, opts:
 
   `shard=(i, n)`: take every n-th buffer starting at i (one share of the corpus per process or machine).
   """
+  for _, feats in generate_keyed_examples(documents, tokenizer_path, opts, do_lower_case=do_lower_case,
+                                          num_workers=num_workers, shard=shard, stats=stats):
+    yield feats
+
+
+def generate_keyed_examples(documents: Iterable[list[str]], tokenizer_path: str, opts: CreationOptions, *,
+                            do_lower_case: bool = True, num_workers: int = 1, shard: tuple[int, int] = (0, 1),
+                            stats: dict | None = None) -> Iterator[tuple[tuple[int, int], dict[str, np.ndarray]]]:
+  """((buffer index, position in the buffer), features), as `generate_examples`; the Beam pipeline makes the same
+  pairs."""
   stats = stats if stats is not None else {}
   stats.setdefault("examples", 0)
   stats.setdefault("empty_documents", 0)
   buffers = _buffers(documents, opts.buffer_documents, shard)
+
+  def emit(b, result):
+    feats, empty = result
+    stats["empty_documents"] += empty
+    stats["examples"] += len(feats)
+    for j, f in enumerate(feats):
+      yield (b, j), f
+
   if num_workers <= 1:
     _init_worker(tokenizer_path, do_lower_case)
     for b, docs in buffers:
-      feats, empty = _process_buffer((b, docs, opts))
-      stats["empty_documents"] += empty
-      stats["examples"] += len(feats)
-      yield from feats
+      yield from emit(b, _process_buffer((b, docs, opts)))
     return
   ctx = mp.get_context("spawn")
   with ctx.Pool(num_workers, initializer=_init_worker, initargs=(tokenizer_path, do_lower_case)) as pool:
     pending: collections.deque = collections.deque()
     for b, docs in buffers:
-      pending.append(pool.apply_async(_process_buffer, ((b, docs, opts),)))
+      pending.append((b, pool.apply_async(_process_buffer, ((b, docs, opts),))))
       if len(pending) > num_workers:  # bounded: at most num_workers + 1 buffers in flight
-        feats, empty = pending.popleft().get()
-        stats["empty_documents"] += empty
-        stats["examples"] += len(feats)
-        yield from feats
+        b0, result = pending.popleft()
+        yield from emit(b0, result.get())
     while pending:
-      feats, empty = pending.popleft().get()
-      stats["empty_documents"] += empty
-      stats["examples"] += len(feats)
-      yield from feats
+      b0, result = pending.popleft()
+      yield from emit(b0, result.get())
+
+
+def example_key(buffer_index: int, position: int) -> int:
+  """An example's key in the written dataset (tfds orders examples by a hash of it), the same in the local and the
+  Beam path: the buffer and the position in it (a buffer's examples stay far below 2**32)."""
+  return (buffer_index << 32) | position
 
 
 def split_documents(documents: Iterable[list[str]], heldout_every: int, heldout: bool) -> Iterator[list[str]]:

@@ -222,15 +222,17 @@ def load(path: str, do_lower_case: bool = True, reference: str = "hf") -> Tokeni
 
 # ----------------------------------------------------------------------------- training
 def train(files: Sequence[str], out_dir: str, kind: str = "wordpiece", vocab_size: int = 8000,
-          do_lower_case: bool = True, seed: int = 0) -> str:
-  """Train a tokenizer on text files; returns the path to load (`vocab.txt`, `spm.model` or, for kind
-  "byte_bpe", RoBERTa-style `vocab.json` with `merges.txt`)."""
-  files = [os.fspath(f) for f in files]
+          do_lower_case: bool = True, seed: int = 0, reader=None) -> str:
+  """Train a tokenizer on a corpus (files, glob patterns, JSONL / Parquet / compressed shards, tfds: specs, read
+  as `bertjax.data.corpus.ReadOptions` `reader` says); returns the path to load (`vocab.txt`, `spm.model` or, for
+  kind "byte_bpe", RoBERTa-style `vocab.json` with `merges.txt`)."""
+  from bertjax.data import corpus  # pylint: disable=import-outside-toplevel
+  files = corpus.expand(files)
   out_dir = os.fspath(out_dir)
   for f in files:
-    if not os.path.isfile(f):
+    if "://" not in f and not f.startswith("tfds:") and not os.path.isfile(f):
       raise FileNotFoundError(f"{f}: training text not found")
-  if not any(os.path.getsize(f) for f in files):
+  if all("://" not in f and not f.startswith("tfds:") and not os.path.getsize(f) for f in files):
     raise errors.DataError(f"cannot train a tokenizer on empty input {files}")
   if vocab_size < len(SPECIAL_TOKENS) + 10:
     raise errors.ConfigError(f"vocab_size {vocab_size} is too small")
@@ -239,14 +241,14 @@ def train(files: Sequence[str], out_dir: str, kind: str = "wordpiece", vocab_siz
     from tokenizers import BertWordPieceTokenizer
     tok = BertWordPieceTokenizer(lowercase=do_lower_case, strip_accents=None, clean_text=True,
                                  handle_chinese_chars=True)
-    tok.train_from_iterator(_clean_lines(files), vocab_size=vocab_size, special_tokens=list(SPECIAL_TOKENS),
+    tok.train_from_iterator(_clean_texts(files, reader), vocab_size=vocab_size, special_tokens=list(SPECIAL_TOKENS),
                             show_progress=False, limit_alphabet=1000, wordpieces_prefix="##")
     tok.save_model(out_dir)
     return os.path.join(out_dir, "vocab.txt")
   if kind == "byte_bpe":
     from tokenizers import ByteLevelBPETokenizer  # pylint: disable=import-outside-toplevel
     tok = ByteLevelBPETokenizer(add_prefix_space=False, trim_offsets=True)
-    tok.train_from_iterator(_clean_lines(files), vocab_size=vocab_size, min_frequency=2, show_progress=False,
+    tok.train_from_iterator(_clean_texts(files, reader), vocab_size=vocab_size, min_frequency=2, show_progress=False,
                             special_tokens=["<s>", "<pad>", "</s>", "<unk>", "<mask>"])  # RoBERTa's ids 0-4
     tok.save_model(out_dir)
     return os.path.join(out_dir, "vocab.json")
@@ -255,7 +257,7 @@ def train(files: Sequence[str], out_dir: str, kind: str = "wordpiece", vocab_siz
     prefix = os.path.join(out_dir, "spm")
     spm.set_random_generator_seed(seed)
     spm.SentencePieceTrainer.Train(
-        sentence_iterator=_clean_lines(files), model_prefix=prefix, vocab_size=vocab_size, model_type=kind,
+        sentence_iterator=_clean_texts(files, reader), model_prefix=prefix, vocab_size=vocab_size, model_type=kind,
         pad_id=0, pad_piece="[PAD]", unk_id=1, unk_piece="[UNK]", bos_id=-1, eos_id=-1,
         control_symbols="[CLS],[SEP],[MASK]", normalization_rule_name="nmt_nfkc_cf" if do_lower_case else "nmt_nfkc",
         character_coverage=0.9995, input_sentence_size=2_000_000, shuffle_input_sentence=True, seed_sentencepiece_size=1_000_000,
@@ -264,10 +266,10 @@ def train(files: Sequence[str], out_dir: str, kind: str = "wordpiece", vocab_siz
   raise errors.ConfigError(f"unknown tokenizer kind {kind!r}; choose wordpiece, unigram, bpe or byte_bpe")
 
 
-def _clean_lines(files):
-  """Lines decoded robustly (bad bytes replaced, NULs dropped), as the data pipeline reads them."""
+def _clean_texts(files, reader=None):
+  """Sentences decoded robustly (bad bytes replaced, NULs dropped), as the data pipeline reads them."""
   from bertjax.data import corpus  # pylint: disable=import-outside-toplevel
-  for line in corpus.iter_lines(files):
+  for line in corpus.iter_texts(files, reader):
     line = line.strip()
     if line:
       yield line
@@ -276,13 +278,17 @@ def _clean_lines(files):
 @errors.guard
 def main(argv: Iterable[str] | None = None) -> None:
   p = argparse.ArgumentParser(description="Train a BERT tokenizer (WordPiece or sentencepiece) on text files.")
-  p.add_argument("--input", nargs="+", required=True, help="text files")
+  p.add_argument("--input", nargs="+", required=True,
+                 help="shards or glob patterns (text, .jsonl, .parquet, optionally compressed) or tfds:NAME[:SPLIT]")
+  p.add_argument("--text_field", default="text", help="the JSONL key / Parquet column with the text")
   p.add_argument("--out", required=True, help="output folder")
   p.add_argument("--kind", default="wordpiece", choices=["wordpiece", "unigram", "bpe", "byte_bpe"])
   p.add_argument("--vocab_size", type=int, default=30522)
   p.add_argument("--cased", action="store_true", help="keep case and accents")
   args = p.parse_args(argv)
-  path = train(args.input, args.out, args.kind, args.vocab_size, do_lower_case=not args.cased)
+  from bertjax.data import corpus  # pylint: disable=import-outside-toplevel
+  path = train(args.input, args.out, args.kind, args.vocab_size, do_lower_case=not args.cased,
+               reader=corpus.ReadOptions(text_field=args.text_field))
   tok = load(path, do_lower_case=not args.cased)
   print(f"wrote {path} ({tok.vocab_size} pieces)")
 
