@@ -180,12 +180,14 @@ def test_bad_shards_are_named_or_skipped(prose, tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------- Beam
-@pytest.mark.parametrize("mode", ["nsp_pairs", "full_sentences"])
-def test_beam_writes_the_local_paths_dataset(prose, tmp_path, mode):
+@pytest.mark.parametrize("mode,kind", [("nsp_pairs", "wordpiece"), ("full_sentences", "byte_bpe")])
+def test_beam_writes_the_local_paths_dataset(prose, tmp_path, mode, kind):
   """DirectRunner output equals the local worker path's, example for example and in the same order, from JSONL
-  shards of real prose."""
+  shards of real prose (the byte-level BPE's merges.txt travels to the workers with its vocab.json)."""
   pytest.importorskip("apache_beam")
-  _, docs, _, vocab = prose
+  _, docs, lines, vocab = prose
+  if kind == "byte_bpe":
+    vocab = tokenizer.train([lines], tmp_path / "bpe", kind="byte_bpe", vocab_size=800)
   for i in range(3):
     _write_jsonl(tmp_path / f"shard-{i}.jsonl.gz", docs[i * 50:(i + 1) * 50 + (10 if i == 2 else 0)], gzip.open)
   opts = pretraining.CreationOptions(**{**OPTS.__dict__, "example_mode": mode})
@@ -209,6 +211,9 @@ def test_beam_names_a_bad_shard_and_the_cli_runs(prose, tmp_path):
   with pytest.raises(corpus.CorpusError, match=r"b.jsonl: line 2: not valid JSON"):
     dataset.create([tmp_path / "a.jsonl", tmp_path / "b.jsonl"], vocab, tmp_path / "out", OPTS, heldout_every=10,
                    beam_runner="DirectRunner")
+  with pytest.raises(corpus.CorpusError, match="held-out split came out empty"):
+    dataset.create([tmp_path / "b.jsonl"], vocab, tmp_path / "out", OPTS, heldout_every=20, beam_runner="DirectRunner",
+                   reader=corpus.ReadOptions(skip_bad_records=True))
   rc = dataset.main(["--input", str(tmp_path / "*.jsonl"), "--tokenizer", vocab, "--out", str(tmp_path / "cli"),
                      "--beam_runner", "DirectRunner", "--skip_bad_records", "--heldout_every", "10",
                      "--max_seq_length", "64", "--max_predictions_per_seq", "10", "--dupe_factor", "1"])

@@ -146,7 +146,10 @@ def create(input_files, tokenizer_path: str, out_dir: str, opts: pretraining.Cre
                  max_predictions_per_seq=opts.max_predictions_per_seq, creation=creation, file_format="array_record")
   download_config = tfds.download.DownloadConfig(download_mode=tfds.download.GenerateMode.REUSE_CACHE_IF_EXISTS)
   if beam_runner:
-    from apache_beam.options import pipeline_options  # pylint: disable=import-outside-toplevel
+    try:
+      from apache_beam.options import pipeline_options  # pylint: disable=import-outside-toplevel
+    except ImportError:
+      raise errors.ConfigError("--beam_runner needs Apache Beam: pip install 'bertjax[beam]' (or apache-beam)") from None
     flags = list(beam_options)
     if beam_runner == "DirectRunner" and workers > 1 and not any(f.startswith("--direct_") for f in flags):
       flags += [f"--direct_num_workers={workers}", "--direct_running_mode=multi_processing"]
@@ -162,16 +165,11 @@ def create(input_files, tokenizer_path: str, out_dir: str, opts: pretraining.Cre
     if beam_runner:
       beam_log.setLevel(logging.CRITICAL)
     builder.download_and_prepare(download_config=download_config)
-  except AssertionError as e:
-    if "validation" in str(e) and "No examples" in str(e):
-      raise corpus_lib.CorpusError(f"the held-out split came out empty: the corpus has too few documents for "
-                                   f"heldout_every={heldout_every}; lower it, or pass 0 for no held-out split") from None
-    raise
   except Exception as e:  # pylint: disable=broad-except
-    cause = _user_error(e)
-    if cause is None:
+    user = _user_error(e, input_files, heldout_every)
+    if user is None:
       raise
-    raise cause from None
+    raise user from None
   finally:
     beam_log.setLevel(level)
   if beam_runner:
@@ -187,8 +185,16 @@ def create(input_files, tokenizer_path: str, out_dir: str, opts: pretraining.Cre
   return creation
 
 
-def _user_error(e: BaseException) -> errors.Error | None:
-  """The bertjax error behind a failure a runner wrapped (Beam re-raises a worker's error inside its own)."""
+def _user_error(e: BaseException, input_files, heldout_every: int) -> errors.Error | None:
+  """The user's mistake behind a failed build: an empty split (tfds refuses to write one), or a bertjax error
+  that a runner wrapped (Beam re-raises a worker's error inside its own)."""
+  text = str(e)
+  if not isinstance(e, errors.Error) and ("No examples" in text or "number of generated examples is 0" in text):
+    if "validation" in text:
+      return corpus_lib.CorpusError(f"the held-out split came out empty: the corpus has too few documents for "
+                                    f"heldout_every={heldout_every}; lower it, or pass 0 for no held-out split")
+    return corpus_lib.CorpusError(f"no training examples came out of {input_files[:3]}: the corpus is empty or "
+                                  "has no text that tokenizes")
   seen = set()
   while e is not None and id(e) not in seen:
     seen.add(id(e))
