@@ -105,6 +105,9 @@ def validate(config, num_devices: int, creation: dict | None = None, tokenizer_v
       errors.append("objective 'electra' does not take data.packing (its masks are drawn per row in the graph)")
     if config.train.use_nsp:
       errors.append("objective 'electra' has no NSP: set train.use_nsp=False")
+    freeze_at = config.electra.get("freeze_generator_at", 0)
+    if not isinstance(freeze_at, int) or freeze_at < 0:
+      errors.append(f"electra.freeze_generator_at must be a step >= 0 (0: joint throughout), got {freeze_at!r}")
     if mcfg is not None:
       try:
         electra_lib.generator_config(mcfg, config.electra.generator_hidden, config.electra.generator_layers)
@@ -138,9 +141,12 @@ def _tree_add(a, b):
   return jax.tree_util.tree_map(jnp.add, a, b)
 
 
-def apply_gradients(state, grads, metrics, tx, lr_fn, batch):
-  """The optimizer update every pre-training objective ends with: (next state, metrics + grad norm, lr, tokens)."""
+def apply_gradients(state, grads, metrics, tx, lr_fn, batch, hold=None):
+  """The optimizer update every pre-training objective ends with: (next state, metrics + grad norm, lr, tokens).
+  `hold(updates)`, when given, returns the updates with those of parameters held fixed this step zeroed."""
   updates, opt_state = tx.update(grads, state.opt_state, state.params)
+  if hold is not None:
+    updates = hold(updates)
   params = optax.apply_updates(state.params, updates)
   metrics.update(grad_norm=optax.global_norm(grads), learning_rate=lr_fn(state.step),
                  tokens=jnp.sum(batch["input_mask"].astype(jnp.float32)))
@@ -256,20 +262,26 @@ def make_electra_train_step(model, tx, lr_fn, config):
   """state, batch -> state, metrics: L = L_gen + λ·L_disc in one step for both networks (ELECTRA)."""
   seed, impl = config.seed, config.train.get("prng_impl", "threefry2x32")
   weight = config.electra.disc_weight
+  freeze_at = config.electra.get("freeze_generator_at", 0)
 
   def step_fn(state, batch):
     rng = jax.random.fold_in(jax.random.fold_in(jax.random.key(seed, impl=impl), 1), state.step)
     r_drop, r_electra = jax.random.split(rng)
+    joint = state.step < freeze_at if freeze_at else True
 
     def loss_fn(params):
       out = model.apply({"params": params}, batch, deterministic=False,
                         rngs={"dropout": r_drop, "electra": r_electra})
       sums = electra_lib.electra_sums(out, batch)
-      return electra_lib.electra_loss(sums, weight)[0], sums
+      loss, m = electra_lib.electra_loss(sums, weight)
+      return jnp.where(joint, loss, weight * m["disc_loss"]), sums
 
     (_, sums), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
     _, metrics = electra_lib.electra_loss(sums, weight)
-    return apply_gradients(state, grads, metrics, tx, lr_fn, batch)
+    hold = None
+    if freeze_at:  # the generator stops at freeze_at: its updates (AdamW's momentum and decay too) are zero
+      hold = lambda u: {**u, "generator": jax.tree.map(lambda x: jnp.where(joint, x, 0), u["generator"])}  # noqa: E731
+    return apply_gradients(state, grads, metrics, tx, lr_fn, batch, hold)
 
   return step_fn
 

@@ -43,6 +43,10 @@ def get_config(arg=None):
   e.generator_layers = 1.0  # generator depth / discriminator depth
   e.temperature = 1.0  # sampling temperature of the replacements
   e.disc_weight = 50.0  # λ in L_gen + λ·L_disc
+  # 0: both networks train jointly throughout (the original). N > 0: a two-stage schedule (cf. the paper's
+  # two-stage ablation): from step N the generator is held fixed and L_gen leaves the loss, so the discriminator
+  # and the shared embeddings learn against a stationary generator.
+  e.freeze_generator_at = 0
   with c.unlocked():
     c.electra = e
   for k, v in sizes.items():

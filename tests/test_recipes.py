@@ -254,3 +254,38 @@ def test_electra_workdir_exports_both_networks(tmp_path, packed_data):
                   attention_mask=torch.tensor(b["input_mask"], dtype=torch.long)).logits.numpy()
   valid = b["input_mask"] > 0
   np.testing.assert_allclose(ours[valid], theirs[valid], atol=1e-4)
+
+
+def test_electra_generator_held_fixed_from_freeze_step(tmp_path, packed_data):
+  """electra.freeze_generator_at=N: the generator's parameters after step N are bitwise those at N (AdamW's
+  momentum and decay included) while the discriminator and the shared embeddings keep training; before N both
+  networks train."""
+  import jax
+  from bertjax.model import electra as electra_lib
+  from configs import electra
+
+  def run(workdir, stop, freeze=2):
+    c = _small(electra.get_config("variant=tiny,seq=64,preds=20"), packed_data, steps=4)
+    c.model.embedding_size = 32
+    c.electra.freeze_generator_at = freeze
+    c.train.stop_after_steps = stop
+    c.checkpoint_every = 1
+    state = train.train_and_evaluate(c, str(tmp_path / workdir))["state"]
+    return jax.device_get(state.params)
+
+  def leaves(tree):
+    return jax.tree_util.tree_leaves(tree)
+
+  start = run("init", 1)
+  at_freeze = run("w", 2)
+  end = run("w", 0)
+  for a, b in zip(leaves(at_freeze["generator"]), leaves(end["generator"])):
+    np.testing.assert_array_equal(a, b)
+  assert any(not np.array_equal(a, b) for a, b in zip(leaves(start["generator"]), leaves(at_freeze["generator"])))
+  for part in ("discriminator", "embeddings"):
+    assert all(not np.array_equal(a, b) for a, b in zip(leaves(at_freeze[part]), leaves(end[part])) if a.size > 1)
+  assert set(electra_lib.split(end)[0]) >= {"bert"}
+  c = electra.get_config("variant=tiny")
+  c.electra.freeze_generator_at = -1
+  with pytest.raises(train.ConfigError, match="freeze_generator_at must be a step >= 0"):
+    train.validate(c, 1)
