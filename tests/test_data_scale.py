@@ -229,3 +229,15 @@ def test_tokenizer_trains_on_jsonl_shards(prose, tmp_path):
   path = tokenizer.train([str(tmp_path / "*.jsonl.gz")], tmp_path / "tok", vocab_size=1000)
   tok = tokenizer.load(path)
   assert tok.vocab_size > 500 and tok.encode("The module provides functions.")[0] != tok.token_to_id("[UNK]")
+
+
+def test_tokenizer_cli_names_or_skips_a_bad_record(prose, tmp_path, capsys):
+  _, docs, _, _ = prose
+  (tmp_path / "a.jsonl").write_text("".join(json.dumps({"body": t}) + "\n" for t in docs[:50]) + "{bad\n")
+  argv = ["--input", str(tmp_path / "*.jsonl"), "--text_field", "body", "--vocab_size", "500", "--out",
+          str(tmp_path / "tok")]
+  with pytest.raises(SystemExit) as stop:
+    tokenizer.main(argv)
+  assert stop.value.code == 2 and "a.jsonl: line 51: not valid JSON" in capsys.readouterr().err
+  assert not tokenizer.main(argv + ["--skip_bad_records"])
+  assert (tmp_path / "tok" / "vocab.txt").exists()

@@ -281,6 +281,8 @@ def main(argv: Iterable[str] | None = None) -> None:
   p.add_argument("--input", nargs="+", required=True,
                  help="shards or glob patterns (text, .jsonl, .parquet, optionally compressed) or tfds:NAME[:SPLIT]")
   p.add_argument("--text_field", default="text", help="the JSONL key / Parquet column with the text")
+  p.add_argument("--skip_bad_records", action="store_true",
+                 help="skip and count bad records and unreadable shards instead of stopping at the first")
   p.add_argument("--out", required=True, help="output folder")
   p.add_argument("--kind", default="wordpiece", choices=["wordpiece", "unigram", "bpe", "byte_bpe"])
   p.add_argument("--vocab_size", type=int, default=30522)
@@ -288,7 +290,7 @@ def main(argv: Iterable[str] | None = None) -> None:
   args = p.parse_args(argv)
   from bertjax.data import corpus  # pylint: disable=import-outside-toplevel
   path = train(args.input, args.out, args.kind, args.vocab_size, do_lower_case=not args.cased,
-               reader=corpus.ReadOptions(text_field=args.text_field))
+               reader=corpus.ReadOptions(text_field=args.text_field, skip_bad_records=args.skip_bad_records))
   tok = load(path, do_lower_case=not args.cased)
   print(f"wrote {path} ({tok.vocab_size} pieces)")
 
