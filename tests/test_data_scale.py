@@ -241,3 +241,16 @@ def test_tokenizer_cli_names_or_skips_a_bad_record(prose, tmp_path, capsys):
   assert stop.value.code == 2 and "a.jsonl: line 51: not valid JSON" in capsys.readouterr().err
   assert not tokenizer.main(argv + ["--skip_bad_records"])
   assert (tmp_path / "tok" / "vocab.txt").exists()
+
+
+def test_tokenizer_files_are_what_load_reads(tmp_path):
+  """What a Beam worker receives: a vocab.json travels with merges.txt and, when present, the tokenizer.json that
+  `tokenizer.load` prefers."""
+  for name in ("vocab.json", "merges.txt", "vocab.txt", "spm.model"):
+    (tmp_path / name).write_text("x")
+  assert tokenizer.files(str(tmp_path / "vocab.json")) == [str(tmp_path / n) for n in ("vocab.json", "merges.txt")]
+  (tmp_path / "tokenizer.json").write_text("{}")
+  assert tokenizer.files(str(tmp_path / "vocab.json"))[-1] == str(tmp_path / "tokenizer.json")
+  assert tokenizer.files(str(tmp_path / "tokenizer.json")) == [str(tmp_path / "tokenizer.json")]
+  assert tokenizer.files(str(tmp_path / "vocab.txt")) == [str(tmp_path / "vocab.txt")]
+  assert tokenizer.files(str(tmp_path / "spm.model")) == [str(tmp_path / "spm.model")]

@@ -176,20 +176,25 @@ def test_schedules_match_their_formulas(kind, shape):
     assert float(fn(t)) == pytest.approx(want, rel=1e-5, abs=1e-12), t
 
 
+def _train_and_export(c, tmp_path, architecture):
+  """Train c into tmp_path/w, then `python -m bertjax.convert` it into tmp_path/hf, which must name `architecture`."""
+  import helpers
+  train.train_and_evaluate(c, str(tmp_path / "w"))
+  proc = helpers.run_cmd([helpers.sys.executable, "-m", "bertjax.convert", "--workdir", str(tmp_path / "w"),
+                          "--out", str(tmp_path / "hf")])
+  assert proc.returncode == 0 and architecture in proc.stdout, proc.stderr[-2000:]
+
+
 def test_roberta_workdir_exports_with_its_tokenizer(tmp_path, packed_data):
   """A RoBERTa-recipe workdir -> python -m bertjax.convert -> HF AutoTokenizer + AutoModelForMaskedLM give
   bertjax's fill-in-the-blank scores."""
   transformers = pytest.importorskip("transformers")
   torch = pytest.importorskip("torch")
-  import helpers
   from bertjax import predict
   from configs import roberta
   c = _small(roberta.get_config("variant=tiny,seq=64,mask=0.3"), packed_data, steps=2)
   c.model.max_position_embeddings = 66
-  train.train_and_evaluate(c, str(tmp_path / "w"))
-  proc = helpers.run_cmd([helpers.sys.executable, "-m", "bertjax.convert", "--workdir", str(tmp_path / "w"),
-                          "--out", str(tmp_path / "hf")])
-  assert proc.returncode == 0 and "RobertaForMaskedLM" in proc.stdout, proc.stderr[-2000:]
+  _train_and_export(c, tmp_path, "RobertaForMaskedLM")
   hf_tok = transformers.AutoTokenizer.from_pretrained(str(tmp_path / "hf"))
   hf = transformers.AutoModelForMaskedLM.from_pretrained(str(tmp_path / "hf")).eval()
   module, params, tok = predict.load(str(tmp_path / "w"))
@@ -232,16 +237,12 @@ def test_electra_workdir_exports_both_networks(tmp_path, packed_data):
   the tokenizer; HF's discriminator gives bertjax's replaced-token logits."""
   transformers = pytest.importorskip("transformers")
   torch = pytest.importorskip("torch")
-  import helpers
   from bertjax import checkpoint as checkpoint_lib, model as model_lib
   from bertjax.model import electra as electra_lib
   from configs import electra
   c = _small(electra.get_config("variant=tiny,seq=64,preds=20"), packed_data, steps=2)
   c.model.embedding_size = 32
-  train.train_and_evaluate(c, str(tmp_path / "w"))
-  proc = helpers.run_cmd([helpers.sys.executable, "-m", "bertjax.convert", "--workdir", str(tmp_path / "w"),
-                          "--out", str(tmp_path / "hf")])
-  assert proc.returncode == 0 and "ElectraForPreTraining" in proc.stdout, proc.stderr[-2000:]
+  _train_and_export(c, tmp_path, "ElectraForPreTraining")
   disc = transformers.AutoModelForPreTraining.from_pretrained(str(tmp_path / "hf" / "discriminator")).eval()
   assert (tmp_path / "hf" / "generator" / "vocab.json").exists()
   src = dataset.load_source(packed_data, "validation")

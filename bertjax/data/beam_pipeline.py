@@ -22,20 +22,18 @@ import apache_beam as beam
 
 from bertjax.data import corpus as corpus_lib
 from bertjax.data import pretraining
+from bertjax.data import tokenizer as tokenizer_lib
 
 NAMESPACE = "bertjax"
 
 
-def tokenizer_bundle(path: str) -> dict[str, bytes]:
-  """The tokenizer's files by name (a vocab.json travels with the merges.txt beside it), so workers that cannot see
-  the submitting machine's disk load the same tokenizer."""
-  names = [os.path.basename(path)]
-  if path.endswith("vocab.json") and os.path.exists(os.path.join(os.path.dirname(path), "merges.txt")):
-    names.append("merges.txt")
+def tokenizer_bundle(path: str) -> dict:
+  """The tokenizer's files by name (`tokenizer.files`), so workers that cannot see the submitting machine's disk
+  load the same tokenizer."""
   bundle = {}
-  for name in names:
-    with open(os.path.join(os.path.dirname(path), name), "rb") as f:
-      bundle[name] = f.read()
+  for f in tokenizer_lib.files(path):
+    with open(f, "rb") as fh:
+      bundle[os.path.basename(f)] = fh.read()
   return {"main": os.path.basename(path), "files": bundle}
 
 

@@ -268,13 +268,6 @@ def _file_lines(path, stats: CorpusStats) -> Iterator[str]:
                         "is corrupt or truncated") from None
 
 
-def iter_lines(paths: Sequence[str], stats: CorpusStats | None = None) -> Iterator[str]:
-  """Every line of the text files, decoded as `read_documents` does (for tokenizer training)."""
-  stats = stats if stats is not None else CorpusStats()
-  for path in expand(paths):
-    yield from _file_lines(path, stats)
-
-
 def iter_texts(paths: Sequence[str], opts: "ReadOptions | None" = None,
                stats: CorpusStats | None = None) -> Iterator[str]:
   """Every sentence of the corpus, whatever its format (tokenizer training)."""

@@ -204,6 +204,17 @@ def _load_byte_bpe(path: str) -> Tokenizer:
                    lambda ids: tok.decode(ids, skip_special_tokens=False), offsets, pieces, continues, roles)
 
 
+def files(path: str) -> list[str]:
+  """Every file `load(path)` reads: the path itself, and for a byte-level BPE `vocab.json` the `merges.txt` and
+  `tokenizer.json` beside it when present (the latter wins, as in `load`)."""
+  path = os.fspath(path)
+  out = [path]
+  if path.endswith(".json") and os.path.basename(path) != "tokenizer.json":
+    folder = os.path.dirname(path)
+    out += [os.path.join(folder, n) for n in ("merges.txt", "tokenizer.json") if os.path.isfile(os.path.join(folder, n))]
+  return out
+
+
 def load(path: str, do_lower_case: bool = True, reference: str = "hf") -> Tokenizer:
   """Load a BERT `vocab.txt` (WordPiece), a sentencepiece `.model` or RoBERTa's byte-level BPE `vocab.json`
   (with `merges.txt` beside it), checked for their special tokens. `reference`: "hf" or "original" (see the
