@@ -186,10 +186,12 @@ def run_bertjax_finetune(variant, seq, batch, dtype, shard, steps, examples, ove
   tcfg.num_steps, tcfg.warmup_steps = 1000, 100
   tx, lr_fn = optim.make(tcfg)
   module = finetune.head_module(task, mcfg)
-  t = trainer.build(c, module, tx, lr_fn, rows[0], *finetune.make_steps(module, task, tx, lr_fn, 0, c.train.prng_impl))
+  t = trainer.build(c, module, tx, lr_fn, rows[0], *finetune.make_steps(module, task, tx, lr_fn, c.train.prng_impl),
+                    train_scalars=1)
   state = trainer.init_state(t, 0)
   with sharding_lib.use_mesh(t.mesh, t.rules):
-    compile_s, times, timed = _timed(t.train_step, state, rows, warmup, steps, t.batch_sharding, profile)
+    compile_s, times, timed = _timed(lambda s, b: t.train_step(s, b, np.uint32(0)), state, rows, warmup, steps,
+                                     t.batch_sharding, profile)
   step = statistics.median(times)
   flops = [accounting.batch_flops(mcfg, rows[warmup + i], mlm=False) for i in range(steps)]
   tokens = [float(b["input_mask"].sum()) for b in timed]

@@ -36,7 +36,7 @@ def main():
   b = {"input_ids": rng.integers(1000, 20000, shape).astype(np.int32), "input_mask": np.ones(shape, np.int32),
        "segment_ids": np.zeros(shape, np.int32), "labels": rng.integers(0, 5, shape).astype(np.int32),
        "label_weights": np.ones(shape, np.float32), "example_weights": np.ones(a.batch, np.float32)}
-  t = trainer.build(c, module, tx, lr_fn, b, *finetune.make_steps(module, task, tx, lr_fn, 0))
+  t = trainer.build(c, module, tx, lr_fn, b, *finetune.make_steps(module, task, tx, lr_fn), train_scalars=1)
   state = trainer.init_state(t, 0)
   state = trainer.state_lib.with_params(state, trainer.merge_params(jax.device_get(state.params), init), tx,
                                         t.shardings, t.mesh, t.rules)
@@ -63,7 +63,7 @@ def main():
   times = []
   for _ in range(a.steps + 2):
     s = time.perf_counter()
-    state, m = t.train_step(state, b)
+    state, m = t.train_step(state, b, np.uint32(0))
     jax.block_until_ready(m)
     times.append(time.perf_counter() - s)
   whole = float(np.median(times[2:]))

@@ -93,11 +93,15 @@ def task_loss(task: tasks_lib.Task, out, batch):
   return tasks_lib.kind(task).loss(task, out, batch)
 
 
-def make_steps(module, task, tx, lr_fn, seed, prng_impl="threefry2x32"):
-  key = jax.random.fold_in(jax.random.key(seed, impl=prng_impl), 2)
+def make_steps(module, task, tx, lr_fn, prng_impl="threefry2x32"):
+  """(train_step(state, batch, seed), predict_step(params, batch)); build them with `trainer.build(...,
+  train_scalars=1)`. The seed is an argument, not a constant of the program, so that a sweep over seeds compiles
+  (or loads from the persistent cache) each program once."""
   kind = tasks_lib.kind(task)
 
-  def train_step(state, batch):
+  def train_step(state, batch, seed):
+    key = jax.random.fold_in(jax.random.key(seed, impl=prng_impl), 2)
+
     def loss_fn(params):
       out = module.apply({"params": params}, batch, deterministic=False,
                          rngs={"dropout": jax.random.fold_in(key, state.step)})
@@ -178,7 +182,8 @@ def _finetune(config, workdir: str) -> dict:
   module = kind.head(task, mcfg.for_platform(mesh.devices.flat[0].platform))
   dummy = make_batch(train, np.arange(min(rows_per_step, n_rows)), rows_per_step)
   t = trainer.build(config, module, tx, lr_fn, dummy,
-                    *make_steps(module, task, tx, lr_fn, config.seed, config.train.prng_impl), mesh=mesh)
+                    *make_steps(module, task, tx, lr_fn, config.train.prng_impl), mesh=mesh, train_scalars=1)
+  seed = np.uint32(config.seed)
   eval_batch = config.train.get("eval_batch_size", 0) or gbs
   if eval_batch % dp:
     raise tasks_lib.TaskDataError(f"train.eval_batch_size {eval_batch} is not divisible by the data-parallel "
@@ -217,7 +222,7 @@ def _finetune(config, workdir: str) -> dict:
       done = max(0, start - (epoch - 1) * steps_per_epoch)  # steps of this epoch run before the resume
       for idx in plan.batches(epoch)[done:]:
         b = make_batch(train, idx, rows_per_step, bucket)
-        state, m = t.train_step(state, jax.device_put(b, t.batch_sharding))
+        state, m = t.train_step(state, jax.device_put(b, t.batch_sharding), seed)
         step += 1
         if trainer.every(step, config.log_every, total):
           m = {k: float(v) for k, v in trainer.check_finite([(step, m)])[0].items()}

@@ -78,18 +78,21 @@ def make_mesh(config, devices=None):
 
 
 def build(config, module, tx, lr_fn, dummy: dict, train_fn: Callable, eval_fn: Callable, mesh=None,
-          devices=None) -> Trainer:
+          devices=None, train_scalars: int = 0) -> Trainer:
   """The abstract sharded state of `module` + `tx` (shaped by the example batch `dummy`) and the jitted steps.
 
-  `train_fn(state, batch) -> (state, metrics)` and `eval_fn(params, batch) -> outputs` are the objective's; the
-  train step donates the state, so the loop must use the state it returns."""
+  `train_fn(state, batch, *scalars) -> (state, metrics)` and `eval_fn(params, batch) -> outputs` are the
+  objective's; `train_scalars` counts the replicated scalar arguments after the batch (a run's seed passed as one
+  rather than closed over keeps the compiled program, and its persistent-cache entry, the same for every seed).
+  The train step donates the state, so the loop must use the state it returns."""
   if mesh is None:
     mesh, rules, batch_sharding = make_mesh(config, devices)
   else:
     rules, batch_sharding = sharding_lib.rules(config), sharding_lib.batch_sharding(mesh)
   abstract, shardings = state_lib.abstract_state(module, tx, dummy, mesh, rules)
-  train_step = jax.jit(train_fn, in_shardings=(shardings, batch_sharding), out_shardings=(shardings, None),
-                       donate_argnums=(0,))
+  scalar = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+  train_step = jax.jit(train_fn, in_shardings=(shardings, batch_sharding) + (scalar,) * train_scalars,
+                       out_shardings=(shardings, None), donate_argnums=(0,))
   eval_step = jax.jit(eval_fn, in_shardings=(shardings.params, batch_sharding))
   return Trainer(mesh, rules, batch_sharding, module, tx, lr_fn, dummy, abstract, shardings, train_step, eval_step)
 

@@ -662,3 +662,24 @@ def test_length_grouped_plan_sees_every_example_once_in_single_bucket_batches():
   assert [b.tolist() for b in epochs[0]] != [b.tolist() for b in epochs[1]]  # reshuffled every epoch
   again = batching.Plan(500, 16, 3, 7, 0.1, lengths, 16).batches(2)  # a resume recomputes the same batches
   assert [b.tolist() for b in again] == [b.tolist() for b in epochs[1]]
+
+
+def test_runs_that_differ_only_in_the_seed_share_their_compiled_programs(tmp_path, vocab):
+  """The seed is an argument of the train step, not a constant of it: a second seed finds every program it runs
+  in the persistent compilation cache the first one filled, and still trains differently."""
+  cache = tmp_path / "xla"
+  env = dict(os.environ, JAX_COMPILATION_CACHE_DIR=str(cache), JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+             JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
+  entries, losses = [], []
+  for seed in (0, 1):
+    w = tmp_path / f"s{seed}"
+    cmd = finetune_cmd(tmp_path, vocab, w)
+    cmd[3] += f",seed={seed}"
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    entries.append(sorted(os.listdir(cache)))
+    losses.append([json.loads(x)["loss"] for x in (w / "metrics.jsonl").read_text().splitlines()
+                   if json.loads(x)["split"] == "train"])
+  assert any("train_step" in e for e in entries[0]), entries[0]
+  assert entries[1] == entries[0]
+  assert losses[0] != losses[1]
