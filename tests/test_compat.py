@@ -56,7 +56,7 @@ def test_a_fine_tuned_workdir_from_before_predicts_and_resumes(tmp_path):
            "example_weights": np.ones(8, np.float32)}
   config = ml_collections.ConfigDict(json.loads((ft / "config.json").read_text()))
   t = trainer.build(config, module, tx, lr_fn, dummy, *finetune.make_steps(module, task, tx, lr_fn),
-                    devices=jax.devices()[:1], train_scalars=1)
+                    devices=jax.devices()[:1], train_scalars=2)
   state, saved, step = checkpoint_lib.Checkpointer(str(ft)).restore(t.abstract)
   assert step == 3 and saved["total_steps"] == 3 and isinstance(state, state_lib.TrainState)
   for a, b in zip(jax.tree_util.tree_leaves(params), jax.tree_util.tree_leaves(jax.device_get(state.params))):

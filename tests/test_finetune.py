@@ -664,16 +664,17 @@ def test_length_grouped_plan_sees_every_example_once_in_single_bucket_batches():
   assert [b.tolist() for b in again] == [b.tolist() for b in epochs[1]]
 
 
-def test_runs_that_differ_only_in_the_seed_share_their_compiled_programs(tmp_path, vocab):
-  """The seed is an argument of the train step, not a constant of it: a second seed finds every program it runs
-  in the persistent compilation cache the first one filled, and still trains differently."""
+def test_runs_of_a_seed_and_learning_rate_sweep_share_their_compiled_programs(tmp_path, vocab):
+  """The seed and the peak learning rate are arguments of the train step, not constants of it: a run with another
+  seed and learning rate finds every program it runs in the persistent compilation cache the first one filled,
+  and still trains differently."""
   cache = tmp_path / "xla"
   env = dict(os.environ, JAX_COMPILATION_CACHE_DIR=str(cache), JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
              JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
   entries, losses = [], []
-  for seed in (0, 1):
+  for seed, lr in ((0, "1e-3"), (1, "5e-4")):
     w = tmp_path / f"s{seed}"
-    cmd = finetune_cmd(tmp_path, vocab, w)
+    cmd = finetune_cmd(tmp_path, vocab, w, lr=lr)
     cmd[3] += f",seed={seed}"
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-2000:]
