@@ -144,6 +144,8 @@ def _check(config) -> None:
   problems = trainer.optimizer_errors(config.train)
   if prng_problem := trainer.prng_impl_error(config):
     problems.append(prng_problem)
+  if not isinstance(config.seed, int) or isinstance(config.seed, bool) or not 0 <= config.seed < 2 ** 32:
+    problems.append(f"seed must be an integer in [0, 2**32), got {config.seed!r}")
   if config.data.get("length_buckets", 0) < 0:
     problems.append(f"data.length_buckets must be >= 0, got {config.data.length_buckets}")
   if problems:

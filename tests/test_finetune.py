@@ -478,6 +478,15 @@ def test_a_bad_prng_impl_stops_finetuning_before_it_starts(tmp_path, vocab):
   assert not (tmp_path / "w").exists()
 
 
+@pytest.mark.parametrize("seed", [-1, 2 ** 32])
+def test_a_seed_the_step_cannot_take_stops_finetuning_before_it_starts(tmp_path, seed):
+  c = finetune_config.get_config("task=local,seq=32")
+  c.seed = seed
+  with pytest.raises(ValueError, match=r"seed must be an integer in \[0, 2\*\*32\)"):
+    finetune._finetune(c, str(tmp_path / "w"))  # pylint: disable=protected-access
+  assert not (tmp_path / "w").exists()
+
+
 # ------------------------------------------------------------------ bad input
 def test_bad_task_files(tmp_path, vocab):
   task = tasks.get("local", ("neg", "pos"))
