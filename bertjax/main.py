@@ -13,7 +13,7 @@ from absl import flags
 from absl import logging as absl_logging
 from ml_collections import config_flags
 
-from bertjax import errors
+from bertjax import errors, hostmem
 
 FLAGS = flags.FLAGS
 config_flags.DEFINE_config_file("config", None, "Python config file, e.g. configs/pretrain.py:variant=base",
@@ -64,4 +64,5 @@ DEFAULT_CACHE = os.path.join(os.path.expanduser("~"), ".cache", "bertjax-xla")
 
 if __name__ == "__main__":
   os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", DEFAULT_CACHE)  # read when jax is first imported
+  hostmem.tune_for_cpu()  # before JAX's backend starts its threads
   errors.run_absl(main)

@@ -13,7 +13,7 @@ import time
 
 from absl import logging as absl_logging
 
-from bertjax import errors
+from bertjax import errors, hostmem
 
 
 @errors.guard
@@ -85,4 +85,5 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
+  hostmem.tune_for_cpu()  # before JAX's backend starts its threads
   sys.exit(main())
