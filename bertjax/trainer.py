@@ -110,6 +110,18 @@ def merge_params(fresh: dict, init: dict) -> dict:
   return out
 
 
+def not_in(init: dict):
+  """A selector of the params `merge_params(fresh, init)` takes from `fresh`: what `init` does not replace."""
+  def keep(params: dict) -> dict:
+    out = {k: v for k, v in params.items() if k not in init}
+    if "bert" in params and "bert" in init:
+      rest = {k: v for k, v in params["bert"].items() if k not in init["bert"]}
+      if rest:
+        out["bert"] = rest
+    return out
+  return keep
+
+
 def resume_or_init(t: Trainer, ckpt: checkpoint_lib.Checkpointer, seed: int, init_params: dict | None = None,
                    announce: Callable[[str], None] = print):
   """(state, saved data state or None, start step): the workdir's latest checkpoint, else a fresh state with
@@ -121,13 +133,14 @@ def resume_or_init(t: Trainer, ckpt: checkpoint_lib.Checkpointer, seed: int, ini
   if ckpt.latest_step() is not None:
     state, data_state, step = ckpt.restore(t.abstract)
     return state, data_state, step
-  state = init_state(t, seed)
-  if init_params is not None:
-    fresh = jax.device_get(state.params)
-    params = merge_params(fresh, init_params)
-    checkpoint_lib.check_params_fit(params, fresh)
-    state = state_lib.with_params(state, params, t.tx, t.shardings, t.mesh, t.rules)
-  return state, None, 0
+  if init_params is None:
+    return init_state(t, seed), None, 0
+  # Only what the init does not hold is drawn (the values a whole-model init would give them).
+  fresh = state_lib.fresh_params(t.module, t.dummy, t.mesh, t.rules, t.shardings, jax.random.key(seed),
+                                 not_in(init_params))
+  params = merge_params(jax.device_get(fresh), init_params)
+  checkpoint_lib.check_params_fit(params, t.abstract.params)
+  return state_lib.with_params(None, params, t.tx, t.shardings, t.mesh, t.rules), None, 0
 
 
 class StopFlag:
