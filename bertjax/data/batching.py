@@ -6,6 +6,8 @@ from __future__ import annotations
 import jax
 import numpy as np
 
+from bertjax.data import packing
+
 # Per-token features: cut to the batch's bucket length with the rows (the rest are per-row or per-slot).
 TOKEN_KEYS = ("input_ids", "input_mask", "segment_ids", "labels", "label_weights", "position_ids",
               "attention_segment_ids")
@@ -101,6 +103,10 @@ def _pad_tokens(x: np.ndarray, length: int, fill) -> np.ndarray:
   return np.concatenate([x, pad], axis=1)
 
 
+def _fill(key: str):
+  return np.finfo(np.float32).min if key.endswith("logits") else 0
+
+
 def predict_all(predict_step, params, feats, batch_size, batch_sharding, bucket=0):
   """Outputs for every row of `feats` in order. Rows are batched by length (shortest first) so that each batch
   is padded only to its own bucket; per-token outputs come back at the features' full length."""
@@ -116,9 +122,42 @@ def predict_all(predict_step, params, feats, batch_size, batch_sharding, bucket=
     out = predict_step(params, jax.device_put(b, batch_sharding))
     # Rows live on every process's devices: gather them everywhere (a plain copy in one process).
     out = jax.tree_util.tree_map(np.asarray, multihost_utils.process_allgather(out, tiled=True))
-    outs.append({k: _pad_tokens(v, full, np.finfo(np.float32).min if k.endswith("_logits") else 0)
+    # Per-token outputs (axis 1 the batch's length) are padded back to the full length; per-example ones
+    # (a classifier's [B, C] logits) are not. Padded logits are the lowest float: never an argmax.
+    length = b["input_ids"].shape[1]
+    outs.append({k: _pad_tokens(v, full, _fill(k)) if v.ndim >= 2 and v.shape[1] == length else v
                  for k, v in out.items()})
   merged = {k: np.concatenate([o[k] for o in outs])[:n] for k in outs[0]}
   inverse = np.empty(n, np.int64)
   inverse[order] = np.arange(n)
   return {k: v[inverse] for k, v in merged.items()}
+
+
+def predict_packed(predict_step, params, feats, batch_size, batch_sharding, max_per_row: int, pack_keys: dict,
+                   per_token: bool):
+  """`predict_all`'s outputs for every row of `feats`, computed on packed rows: examples laid end to end in rows
+  of the features' length (block-diagonal attention, positions restarting per example), so a batch holds no
+  padding to speak of and has one shape, one compiled program. Outputs come back per example: per-token ones
+  (`per_token`, a tagger's) at the features' full length, per-example ones (read at each example's [CLS])."""
+  n = len(feats["input_ids"])
+  if n == 0:
+    return {}
+  full = feats["input_ids"].shape[1]
+  rows_feats, rows = packing.pack_features(feats, full, max_per_row, **pack_keys)
+  out = predict_all(predict_step, params, rows_feats, batch_size, batch_sharding)
+  lengths = np.sum(feats["input_mask"], axis=1)
+  result = {}
+  for k, v in out.items():
+    if per_token:
+      res = np.full((n, full) + v.shape[2:], _fill(k), v.dtype)
+      for i, members in enumerate(rows):
+        t = 0
+        for j in members:
+          res[j, :lengths[j]] = v[i, t:t + lengths[j]]
+          t += lengths[j]
+    else:
+      res = np.zeros((n,) + v.shape[2:], v.dtype)
+      for i, members in enumerate(rows):
+        res[members] = v[i, :len(members)]
+    result[k] = res
+  return result
