@@ -26,7 +26,7 @@ from bertjax import state as state_lib
 from bertjax import tasks as tasks_lib
 from bertjax import trainer, weights
 from bertjax.data import packing, tokenizer as tokenizer_lib
-from bertjax.data.batching import Plan, bucket_multiple, make_batch, predict_all
+from bertjax.data.batching import Plan, bucket_multiple, make_batch, predict_all, predict_packed
 from bertjax.tasks import EvalSet
 
 HF_HEADS = {k: v.hf_head for k, v in tasks_lib.KINDS.items()}
@@ -65,7 +65,8 @@ def head_module(task: tasks_lib.Task, mcfg):
 
 def pack_train(train: dict, task: tasks_lib.Task, config, dp: int) -> tuple[dict, int, str]:
   """Packs the training features (`data.packing`) and picks the rows per step that carry, on average, the
-  recipe's `global_batch_size` examples (a multiple of the data-parallel size). Evaluation stays unpacked."""
+  recipe's `global_batch_size` examples (a multiple of the data-parallel size). Evaluation packs its examples
+  alike (`batching.predict_packed`)."""
   keys = tasks_lib.kind(task).pack_keys
   if keys is None:
     raise tasks_lib.TaskDataError("data.packing is for classification, regression and tagging; SQuAD windows are "
@@ -86,6 +87,18 @@ def pack_train(train: dict, task: tasks_lib.Task, config, dp: int) -> tuple[dict
           f"unpacked {float(np.sum(train['input_mask'])) / (n * seq):.1%}); {rows_per_step} rows per step "
           f"= {rows_per_step * per_row:.1f} examples on average (global_batch_size {gbs})")
   return packed, rows_per_step, note
+
+
+def use_packing(config, task: tasks_lib.Task, train: dict) -> bool:
+  """Whether the training rows are packed: `data.packing`, or `data.auto_packing` when the task kind packs and
+  its examples average at most half of `max_seq_length` (two or more to a row: most of an unpacked batch would
+  be padding, and one row shape is one compiled program where length buckets make several)."""
+  if config.data.packing:
+    return True
+  if not config.data.get("auto_packing", False) or tasks_lib.kind(task).pack_keys is None:
+    return False
+  lengths = np.sum(train["input_mask"], axis=1)
+  return len(lengths) > 0 and float(np.mean(lengths)) <= config.data.max_seq_length / 2
 
 
 # ----------------------------------------------------------------------------- steps
@@ -179,13 +192,16 @@ def _finetune(config, workdir: str) -> dict:
   if gbs % dp:
     raise tasks_lib.TaskDataError(f"global_batch_size {gbs} is not divisible by the data-parallel size {dp}")
   rows_per_step, pack_note = gbs, ""
-  if config.data.packing:
+  packed = use_packing(config, task, train)
+  if packed:
     train, rows_per_step, pack_note = pack_train(train, task, config, dp)
+    if not config.data.packing:
+      pack_note += " (short examples; --config.data.auto_packing=False keeps them one per row)"
   n_rows = len(train["input_ids"])
   if n_rows == 0:
     raise tasks_lib.TaskDataError("no training examples")
   bucket = bucket_multiple(config.data.max_seq_length, config.data.get("length_buckets", 0))
-  grouping = config.data.get("group_by_length", False) and bucket and not config.data.packing
+  grouping = config.data.get("group_by_length", False) and bucket and not packed
   plan = Plan(n_rows, rows_per_step, config.train.num_epochs, config.seed, config.train.warmup_fraction,
               np.sum(train["input_mask"], axis=1) if grouping else None, bucket if grouping else 0)
   steps_per_epoch, total = plan.steps_per_epoch, plan.total_steps
@@ -258,7 +274,11 @@ def _finetune(config, workdir: str) -> dict:
         break
       row = {"epoch": epoch, "step": step}
       for ev in evals:
-        preds = predict_all(t.eval_step, state.params, ev.feats, eval_batch, t.batch_sharding, bucket)
+        if packed:  # packed like the training rows: one program for every batch, next to no padding
+          preds = predict_packed(t.eval_step, state.params, ev.feats, eval_batch, t.batch_sharding,
+                                 config.data.pack_max_per_row, kind.pack_keys, "token_keys" in kind.pack_keys)
+        else:
+          preds = predict_all(t.eval_step, state.params, ev.feats, eval_batch, t.batch_sharding, bucket)
         row[ev.name] = kind.score(task, ev, preds, config)
         writer.write(step, row[ev.name], f"eval_{ev.name}")
       report["epochs"].append(row)

@@ -216,6 +216,7 @@ def compare(config, workdir: str, steps: int = 0, dropout: bool = False) -> Repo
   if not dropout:
     config.model.dropout_rate = config.model.attention_dropout_rate = 0.0
   config.log_every = 1
+  config.data.auto_packing = False  # the HF loop takes one example per row: compare the loop on the same batches
   config.data.eval_file = ""
   if steps:
     config.train.stop_after_steps = steps

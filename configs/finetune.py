@@ -63,7 +63,11 @@ def get_config(arg=None):
   # Batches of random rows from one length bucket (the batch order shuffled): a batch is padded to its bucket, not
   # to a long outlier's length. Every example still once per epoch; a bucket's last batch may be partial.
   c.data.group_by_length = True
-  c.data.packing = False  # pack short training examples into full rows (block-diagonal attention; GLUE-sized text)
+  c.data.packing = False  # pack the training examples into full rows (block-diagonal attention), whatever their length
+  # Pack them when it pays: the task kind can (classification, regression, tagging) and the examples average at
+  # most half a row, so most of an unpacked batch would be padding. Evaluation is then packed too. False: never
+  # unless `packing` says so.
+  c.data.auto_packing = True
   c.data.pack_max_per_row = 8  # examples per packed row at most
 
   c.train = ml_collections.ConfigDict()

@@ -1,0 +1,148 @@
+"""What makes fine-tuning on short text fast, each checked against the slower path it replaces: packing chosen
+when it pays, evaluation on packed rows, a fine-tuning start that draws only the fresh head, and the CPU
+allocator setting."""
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from bertjax import finetune, hostmem, trainer
+from bertjax import tasks as tasks_lib
+from bertjax.data import batching
+from configs import finetune as finetune_config
+
+
+def _feats(n, seq, lengths_range, rng, tagging):
+  lengths = rng.integers(*lengths_range, n)
+  feats = {"input_ids": np.zeros((n, seq), np.int32), "segment_ids": np.zeros((n, seq), np.int32),
+           "input_mask": (np.arange(seq)[None] < lengths[:, None]).astype(np.int32)}
+  for i, length in enumerate(lengths):
+    feats["input_ids"][i, :length] = rng.integers(5, 101, length)
+  if tagging:
+    feats["labels"] = rng.integers(0, 5, (n, seq)).astype(np.int32) * feats["input_mask"]
+    feats["label_weights"] = feats["input_mask"].astype(np.float32)
+  else:
+    feats["labels"] = rng.integers(0, 3, n).astype(np.int32)
+  return feats
+
+
+def _config(task, **data):
+  c = finetune_config.get_config(f"task={task},seq=64")
+  c.unlock()
+  for k, v in data.items():
+    c.data[k] = v
+  return c
+
+
+def test_packing_is_chosen_where_it_pays():
+  rng = np.random.default_rng(0)
+  tagging = tasks_lib.Task("ner", "tagging", labels=("O", "B-X", "I-X"))
+  short, long = _feats(40, 64, (4, 30), rng, True), _feats(40, 64, (40, 64), rng, True)
+  assert finetune.use_packing(_config("ner"), tagging, short)  # 2+ examples to a row on average
+  assert not finetune.use_packing(_config("ner"), tagging, long)
+  assert not finetune.use_packing(_config("ner", auto_packing=False), tagging, short)
+  assert finetune.use_packing(_config("ner", auto_packing=False, packing=True), tagging, long)  # asked for
+  qa = tasks_lib.Task("squad_json", "qa")
+  assert not finetune.use_packing(_config("squad_json"), qa, short)  # SQuAD windows are not packed
+
+
+@pytest.mark.parametrize("kind", ["tagging", "classification"])
+def test_packed_evaluation_gives_the_unpacked_predictions(kind):
+  """predict_packed (one row shape, examples end to end) against predict_all (one example per row, length
+  buckets): the same per-example outputs, within float32 rounding."""
+  import flax.linen as nn
+  import jax
+  from bertjax import model as model_lib
+  cfg = model_lib.BertConfig.from_variant("tiny", vocab_size=101, max_position_embeddings=64)
+  rng = np.random.default_rng(1)
+  tagging = kind == "tagging"
+  feats = _feats(37, 64, (3, 40), rng, tagging)
+  task = tasks_lib.Task("t", kind, labels=("a", "b", "c"))
+  module = finetune.head_module(task, cfg)
+  params = nn.meta.unbox(module.init(jax.random.key(0), batching.make_batch(feats, np.arange(4), 4))["params"])
+  step = jax.jit(lambda p, b: {"logits": module.apply({"params": p}, b)["logits"]})
+  sharding = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+  plain = batching.predict_all(step, params, feats, 8, sharding, bucket=16)
+  kind_lib = tasks_lib.kind(task)
+  packed = batching.predict_packed(step, params, feats, 8, sharding, 8, kind_lib.pack_keys, tagging)
+  assert packed["logits"].shape == plain["logits"].shape
+  if tagging:  # real tokens only (past an example's end both hold padding)
+    real = feats["input_mask"].astype(bool)
+    np.testing.assert_allclose(packed["logits"][real], plain["logits"][real], atol=2e-5)
+  else:
+    np.testing.assert_allclose(packed["logits"], plain["logits"], atol=2e-5)
+
+
+def test_a_finetuning_start_draws_the_head_a_whole_model_init_draws(tmp_path):
+  """resume_or_init with init params compiles only the fresh leaves' init; they equal a whole-model init's,
+  and every other parameter is the init's."""
+  import jax
+  import ml_collections
+  from bertjax import checkpoint as checkpoint_lib
+  from bertjax import model as model_lib
+  c = finetune_config.get_config("task=ner,seq=32,variant=tiny,vocab=101")
+  task = tasks_lib.Task("ner", "tagging", labels=("O", "B-X", "I-X"))
+  cfg = model_lib.BertConfig.from_dict({**c.model.to_dict(), "max_position_embeddings": 64})
+  module = finetune.head_module(task, cfg)
+  tcfg = ml_collections.ConfigDict(c.train.to_dict())
+  tcfg.num_steps, tcfg.warmup_steps = 10, 1
+  tx, lr_fn = finetune.unit_optimizer(tcfg)
+  dummy = batching.make_batch(_feats(8, 32, (3, 30), np.random.default_rng(2), True), np.arange(8), 8)
+  t = trainer.build(c, module, tx, lr_fn, dummy, *finetune.make_steps(module, task, tx, lr_fn), train_scalars=2)
+  whole = jax.device_get(trainer.init_state(t, 7).params)
+  init = {"bert": {k: jax.tree_util.tree_map(lambda a: a + 1.0, v) for k, v in whole["bert"].items()
+                   if k != "pooler"}}  # an encoder without a pooler, as HF's token classifiers have
+  state, saved, start = trainer.resume_or_init(t, checkpoint_lib.Checkpointer(str(tmp_path / "w")), 7, init)
+  assert saved is None and start == 0
+  got = jax.device_get(state.params)
+  for name in ("classifier",):
+    for a, b in zip(jax.tree_util.tree_leaves(got[name]), jax.tree_util.tree_leaves(whole[name])):
+      np.testing.assert_array_equal(a, b)
+  for a, b in zip(jax.tree_util.tree_leaves(got["bert"]["pooler"]), jax.tree_util.tree_leaves(whole["bert"]["pooler"])):
+    np.testing.assert_array_equal(a, b)  # fresh: the init has none
+  for a, b in zip(jax.tree_util.tree_leaves(got["bert"]["encoder"]), jax.tree_util.tree_leaves(init["bert"]["encoder"])):
+    np.testing.assert_array_equal(a, b)
+  assert all(float(np.abs(x).max()) == 0 for x in jax.tree_util.tree_leaves(jax.device_get(state.opt_state))
+             if getattr(x, "ndim", 0) > 0)  # fresh moments
+
+
+def test_cpu_allocator_setting_is_applied_before_jax_starts():
+  """In a fresh process: on a CPU run the setting is applied (glibc), and large blocks freed by XLA are then
+  reused rather than mapped anew: no mmap of the 64 MB buffer happens after the first step."""
+  if not sys.platform.startswith("linux"):
+    pytest.skip("glibc only")
+  code = (
+      "import os; os.environ['JAX_PLATFORMS']='cpu'\n"
+      "from bertjax import hostmem; assert hostmem.runs_on_cpu(); assert hostmem.tune_for_cpu()\n"
+      "import jax, jax.numpy as jnp\n"
+      "f = jax.jit(lambda a: a * 2.0 + 1.0)\n"
+      "x = jnp.ones(16 * 2**20)\n"
+      "for _ in range(3): f(x).block_until_ready()\n"
+      "print('ok')\n")
+  proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False, timeout=120,
+                        env={**__import__("os").environ, "JAX_PLATFORMS": "cpu"})
+  assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-2000:]
+
+
+def test_runs_on_cpu_reads_jax_platforms(monkeypatch):
+  monkeypatch.setenv("JAX_PLATFORMS", "cpu")
+  assert hostmem.runs_on_cpu()
+  monkeypatch.setenv("JAX_PLATFORMS", "tpu,cpu")
+  assert not hostmem.runs_on_cpu()
+  monkeypatch.setenv("MALLOC_ARENA_MAX", "4")  # the user's own setting wins
+  assert not hostmem.keep_freed_memory()
+
+
+def test_evaluation_keeps_a_classifiers_logits_as_they_are():
+  """A classifier's [B, C] logits are per example: not padded out to the sequence length, so that a row whose
+  logits are all negative still predicts one of its C classes (a zero-padded column would win the argmax)."""
+  import jax
+  feats = {"input_ids": np.ones((5, 16), np.int32), "input_mask": np.ones((5, 16), np.int32),
+           "segment_ids": np.zeros((5, 16), np.int32)}
+  def step(_, b):
+    return {"logits": np.tile(np.float32([-2.0, -1.0]), (b["input_ids"].shape[0], 1))}
+  sharding = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+  for bucket in (0, 8):
+    out = batching.predict_all(step, None, feats, 4, sharding, bucket)
+    assert out["logits"].shape == (5, 2) and list(out["logits"].argmax(-1)) == [1] * 5
