@@ -55,7 +55,7 @@ def fresh_params(model, batch, mesh, rules, shardings, rng, keep):
     return jax.jit(fn, out_shardings=out_shardings)(rng)
 
 
-def with_params(state: TrainState | None, params, tx, shardings, mesh, rules) -> TrainState:
+def with_params(params, tx, shardings, mesh, rules) -> TrainState:
   """A fresh state (step 0, new optimizer state) around given params, placed on `shardings`."""
   params = jax.device_put(params, shardings.params)
   def fn(p):

@@ -140,7 +140,7 @@ def resume_or_init(t: Trainer, ckpt: checkpoint_lib.Checkpointer, seed: int, ini
                                  not_in(init_params))
   params = merge_params(jax.device_get(fresh), init_params)
   checkpoint_lib.check_params_fit(params, t.abstract.params)
-  return state_lib.with_params(None, params, t.tx, t.shardings, t.mesh, t.rules), None, 0
+  return state_lib.with_params(params, t.tx, t.shardings, t.mesh, t.rules), None, 0
 
 
 class StopFlag:
