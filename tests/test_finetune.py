@@ -314,31 +314,35 @@ def test_learnable_classification_with_packing(tmp_path, vocab, capsys):
   assert out["report"]["best"]["metrics"]["validation"]["accuracy"] > 0.9, out["report"]
 
 
-def test_stopped_finetuning_resumes_exactly(tmp_path, vocab, capsys):
+@pytest.mark.parametrize("packed", [False, True])
+def test_stopped_finetuning_resumes_exactly(tmp_path, vocab, capsys, packed):
   """Stopped mid-epoch and again across an epoch's end, then continued with the same command: the same per-step
-  losses, evaluations and best epoch as one uninterrupted run."""
+  losses, evaluations and best epoch as one uninterrupted run; one example per row and packed rows alike."""
   helpers.write_sentiment(tmp_path / "train.csv", 128, 0)
   helpers.write_sentiment(tmp_path / "dev.csv", 40, 1)
 
   def config(stop=0):
     c = tiny_config("local", vocab, train_file=str(tmp_path / "train.csv"), eval_file=str(tmp_path / "dev.csv"),
-                    text_a_column="sentence", label_column="sentiment", labels=("neg", "pos"))
+                    text_a_column="sentence", label_column="sentiment", labels=("neg", "pos"), auto_packing=packed)
     c.log_every, c.checkpoint_every, c.train.stop_after_steps = 1, 3, stop
     return c
 
   whole = finetune.finetune(config(), str(tmp_path / "a"))
-  assert whole["step"] == 24 and not whole["preempted"]  # 8 steps per epoch, 3 epochs
-  parts = [finetune.finetune(config(5), str(tmp_path / "b")), finetune.finetune(config(7), str(tmp_path / "b"))]
-  assert [p["step"] for p in parts] == [5, 12] and all(p["preempted"] for p in parts)
+  per_epoch, total = whole["plan"].steps_per_epoch, whole["plan"].total_steps
+  assert (per_epoch, total) == ((8, 24) if not packed else (per_epoch, 3 * per_epoch)) and per_epoch > 4
+  assert whole["step"] == total and not whole["preempted"]
+  first = per_epoch - 3  # mid-epoch 1, then 7 more: across the end of epoch 1
+  parts = [finetune.finetune(config(first), str(tmp_path / "b")), finetune.finetune(config(7), str(tmp_path / "b"))]
+  assert [p["step"] for p in parts] == [first, first + 7] and all(p["preempted"] for p in parts)
   assert len(parts[1]["report"]["epochs"]) == 1  # epoch 1 was evaluated once, before the second stop
   rest = finetune.finetune(config(), str(tmp_path / "b"))
-  assert "resuming the fine-tuning run" in capsys.readouterr().out and rest["step"] == 24
+  assert "resuming the fine-tuning run" in capsys.readouterr().out and rest["step"] == total
 
   def train_losses(w):
     rows = [json.loads(x) for x in (tmp_path / w / "metrics.jsonl").read_text().splitlines()]
     return {r["step"]: r["loss"] for r in rows if r["split"] == "train"}
   a, b = train_losses("a"), train_losses("b")
-  assert sorted(a) == sorted(b) == list(range(1, 25))
+  assert sorted(a) == sorted(b) == list(range(1, total + 1))
   np.testing.assert_allclose([b[s] for s in a], [a[s] for s in a], atol=1e-6)
   ra, rb = json.loads((tmp_path / "a" / "report.json").read_text()), json.loads((tmp_path / "b" / "report.json").read_text())
   assert ra["epochs"] == rb["epochs"] and ra["best"] == rb["best"]
@@ -356,7 +360,7 @@ def test_sharded_finetune_equals_data_parallel(tmp_path, vocab):
   losses = {}
   for shard in ("dp", "fsdp"):
     c = tiny_config("local", vocab, train_file=str(tmp_path / "train.csv"), text_a_column="sentence",
-                    label_column="sentiment", labels=("neg", "pos"))
+                    label_column="sentiment", labels=("neg", "pos"), auto_packing=False)
     c.sharding = common.sharding(shard)
     c.train.num_epochs, c.log_every = 1, 1
     finetune.finetune(c, str(tmp_path / shard))
@@ -620,7 +624,7 @@ def test_fewer_examples_than_a_batch_train_on_one_partial_batch(tmp_path, vocab)
   fill the batch), and an empty training file is refused."""
   helpers.write_sentiment(tmp_path / "train.csv", 5, 0)
   c = tiny_config("local", vocab, train_file=str(tmp_path / "train.csv"), text_a_column="sentence",
-                  label_column="sentiment", labels=("neg", "pos"))
+                  label_column="sentiment", labels=("neg", "pos"), auto_packing=False)
   out = finetune.finetune(c, str(tmp_path / "w"))
   assert out["plan"].steps_per_epoch == 1 and out["step"] == 3
   plan = batching.Plan(37, 8, 2, 0, 0.1)
