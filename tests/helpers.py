@@ -93,14 +93,14 @@ def write_sentiment(path, n, seed):
       w.writerow([" ".join(words), label])
 
 
-def finetune_sentiment(tmp_path, init) -> dict:
+def finetune_sentiment(tmp_path, init, epochs=3) -> dict:
   """Fine-tunes from `init` (a workdir or an HF folder with its tokenizer) on a learnable local sentiment task
-  (480 training rows, 200 held out, 3 epochs at seq 32); returns finetune's summary."""
+  (480 training rows, 200 held out, `epochs` epochs at seq 32); returns finetune's summary."""
   from bertjax import finetune  # pylint: disable=import-outside-toplevel
   from configs import finetune as finetune_config  # pylint: disable=import-outside-toplevel
   write_sentiment(tmp_path / "train.csv", 480, 0)
   write_sentiment(tmp_path / "dev.csv", 200, 1)
-  c = finetune_config.get_config(f"task=local,init={init},lr=1e-3,batch=16,epochs=3,seq=32")
+  c = finetune_config.get_config(f"task=local,init={init},lr=1e-3,batch=16,epochs={epochs},seq=32")
   c.data.train_file, c.data.eval_file = str(tmp_path / "train.csv"), str(tmp_path / "dev.csv")
   c.data.text_a_column, c.data.label_column, c.data.labels = "sentence", "sentiment", ("neg", "pos")
   return finetune.finetune(c, str(tmp_path / "w"))

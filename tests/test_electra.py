@@ -193,7 +193,9 @@ def test_fine_tuning_starts_from_an_electra_discriminator(tmp_path):
   disc.save_pretrained(tmp_path / "hf")
   import shutil
   shutil.copy(vocab, tmp_path / "hf" / "vocab.txt")
-  out = helpers.finetune_sentiment(tmp_path, tmp_path / "hf")
+  # A randomly initialised discriminator sits at chance until it finds the planted word, then jumps to 1.0;
+  # when it jumps depends on the example order: 6 epochs leave room for every order tried (packed or not).
+  out = helpers.finetune_sentiment(tmp_path, tmp_path / "hf", epochs=6)
   assert out["report"]["best"]["metrics"]["validation"]["accuracy"] > 0.9, out["report"]
 
 
