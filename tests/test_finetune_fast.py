@@ -146,3 +146,23 @@ def test_evaluation_keeps_a_classifiers_logits_as_they_are():
   for bucket in (0, 8):
     out = batching.predict_all(step, None, feats, 4, sharding, bucket)
     assert out["logits"].shape == (5, 2) and list(out["logits"].argmax(-1)) == [1] * 5
+
+
+def test_metrics_writer_leaves_torch_unimported(tmp_path):
+  """The TensorBoard writer starts without importing PyTorch (seconds of start-up and exit where it is
+  installed); the events are still written, and torch still imports afterwards."""
+  pytest.importorskip("torch")
+  code = ("import sys, os\n"
+          "from bertjax import metrics\n"
+          f"w = metrics.Writer({str(tmp_path)!r})\n"
+          "w.write(3, {'loss': 0.25})\n"
+          "w.close()\n"
+          "assert 'torch' not in sys.modules, 'torch was imported'\n"
+          "import torch\n"
+          f"d = os.path.join({str(tmp_path)!r}, 'tensorboard')\n"
+          "data = b''.join(open(os.path.join(d, f), 'rb').read() for f in os.listdir(d))\n"
+          "assert b'train/loss' in data, 'no scalar in the event file'\n"
+          "print('ok')\n")
+  proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False, timeout=120,
+                        env={**__import__("os").environ, "JAX_PLATFORMS": "cpu"})
+  assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-2000:]
