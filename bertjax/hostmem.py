@@ -8,9 +8,14 @@ BERT, and elementwise passes over new buffers at a third of the memory bandwidth
 (docs/performance.md). One arena, no `mmap` for large blocks and no trimming make freed blocks come back on the
 next step, already mapped. Resident memory then stays at the run's peak rather than falling between steps.
 
+Steps of more than `LARGE_STEP_TOKENS` tokens keep glibc's defaults: their temporaries run to GBs in blocks of
+many sizes, and a single heap without `mmap` fragments under them (the MiniLM-L6 QA step at 16 x 384 peaked at
+11-19 GB resident in some runs, and slowed, against 4.7 GB under the defaults), while the page faults the
+setting saves are a small share of such a step.
+
 `keep_freed_memory()` must run before the JAX backend starts its threads (before the first device is used);
-the entry points (`python -m bertjax.main`, the demo) call it when the run is on the CPU. Elsewhere (glibc
-absent, a TPU or GPU run) it does nothing.
+the entry points (`python -m bertjax.main`, the demo) call `tune_for_cpu` with their step's size when the run is
+on the CPU. Elsewhere (glibc absent, a TPU or GPU run) it does nothing.
 """
 from __future__ import annotations
 
@@ -51,6 +56,15 @@ def keep_freed_memory() -> bool:
              ((M_ARENA_MAX, 1), (M_MMAP_MAX, 0), (M_TRIM_THRESHOLD, _INT_MAX)))
 
 
-def tune_for_cpu() -> bool:
-  """`keep_freed_memory()` when the run is on the CPU; call before JAX's backend starts."""
-  return runs_on_cpu() and keep_freed_memory()
+LARGE_STEP_TOKENS = 4096  # global batch x sequence length above which glibc's defaults are kept
+
+
+def tune_for_cpu(tokens_per_step: int) -> bool:
+  """`keep_freed_memory()` when the run is on the CPU and its steps hold at most `LARGE_STEP_TOKENS` tokens
+  (global batch x sequence length); call before JAX's backend starts."""
+  return tokens_per_step <= LARGE_STEP_TOKENS and runs_on_cpu() and keep_freed_memory()
+
+
+def config_tokens(config) -> int:
+  """Tokens in one step of a bertjax config: train.global_batch_size x data.max_seq_length."""
+  return int(config.train.global_batch_size) * int(config.data.max_seq_length)

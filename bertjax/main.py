@@ -43,6 +43,7 @@ def init_distributed() -> None:
 
 def main(argv):
   del argv
+  hostmem.tune_for_cpu(hostmem.config_tokens(FLAGS.config))  # before JAX's backend starts its threads
   init_distributed()
   import jax  # pylint: disable=import-outside-toplevel
   from bertjax import train  # pylint: disable=import-outside-toplevel
@@ -64,5 +65,4 @@ DEFAULT_CACHE = os.path.join(os.path.expanduser("~"), ".cache", "bertjax-xla")
 
 if __name__ == "__main__":
   os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", DEFAULT_CACHE)  # read when jax is first imported
-  hostmem.tune_for_cpu()  # before JAX's backend starts its threads
   errors.run_absl(main)

@@ -85,5 +85,6 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-  hostmem.tune_for_cpu()  # before JAX's backend starts its threads
+  from configs import demo as _demo  # pylint: disable=wrong-import-position
+  hostmem.tune_for_cpu(hostmem.config_tokens(_demo.get_config()))  # before JAX's backend starts its threads
   sys.exit(main())

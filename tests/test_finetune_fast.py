@@ -114,7 +114,7 @@ def test_cpu_allocator_setting_is_applied_before_jax_starts():
     pytest.skip("glibc only")
   code = (
       "import os; os.environ['JAX_PLATFORMS']='cpu'\n"
-      "from bertjax import hostmem; assert hostmem.runs_on_cpu(); assert hostmem.tune_for_cpu()\n"
+      "from bertjax import hostmem; assert hostmem.runs_on_cpu(); assert hostmem.tune_for_cpu(16 * 128)\n"
       "import jax, jax.numpy as jnp\n"
       "f = jax.jit(lambda a: a * 2.0 + 1.0)\n"
       "x = jnp.ones(16 * 2**20)\n"
@@ -130,6 +130,9 @@ def test_runs_on_cpu_reads_jax_platforms(monkeypatch):
   assert hostmem.runs_on_cpu()
   monkeypatch.setenv("JAX_PLATFORMS", "tpu,cpu")
   assert not hostmem.runs_on_cpu()
+  monkeypatch.setenv("JAX_PLATFORMS", "cpu")
+  squad = finetune_config.get_config("task=squad/v1.1")  # 32 x 384: GB-sized temporaries keep glibc's defaults
+  assert hostmem.config_tokens(squad) == 32 * 384 and not hostmem.tune_for_cpu(hostmem.config_tokens(squad))
   monkeypatch.setenv("MALLOC_ARENA_MAX", "4")  # the user's own setting wins
   assert not hostmem.keep_freed_memory()
 
