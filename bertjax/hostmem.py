@@ -66,5 +66,9 @@ def tune_for_cpu(tokens_per_step: int) -> bool:
 
 
 def config_tokens(config) -> int:
-  """Tokens in one step of a bertjax config: train.global_batch_size x data.max_seq_length."""
-  return int(config.train.global_batch_size) * int(config.data.max_seq_length)
+  """Tokens in one step of a bertjax config: train.global_batch_size x data.max_seq_length (0 when the config
+  lacks one; its own checks name what is missing)."""
+  try:
+    return int(config.train.global_batch_size) * int(config.data.max_seq_length)
+  except (AttributeError, KeyError, TypeError, ValueError):
+    return 0
