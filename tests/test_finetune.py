@@ -314,7 +314,7 @@ def test_learnable_classification_with_packing(tmp_path, vocab, capsys):
   assert out["report"]["best"]["metrics"]["validation"]["accuracy"] > 0.9, out["report"]
 
 
-@pytest.mark.parametrize("packed", [False, True])
+@pytest.mark.parametrize("packed", [pytest.param(False, marks=pytest.mark.slow), True])
 def test_stopped_finetuning_resumes_exactly(tmp_path, vocab, capsys, packed):
   """Stopped mid-epoch and again across an epoch's end, then continued with the same command: the same per-step
   losses, evaluations and best epoch as one uninterrupted run; one example per row and packed rows alike."""

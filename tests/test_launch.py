@@ -57,6 +57,7 @@ def test_aot_compile_for_a_tpu_topology():
   assert not big["fits"] and "RESOURCE_EXHAUSTED" in big["error"]  # BERT-large, 64 x 512 per 16 GiB chip: no
 
 
+@pytest.mark.slow
 def test_bench_writes_the_agreed_fields(tmp_path):
   """Only the output's shape is checked here: timings belong to the benchmark, never to assertions."""
   env = dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu")

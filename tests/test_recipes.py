@@ -257,6 +257,7 @@ def test_electra_workdir_exports_both_networks(tmp_path, packed_data):
   np.testing.assert_allclose(ours[valid], theirs[valid], atol=1e-4)
 
 
+@pytest.mark.slow
 def test_electra_generator_held_fixed_from_freeze_step(tmp_path, packed_data):
   """electra.freeze_generator_at=N: the generator's parameters after step N are bitwise those at N (AdamW's
   momentum and decay included) while the discriminator and the shared embeddings keep training; before N both

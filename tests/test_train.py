@@ -104,6 +104,7 @@ def test_one_hot_embeddings_sharded_equal_gather_on_one_device():
   np.testing.assert_allclose(losses, single, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_pallas_attention_on_a_mesh():
   """The fused kernel per device block (shard_map): without dropout dp 8 and dp 2 x tensor 4 train like the xla
   path on one device; with dropout, dp 8 and fsdp 8 draw the same masks (the same blocks, in the same order)."""
@@ -130,6 +131,7 @@ def test_pallas_attention_on_a_mesh():
   assert np.abs(np.subtract(with_dropout["dp"], single)).max() > max(20 * noise, 1e-6)
 
 
+@pytest.mark.slow
 def test_splash_attention_on_a_mesh():
   """The TPU kernel per device block (shard_map, Pallas interpreter here): dp 8 and dp 2 x tensor 4 (heads split)
   train like the xla path on one device, attention dropout off as the kernel has none."""
@@ -547,6 +549,7 @@ def test_each_switch_runs_training_steps(switch):
     assert losses[0] < both[0]
 
 
+@pytest.mark.slow
 def test_bfloat16_keeps_logits_softmax_and_losses_in_float32():
   """With bfloat16 activations the MLM/NSP logits, the loss and the gradients are float32, and the loss and the
   gradients are those of the float32 model within bfloat16's precision."""
