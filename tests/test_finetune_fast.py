@@ -107,6 +107,12 @@ def test_a_finetuning_start_draws_the_head_a_whole_model_init_draws(tmp_path):
              if getattr(x, "ndim", 0) > 0)  # fresh moments
 
 
+def _runs_ok_in_a_fresh_process(code: str) -> None:
+  proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False, timeout=120,
+                        env={**__import__("os").environ, "JAX_PLATFORMS": "cpu"})
+  assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-2000:]
+
+
 def test_cpu_allocator_setting_is_applied_before_jax_starts():
   """In a fresh process: on a CPU run the setting is applied (glibc), and large blocks freed by XLA are then
   reused rather than mapped anew: no mmap of the 64 MB buffer happens after the first step."""
@@ -120,9 +126,7 @@ def test_cpu_allocator_setting_is_applied_before_jax_starts():
       "x = jnp.ones(16 * 2**20)\n"
       "for _ in range(3): f(x).block_until_ready()\n"
       "print('ok')\n")
-  proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False, timeout=120,
-                        env={**__import__("os").environ, "JAX_PLATFORMS": "cpu"})
-  assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-2000:]
+  _runs_ok_in_a_fresh_process(code)
 
 
 def test_runs_on_cpu_reads_jax_platforms(monkeypatch):
@@ -166,6 +170,4 @@ def test_metrics_writer_leaves_torch_unimported(tmp_path):
           "data = b''.join(open(os.path.join(d, f), 'rb').read() for f in os.listdir(d))\n"
           "assert b'train/loss' in data, 'no scalar in the event file'\n"
           "print('ok')\n")
-  proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False, timeout=120,
-                        env={**__import__("os").environ, "JAX_PLATFORMS": "cpu"})
-  assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-2000:]
+  _runs_ok_in_a_fresh_process(code)
