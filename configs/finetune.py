@@ -52,6 +52,9 @@ def get_config(arg=None):
   c.data.regression = False  # local: a float label (Pearson/Spearman)
   c.data.max_seq_length = a.seq or (384 if a.task.startswith("squad") else 128)
   c.data.doc_stride = 128  # SQuAD windows
+  # False: windows start doc_stride tokens apart (the original run_squad.py); True: consecutive windows share
+  # doc_stride tokens (HF tokenizers' `stride`, as run_qa.py passes its --doc_stride): fewer windows per long context.
+  c.data.doc_stride_is_overlap = False
   c.data.max_query_length = 64
   c.data.max_answer_length = 30
   c.data.n_best = 20

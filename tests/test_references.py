@@ -114,6 +114,32 @@ def test_pair_encoding_matches_hf_tokenizer_and_the_original_truncation(vocab):
   assert same_as_hf > 150  # all but the truncation ties
 
 
+def test_overlapping_squad_windows_are_hfs_overflowing_tokens(vocab):
+  """`stride_is_overlap`: the windows of a long context are those of HF's tokenizer(question, context,
+  truncation="only_second", stride=doc_stride, return_overflowing_tokens=True), as run_qa.py makes them; the
+  original's windows start doc_stride apart (more of them while doc_stride is under half a window)."""
+  hf = transformers.BertTokenizerFast.from_pretrained(os.path.dirname(vocab))
+  tok = tokenizer.load(vocab)
+  rng = random.Random(2)
+  for n_words, seq, stride in ((60, 32, 8), (300, 64, 16), (301, 64, 40), (12, 32, 8)):
+    context = " ".join(rng.choice(WORDS) for _ in range(n_words))
+    question = " ".join(rng.choice(WORDS) for _ in range(5))
+    ex = squad.QAExample("q", question, context, [])
+    ours, windows = squad.featurize([ex], tok, max_seq_length=seq, doc_stride=stride, max_query_length=16,
+                                    stride_is_overlap=True)
+    enc = hf(question, context, truncation="only_second", max_length=seq, stride=stride,
+             return_overflowing_tokens=True)
+    assert len(windows) == len(enc["input_ids"]) and len(windows) >= (2 if n_words > 12 else 1)
+    for i, ids in enumerate(enc["input_ids"]):
+      assert ours["input_ids"][i, :len(ids)].tolist() == ids, (n_words, i)
+      assert not ours["input_ids"][i, len(ids):].any()
+    original, _ = squad.featurize([ex], tok, max_seq_length=seq, doc_stride=stride, max_query_length=16)
+    if stride <= 16:
+      assert len(original["input_ids"]) > len(windows) or n_words == 12
+  with pytest.raises(tasks.TaskDataError, match="doc_stride 60 .*less than"):
+    squad.featurize([ex], tok, max_seq_length=64, doc_stride=60, max_query_length=16, stride_is_overlap=True)
+
+
 # ------------------------------------------------------------------ SQuAD v2.0, as the official script scores it
 def _official_normalize(s):
   s = s.lower()

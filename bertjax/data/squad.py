@@ -1,7 +1,8 @@
 """Extractive QA (SQuAD v1.1 / v2.0): reading, sliding windows, and span post-processing, as run_squad.py does.
 
 Windows: `[CLS] question [SEP] context-window [SEP]`, the question cut to `max_query_length` tokens, windows of
-the context `doc_stride` apart. A token is scored only in the window where it has the most context on both sides.
+the context `doc_stride` apart (run_squad.py), or, with `stride_is_overlap`, overlapping by `doc_stride` tokens
+as HF tokenizers' `stride` and run_qa.py have them (fewer windows on long contexts). A token is scored only in the window where it has the most context on both sides.
 Spans map back to the original context through the tokenizer's character offsets.
 """
 from __future__ import annotations
@@ -68,7 +69,7 @@ class Window:
 
 
 def featurize(examples, tok, max_seq_length=384, doc_stride=128, max_query_length=64, training=False,
-              stats: dict | None = None):
+              stats: dict | None = None, stride_is_overlap: bool = False):
   """(features dict of arrays, windows). Training targets are (0, 0) when the answer is not inside a window.
 
   A training answer whose text is not at its `answer_start` in the context is skipped and counted in
@@ -100,13 +101,16 @@ def featurize(examples, tok, max_seq_length=384, doc_stride=128, max_query_lengt
     if room < 1:
       raise TaskDataError(f"max_seq_length {max_seq_length} leaves no room for the context after a "
                           f"{len(q)}-token question")
+    if stride_is_overlap and doc_stride >= room:
+      raise TaskDataError(f"doc_stride {doc_stride} (an overlap) must be less than the {room} context tokens a "
+                          f"window holds after a {len(q)}-token question")
     spans, s = [], 0
     while True:
       length = min(len(doc_ids) - s, room)
       spans.append((s, length))
       if s + length >= len(doc_ids):
         break
-      s += min(length, doc_stride)
+      s += length - doc_stride if stride_is_overlap else min(length, doc_stride)
     for start, length in spans:
       ids = [tok.cls_id] + q + [tok.sep_id] + doc_ids[start:start + length] + [tok.sep_id]
       offsets = [(-1, -1)] * (len(q) + 2) + doc_off[start:start + length] + [(-1, -1)]

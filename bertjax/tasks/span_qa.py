@@ -27,7 +27,8 @@ class SpanQA(Kind):
       tfds_dir = d.tfds_data_dir or None
       train_ex = squad.tfds_examples(task.name, "train", tfds_dir)
       eval_ex = squad.tfds_examples(task.name, "validation", tfds_dir)
-    kw = dict(max_seq_length=d.max_seq_length, doc_stride=d.doc_stride, max_query_length=d.max_query_length)
+    kw = dict(max_seq_length=d.max_seq_length, doc_stride=d.doc_stride, max_query_length=d.max_query_length,
+              stride_is_overlap=d.get("doc_stride_is_overlap", False))
     train, _ = squad.featurize(train_ex, tok, training=True, stats=stats, **kw)
     evals = []
     if eval_ex:
