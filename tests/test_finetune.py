@@ -381,7 +381,7 @@ def test_glue_end_to_end_under_tfds_mocks(tmp_path, vocab):
   assert set(m) == {"f1", "accuracy"} and 0 <= m["accuracy"] <= 1
 
 
-def test_squad_json_and_ner_end_to_end(tmp_path, vocab):
+def test_squad_json_and_ner_end_to_end(tmp_path, vocab, monkeypatch):
   examples = [planted_example(f"q{i}", seed=i) for i in range(32)]
   data = {"data": [{"title": "t", "paragraphs": [{"context": ex.context, "qas": [
       {"id": ex.qid, "question": ex.question,
@@ -392,8 +392,13 @@ def test_squad_json_and_ner_end_to_end(tmp_path, vocab):
   c.train.num_epochs = 1
   out = finetune.finetune(c, str(tmp_path / "qa"))
   assert set(out["report"]["epochs"][0]["validation"]) == {"exact_match", "f1"}
+  cut, real_featurize = [], squad.featurize
+  monkeypatch.setattr(squad, "featurize", lambda *a, **kw: cut.append(kw) or real_featurize(*a, **kw))
   ans = finetune.predict_text(str(tmp_path / "qa"), question=examples[0].question, context=examples[0].context)
+  monkeypatch.undo()
   assert isinstance(ans["answer"], str) and ans["answer"] in examples[0].context
+  # prediction cuts the windows the run trained on
+  assert [(k["doc_stride"], k["max_query_length"], k["stride_is_overlap"]) for k in cut] == [(32, 16, False)]
   c.data.packing = True
   with pytest.raises(tasks.TaskDataError, match="SQuAD windows are already full"):
     finetune.finetune(c, str(tmp_path / "qa_packed"))

@@ -50,9 +50,12 @@ class SpanQA(Kind):
       return squad.v2_scores(answers, golds, scores.squad_exact, scores.squad_f1)
     return scores.squad_scores({q: t for q, (t, _, _) in answers.items()}, golds)
 
-  def predict_text(self, task, module, params, tok, seq, question="", context="", **_):
+  def predict_text(self, task, module, params, tok, seq, question="", context="", doc_stride=128,
+                   max_query_length=64, doc_stride_is_overlap=False, **_):
     ex = [squad.QAExample("q", question, context, [])]
-    feats, windows = squad.featurize(ex, tok, max_seq_length=seq, training=False)
+    feats, windows = squad.featurize(ex, tok, max_seq_length=seq, doc_stride=doc_stride,
+                                     max_query_length=max_query_length, training=False,
+                                     stride_is_overlap=doc_stride_is_overlap)
     out = module.apply({"params": params}, feats)
     (answer, s, null), = squad.best_answers(ex, windows, np.asarray(out["start_logits"]),
                                             np.asarray(out["end_logits"])).values()
