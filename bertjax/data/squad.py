@@ -2,7 +2,8 @@
 
 Windows: `[CLS] question [SEP] context-window [SEP]`, the question cut to `max_query_length` tokens, windows of
 the context `doc_stride` apart (run_squad.py), or, with `stride_is_overlap`, overlapping by `doc_stride` tokens
-as HF tokenizers' `stride` and run_qa.py have them (fewer windows on long contexts). A token is scored only in the window where it has the most context on both sides.
+as HF tokenizers' `stride` and run_qa.py have them (fewer windows on long contexts). A token is scored only in
+the window where it has the most context on both sides.
 Spans map back to the original context through the tokenizer's character offsets.
 """
 from __future__ import annotations
