@@ -230,10 +230,8 @@ def _finetune(config, workdir: str) -> dict:
       print(f"resuming the fine-tuning run in {workdir} at step {start}/{total}", flush=True)
 
   meta = {"task": task.name, "kind": task.kind, "labels": list(task.labels), "tokenizer": os.path.abspath(tok_path),
-          "do_lower_case": lower, "model": mcfg.to_dict(), "max_seq_length": config.data.max_seq_length}
-  if task.kind == "qa":  # prediction cuts a long context into the windows the run trained on
-    meta.update(doc_stride=config.data.doc_stride, max_query_length=config.data.max_query_length,
-                doc_stride_is_overlap=config.data.get("doc_stride_is_overlap", False))
+          "do_lower_case": lower, "model": mcfg.to_dict(), "max_seq_length": config.data.max_seq_length,
+          "predict_settings": kind.predict_settings(config)}
   os.makedirs(workdir, exist_ok=True)
   trainer.write_config(workdir, config, finetune=meta)
   if is_main:
@@ -340,6 +338,5 @@ def load_finetuned(workdir: str):
 def predict_text(workdir: str, text: str = "", pair: str = "", question: str = "", context: str = ""):
   """A label (with probabilities), a value, per-word tags, or an answer span, by the task's kind."""
   meta, task, module, params, tok = load_finetuned(workdir)
-  windows = {k: meta[k] for k in ("doc_stride", "max_query_length", "doc_stride_is_overlap") if k in meta}
   return tasks_lib.kind(task).predict_text(task, module, params, tok, meta["max_seq_length"], text=text, pair=pair,
-                                           question=question, context=context, **windows)
+                                           question=question, context=context, **meta.get("predict_settings", {}))

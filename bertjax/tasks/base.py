@@ -50,6 +50,12 @@ class Kind:
     """The task's metrics from the predictions for every row of `ev.feats`, in order."""
     raise NotImplementedError
 
+  def predict_settings(self, config) -> dict:
+    """Data settings a fine-tuned workdir keeps (in finetune.json) for `predict_text` to featurise as the run did."""
+    del config
+    return {}
+
   def predict_text(self, task: task_data.Task, module, params, tok, seq: int, **text: Any) -> dict:
-    """A prediction for raw text (`python -m bertjax.predict` on a fine-tuned workdir)."""
+    """A prediction for raw text (`python -m bertjax.predict` on a fine-tuned workdir); the keyword arguments also
+    carry the run's `predict_settings`."""
     raise NotImplementedError

@@ -50,6 +50,11 @@ class SpanQA(Kind):
       return squad.v2_scores(answers, golds, scores.squad_exact, scores.squad_f1)
     return scores.squad_scores({q: t for q, (t, _, _) in answers.items()}, golds)
 
+  def predict_settings(self, config):  # a long context is cut into the windows the run trained on
+    d = config.data
+    return {"doc_stride": d.doc_stride, "max_query_length": d.max_query_length,
+            "doc_stride_is_overlap": d.get("doc_stride_is_overlap", False)}
+
   def predict_text(self, task, module, params, tok, seq, question="", context="", doc_stride=128,
                    max_query_length=64, doc_stride_is_overlap=False, **_):
     ex = [squad.QAExample("q", question, context, [])]
