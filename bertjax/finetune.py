@@ -154,9 +154,7 @@ def score(task: tasks_lib.Task, ev: EvalSet, preds: dict, config) -> dict:
 
 
 def _check(config) -> None:
-  problems = trainer.optimizer_errors(config.train)
-  if prng_problem := trainer.prng_impl_error(config):
-    problems.append(prng_problem)
+  problems = trainer.run_errors(config)
   if not isinstance(config.seed, int) or isinstance(config.seed, bool) or not 0 <= config.seed < 2 ** 32:
     problems.append(f"seed must be an integer in [0, 2**32), got {config.seed!r}")
   if config.data.get("length_buckets", 0) < 0:

@@ -56,10 +56,9 @@ def validate(config, num_devices: int, creation: dict | None = None, tokenizer_v
   for name in ("global_batch_size", "grad_accum_steps", "num_steps"):
     if getattr(t, name) <= 0:
       errors.append(f"train.{name} must be positive, got {getattr(t, name)}")
-  errors += trainer.optimizer_errors(t)
-  if t.warmup_steps < 0 or t.learning_rate <= 0:
-    errors.append(f"train.warmup_steps must be >= 0 and train.learning_rate > 0 (got {t.warmup_steps}, "
-                  f"{t.learning_rate})")
+  errors += trainer.run_errors(config)
+  if not isinstance(t.warmup_steps, int) or t.warmup_steps < 0:
+    errors.append(f"train.warmup_steps must be an integer >= 0, got {t.warmup_steps!r}")
   try:
     shape = sharding_lib.mesh_shape(config.sharding.mesh_shape, num_devices)
     dp = math.prod(s for a, s in zip(config.sharding.mesh_axes, shape) if a in ("data", "fsdp"))
@@ -93,8 +92,6 @@ def validate(config, num_devices: int, creation: dict | None = None, tokenizer_v
     if mcfg is not None and creation.get("vocab_size") not in (None, mcfg.vocab_size):
       errors.append(f"model.vocab_size {mcfg.vocab_size} does not match the data's tokenizer vocabulary "
                     f"{creation['vocab_size']} ({creation.get('tokenizer')})")
-  if prng_problem := prng_impl_error(config):
-    errors.append(prng_problem)
   if mcfg is not None and mcfg.local_attention and mcfg.local_attention >= seq:
     errors.append(f"model.local_attention {mcfg.local_attention} is not shorter than data.max_seq_length {seq}: "
                   "every layer would attend globally")
@@ -317,6 +314,10 @@ def _train_and_evaluate(config, workdir: str) -> dict:
     raise ConfigError("invalid config:\n  - data.data_dir is empty: build data with python -m bertjax.data.dataset")
   creation = dataset.read_creation(config.data.data_dir)
   mcfg = validate(config, jax.device_count(), creation)
+  if is_main and config.train.warmup_steps >= config.train.num_steps:
+    print(f"warning: train.warmup_steps {config.train.warmup_steps} is not below train.num_steps "
+          f"{config.train.num_steps}: the learning rate never reaches its peak "
+          f"(--config.train.warmup_steps=N sets the warmup)", flush=True)
   special = None
   if is_electra(config):
     tok = tokenizer_lib.load(creation["tokenizer"], do_lower_case=creation.get("do_lower_case", True))

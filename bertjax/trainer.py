@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import signal
 from typing import Any, Callable
@@ -48,7 +49,26 @@ def optimizer_errors(train_config) -> list[str]:
     out.append(f"train.final_lr_ratio must be in [0, 1], got {train_config.final_lr_ratio}")
   if train_config.optimizer not in ("adamw", "lamb"):
     out.append(f"train.optimizer {train_config.optimizer!r} is not one of ['adamw', 'lamb']")
+  lr = train_config.learning_rate
+  if not _is_number(lr) or not math.isfinite(lr) or lr <= 0:
+    out.append(f"train.learning_rate must be a finite number > 0, got {lr!r}")
   return out
+
+
+def run_errors(config) -> list[str]:
+  """What both modes check of a run's own settings (optimizer, schedule, PRNG, checkpoints) before compiling."""
+  out = optimizer_errors(config.train)
+  if prng_problem := prng_impl_error(config):
+    out.append(prng_problem)
+  keep = config.keep_checkpoints
+  if not isinstance(keep, int) or isinstance(keep, bool) or keep < 1:
+    out.append(f"keep_checkpoints must be an integer >= 1 (how many of the newest checkpoints stay; the newest is "
+               f"what a rerun resumes from), got {keep!r}")
+  return out
+
+
+def _is_number(x) -> bool:
+  return isinstance(x, (int, float)) and not isinstance(x, bool)
 
 
 @dataclasses.dataclass

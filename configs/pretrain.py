@@ -86,7 +86,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.train.global_batch_size = a.batch  # sequences per optimizer step, over all devices
   c.train.grad_accum_steps = 1  # micro-batches per step (the batch is split; the gradient is exactly the same)
   c.train.num_steps = a.steps  # optimizer steps in all
-  c.train.warmup_steps = 10_000  # linear warmup from 0, then linear decay to 0 at num_steps (the original's schedule)
+  # Linear warmup from 0, then linear decay to 0 at num_steps (the original's schedule): 10,000 steps, or a tenth
+  # of a shorter run (steps=20 warms up for 2, not for 10,000 steps it never reaches).
+  c.train.warmup_steps = min(10_000, a.steps // 10)
   c.train.learning_rate = 1e-4  # peak learning rate
   c.train.optimizer = a.opt  # adamw | lamb
   c.train.b1 = 0.9

@@ -180,3 +180,26 @@ def test_truncation_invariants(na, nb, max_tokens, seed):
     assert abs(len(a) - len(b)) <= 1 or min(na, nb) == min(len(a), len(b))  # only the longer side shrank
   for x, base in ((a, 0), (b, 100)):
     assert x == list(range(x[0], x[0] + len(x))) if x else True  # a contiguous window
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(0, 300), st.integers(0, 300), st.integers(2, 200), st.integers(0, 2 ** 32 - 1))
+def test_truncation_equals_the_originals_token_by_token_loop(na, nb, max_tokens, seed):
+  import random
+  import original_create_pretraining_data as original
+  a, b = list(range(na)), list(range(1000, 1000 + nb))
+  ra, rb = list(a), list(b)
+  rng, ref_rng = random.Random(seed), random.Random(seed)
+  pretraining.truncate_seq_pair(a, b, max_tokens, rng)
+  original.truncate_seq_pair(ra, rb, max_tokens, ref_rng)
+  assert (a, b) == (ra, rb)
+  assert rng.random() == ref_rng.random()  # the same number of draws
+
+
+def test_truncating_one_huge_segment_is_linear():
+  """A 2M-token segment (one long line without sentence breaks) fits in one pass; removing from the front of a
+  list one token at a time would take tens of minutes."""
+  import random
+  a, b = list(range(2_000_000)), [1, 2, 3]
+  pretraining.truncate_seq_pair(a, b, 125, random.Random(0))
+  assert len(a) + len(b) == 125 and a == list(range(a[0], a[0] + len(a)))
