@@ -164,12 +164,13 @@ def main(argv=None):
   from bertjax import errors  # pylint: disable=import-outside-toplevel
   from ml_collections import config_flags  # pylint: disable=import-outside-toplevel
   flags_ = flags.FLAGS
-  config_flags.DEFINE_config_file("config", None, "config, e.g. configs/pretrain.py:variant=large")
-  flags.DEFINE_string("topology", "v5e:2x2", "TPU topology name (v4:2x2x1, v5e:4x4, ...) or v4-8/v5e-16/v5p-8/v6e-8")
-  flags.DEFINE_integer("per_chip_batch", 8, "per-chip batch (global = per chip x chips)")
-  flags.DEFINE_bool("search", False, "find the largest per-chip batch that fits")
-  flags.DEFINE_integer("num_slices", 1, "multi-slice (DCN) count")
-  flags.DEFINE_string("out", "", "write the result as JSON here")
+  if "topology" not in flags_:  # defined once per process (main may be called again, e.g. by tests)
+    config_flags.DEFINE_config_file("config", None, "config, e.g. configs/pretrain.py:variant=large")
+    flags.DEFINE_string("topology", "v5e:2x2", "TPU topology name (v4:2x2x1, v5e:4x4, ...) or v4-8/v5e-16/v5p-8/v6e-8")
+    flags.DEFINE_integer("per_chip_batch", 8, "per-chip batch (global = per chip x chips)")
+    flags.DEFINE_bool("search", False, "find the largest per-chip batch that fits")
+    flags.DEFINE_integer("num_slices", 1, "multi-slice (DCN) count")
+    flags.DEFINE_string("out", "", "write the result as JSON here")
 
   def run(_):
     fn = search_batch if flags_.search else compile_step

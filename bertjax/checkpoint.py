@@ -63,6 +63,7 @@ _TMP = re.compile(r"^(\d+)\.orbax-checkpoint-tmp")
 
 class Checkpointer:
   def __init__(self, workdir: str, keep: int = 3, async_save: bool = True):
+    self._pending = None  # the step of a save still running in the background
     self.directory = os.path.join(os.path.abspath(workdir) if "://" not in workdir else workdir, "checkpoints")
     options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=True,
                                            enable_async_checkpointing=async_save)
@@ -92,58 +93,123 @@ class Checkpointer:
     return steps[-1] if steps else None
 
   def save(self, step: int, state, data_state: dict) -> None:
-    """Start an asynchronous save; a failure (e.g. disk full) is a CheckpointError naming the step."""
+    """Start an asynchronous save; a failure (e.g. disk full) is a CheckpointError naming the step. The previous
+    save is finished first, so that its failure is reported under its own step."""
+    self.wait()
     try:
       self.manager.save(int(step), args=ocp.args.Composite(
           state=ocp.args.StandardSave(state), data=ocp.args.JsonSave(dict(data_state))), force=True)
     except Exception as e:  # pylint: disable=broad-except
       prev = [s for s in self.steps() if s != step]
       raise CheckpointError(f"saving the checkpoint at step {step} in {self.directory} failed: "
-                            f"{type(e).__name__}: {e}. The previous checkpoint "
-                            f"({prev[-1] if prev else 'none'}) is untouched.") from e
+                            f"{short_error(e)}. The previous checkpoint "
+                            f"({prev[-1] if prev else 'none'}) is untouched.") from None
+    self._pending = int(step)
 
-  def restore(self, abstract_state, step: int | None = None):
-    """(state, data_state, step) from `step` or the newest readable checkpoint."""
+  def restore(self, abstract_state, step: int | None = None, announce=print):
+    """(state, data_state, step) from `step` or the newest readable checkpoint.
+
+    Newer steps that cannot be read (a truncated, deleted or corrupted file) are skipped, each named in one line
+    through `announce`, and moved out of the step sequence into WORKDIR/damaged_checkpoints/ (kept, not deleted)
+    so that the run can save those steps again. Nothing is moved unless an older step restores.
+    """
     candidates = [step] if step is not None else sorted(self.steps(), reverse=True)
     if not candidates:
       raise CheckpointError(f"{self.directory}: no checkpoint")
-    errors = [f"{name}: half-written (no commit marker), skipped" for name in self.half_written()]
+    skipped = []
     for s in candidates:
       try:
-        metadata = self.manager.item_metadata(s)["state"]
-      except Exception:  # pylint: disable=broad-except
-        metadata = None  # unreadable metadata: the restore below reports it
-      if metadata is not None and "params" in metadata:
-        check_params_fit(metadata["params"], abstract_state.params)
+        metadata = _state_metadata(self.manager, s)
+      except Exception as e:  # pylint: disable=broad-except
+        skipped.append((s, short_error(e)))
+        continue
+      check_params_fit(metadata["params"], abstract_state.params)
       try:
         out = self.manager.restore(s, args=ocp.args.Composite(
             state=ocp.args.StandardRestore(abstract_state), data=ocp.args.JsonRestore()))
-        if errors:
-          logging.warning("restored checkpoint %d after skipping unreadable ones: %s", s, "; ".join(errors))
-        return out["state"], out["data"], s
       except (ValueError, KeyError, TypeError) as e:
         if _is_mismatch(e):
-          raise CheckpointError(f"{self.directory}/{s}: checkpoint does not fit this model: {e}") from None
-        errors.append(f"step {s}: {type(e).__name__}: {str(e)[:300]}")
-      except Exception as e:  # unreadable (half-written, truncated): try an older one
-        errors.append(f"step {s}: {type(e).__name__}: {str(e)[:300]}")
-    raise CheckpointError(f"{self.directory}: no readable checkpoint among steps {candidates}: " + "; ".join(errors))
+          raise CheckpointError(f"{self.directory}/{s}: checkpoint does not fit this run: {short_error(e)}") from None
+        skipped.append((s, short_error(e)))
+        continue
+      except Exception as e:  # pylint: disable=broad-except
+        skipped.append((s, short_error(e)))
+        continue
+      self._set_aside(skipped, announce)
+      return out["state"], out["data"], s
+    raise CheckpointError(f"{self.directory}: no readable checkpoint among steps {candidates}: "
+                          + "; ".join(f"step {s}: {why}" for s, why in skipped))
 
-  def restore_params(self, step: int | None = None):
-    """The params of a checkpoint as host arrays, whatever optimizer wrote it (for an init checkpoint)."""
-    step = self.latest_step() if step is None else step
-    if step is None:
+  def set_aside_half_written(self, announce=print) -> None:
+    """Moves what killed saves left (temporary folders, steps without their commit marker) to
+    WORKDIR/damaged_checkpoints/, so that the run can save those steps again; a training run calls it before it
+    saves (read-only tools leave a workdir as it is)."""
+    leftovers = self.half_written()
+    if leftovers:
+      announce(f"note: ignoring half-written checkpoint(s) {leftovers} in {self.directory} (a killed save)")
+      self._move_aside([(name, "half-written") for name in leftovers], announce=None)
+
+  def _set_aside(self, skipped, announce) -> None:
+    """Moves unreadable steps newer than the restored one to WORKDIR/damaged_checkpoints/ (process 0)."""
+    if skipped:
+      self._move_aside(skipped, announce)
+
+  def _move_aside(self, entries, announce) -> None:
+    aside = os.path.join(os.path.dirname(self.directory), "damaged_checkpoints")
+    for name, why in entries:
+      where = ""
+      if "://" not in self.directory and jax.process_index() == 0:
+        os.makedirs(aside, exist_ok=True)
+        target = os.path.join(aside, str(name))
+        n = 1
+        while os.path.exists(target):
+          target, n = os.path.join(aside, f"{name}.{n}"), n + 1
+        os.rename(os.path.join(self.directory, str(name)), target)
+        where = f"; moved to {target}"
+      if announce is not None:
+        announce(f"note: skipped the unreadable checkpoint at step {name} ({why}){where}")
+    if jax.process_count() > 1:
+      from jax.experimental import multihost_utils  # pylint: disable=import-outside-toplevel
+      multihost_utils.sync_global_devices("bertjax_damaged_checkpoints_set_aside")
+    self.manager.reload()
+
+  def restore_params(self, step: int | None = None, announce=print):
+    """The params of the newest readable checkpoint (or of `step`) as host arrays, whatever optimizer wrote it;
+    only the parameters are read. Unreadable newer steps are skipped and named through `announce` (nothing is
+    moved: read-only tools do not change a workdir)."""
+    candidates = [step] if step is not None else sorted(self.steps(), reverse=True)
+    if not candidates:
       raise CheckpointError(f"{self.directory}: no checkpoint to initialise from")
-    out = self.manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(None)))
-    return jax.tree_util.tree_map(np.asarray, out["state"]["params"])
+    reader = ocp.CheckpointManager(self.directory, item_names=("state", "data"),
+                                   item_handlers={"state": ocp.PyTreeCheckpointHandler(),
+                                                  "data": ocp.JsonCheckpointHandler()},
+                                   options=ocp.CheckpointManagerOptions(create=False))
+    skipped = []
+    for s in candidates:
+      try:
+        meta = _state_metadata(reader, s)["params"]
+        item = {"params": jax.tree_util.tree_map(lambda m: np.zeros(m.shape, m.dtype), meta)}
+        restore_args = {"params": jax.tree_util.tree_map(lambda m: ocp.RestoreArgs(restore_type=np.ndarray), meta)}
+        out = reader.restore(s, args=ocp.args.Composite(state=ocp.args.PyTreeRestore(
+            item=item, restore_args=restore_args, partial_restore=True)))
+      except Exception as e:  # pylint: disable=broad-except
+        skipped.append((s, short_error(e)))
+        continue
+      for bad, why in skipped:
+        announce(f"note: skipped the unreadable checkpoint at step {bad} in {self.directory} ({why}); using step {s}")
+      return jax.tree_util.tree_map(np.asarray, out["state"]["params"])
+    raise CheckpointError(f"{self.directory}: no readable checkpoint among steps {candidates}: "
+                          + "; ".join(f"step {s}: {why}" for s, why in skipped))
 
   def wait(self) -> None:
     """Wait for asynchronous saves; their errors surface here as CheckpointError."""
+    pending, self._pending = self._pending, None
     try:
       self.manager.wait_until_finished()
     except Exception as e:  # pylint: disable=broad-except
-      raise CheckpointError(f"an asynchronous checkpoint save in {self.directory} failed: {type(e).__name__}: "
-                            f"{e}") from e
+      prev = [s for s in self.steps() if s != pending]
+      raise CheckpointError(f"saving the checkpoint at step {pending} in {self.directory} failed: {short_error(e)}. "
+                            f"The previous checkpoint ({prev[-1] if prev else 'none'}) is untouched.") from None
 
   def close(self) -> None:
     self.wait()
@@ -162,6 +228,25 @@ def check_params_fit(params, abstract_params) -> None:
   if problems:
     raise CheckpointError(f"checkpoint does not fit the model ({len(problems)} parameter(s)): "
                           + "; ".join(problems[:20]))
+
+
+def _state_metadata(manager, step: int):
+  """The state item's tree metadata at `step`; a ValueError naming the file when it is missing or unreadable."""
+  try:
+    metadata = manager.item_metadata(step)["state"]
+  except Exception as e:  # pylint: disable=broad-except
+    raise ValueError(f"state/_METADATA unreadable ({short_error(e, 100)})") from None
+  if metadata is None or "params" not in metadata:
+    raise ValueError("state/_METADATA is missing")
+  return metadata
+
+
+def short_error(e: BaseException, limit: int = 160) -> str:
+  """An exception as a short phrase: its type and the first line of its message, cut at `limit` characters
+  (tensorstore's messages repeat the whole spec of the array they failed on)."""
+  first = next((line.strip() for line in str(e).splitlines() if line.strip()), "")
+  text = f"{type(e).__name__}: {first}" if first else type(e).__name__
+  return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 def _is_mismatch(e: Exception) -> bool:

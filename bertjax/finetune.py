@@ -55,7 +55,8 @@ def load_init(config, task: tasks_lib.Task | None = None):
     raise tasks_lib.TaskDataError("no tokenizer: set config.data.tokenizer (vocab.txt or .model) or an init with one")
   tok = tokenizer_lib.load(tok_path, do_lower_case=lower)
   if tok.vocab_size != mcfg.vocab_size:
-    raise tasks_lib.TaskDataError(f"tokenizer {tok_path} has {tok.vocab_size} pieces, the model {mcfg.vocab_size}")
+    raise tasks_lib.TaskDataError(f"tokenizer {tok_path} has {tok.vocab_size} pieces, the model {mcfg.vocab_size}"
+                                  + ("" if config.init else f": pass vocab={tok.vocab_size} in --config=...:ARGS"))
   return tok, mcfg, params, tok_path, lower
 
 
@@ -175,6 +176,7 @@ def _finetune(config, workdir: str) -> dict:
   jax.config.update("jax_threefry_partitionable", True)
   is_main = jax.process_index() == 0
   _check(config)
+  trainer.check_workdir_mode(workdir, "finetune")
   task = tasks_lib.get(config.task, tuple(config.data.labels), config.data.regression)
   kind = tasks_lib.kind(task)
   tok, mcfg, init_params, tok_path, lower = load_init(config, task)
@@ -227,7 +229,11 @@ def _finetune(config, workdir: str) -> dict:
     if is_main:
       print(f"resuming the fine-tuning run in {workdir} at step {start}/{total}", flush=True)
 
-  meta = {"task": task.name, "kind": task.kind, "labels": list(task.labels), "tokenizer": os.path.abspath(tok_path),
+  os.makedirs(workdir, exist_ok=True)
+  kept, _ = trainer.keep_tokenizer(workdir, tok_path, lower)
+  kept = os.path.relpath(kept, workdir) if os.path.abspath(kept).startswith(os.path.abspath(workdir) + os.sep) \
+      else os.path.abspath(kept)
+  meta = {"task": task.name, "kind": task.kind, "labels": list(task.labels), "tokenizer": kept,
           "do_lower_case": lower, "model": mcfg.to_dict(), "max_seq_length": config.data.max_seq_length,
           "predict_settings": kind.predict_settings(config)}
   os.makedirs(workdir, exist_ok=True)
@@ -238,7 +244,7 @@ def _finetune(config, workdir: str) -> dict:
           + "".join(f"; {k}: {v}" for k, v in stats.items() if v), flush=True)
     if pack_note:
       print(pack_note, flush=True)
-  writer = metrics_lib.Writer(workdir)
+  writer = metrics_lib.Writer(workdir, start_step=start)
   step, t0, stopped = start, time.time(), None
 
   def save(step):

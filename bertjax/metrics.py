@@ -29,13 +29,17 @@ def format_duration(seconds: float) -> str:
 class Writer:
   """Scalars to TensorBoard (tensorboardX) and to metrics.jsonl, from process 0 only."""
 
-  def __init__(self, workdir: str):
+  def __init__(self, workdir: str, start_step: int | None = None):
+    """`start_step`: the step a resumed run continues from; rows logged after it (by the stopped run, past its
+    last checkpoint) are dropped, since this run logs those steps again."""
     self.active = jax.process_index() == 0
     self.path = os.path.join(workdir, "metrics.jsonl")
     self._tb = None
     if self.active:
       os.makedirs(workdir, exist_ok=True)
       _end_with_newline(self.path)
+      if start_step is not None:
+        _drop_after(self.path, start_step)
       self._tb = _summary_writer(os.path.join(workdir, "tensorboard"))
 
   def write(self, step: int, scalars: dict, prefix: str = "train") -> None:
@@ -54,6 +58,27 @@ class Writer:
   def close(self):
     if self._tb is not None:
       self._tb.close()
+
+
+def _drop_after(path: str, step: int) -> None:
+  """Rewrites metrics.jsonl without the rows past `step` (all of them when the run starts over at 0)."""
+  if not os.path.isfile(path):
+    return
+  with open(path, encoding="utf-8", errors="replace") as f:
+    lines = f.readlines()
+  keep = []
+  for line in lines:
+    try:
+      row_step = json.loads(line).get("step", 0)
+    except (ValueError, AttributeError):
+      continue  # a line cut by a kill
+    if step > 0 and row_step <= step:
+      keep.append(line)
+  if len(keep) != len(lines):
+    tmp = f"{path}.tmp-{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8") as f:
+      f.writelines(keep)
+    os.replace(tmp, path)
 
 
 def _summary_writer(logdir: str):

@@ -6,7 +6,6 @@ Reads DIR/config.json (written by training), the tokenizer the data was made wit
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -65,7 +64,7 @@ def load(workdir: str):
 
 @errors.guard
 def main(argv=None):
-  p = argparse.ArgumentParser(description="Predict with a bertjax workdir: fill in [MASK] (pre-training), or a "
+  p = errors.ArgumentParser(description="Predict with a bertjax workdir: fill in [MASK] (pre-training), or a "
                               "label / tags / answer span (fine-tuning).")
   p.add_argument("--workdir", required=True)
   p.add_argument("--top_k", type=int, default=5)

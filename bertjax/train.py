@@ -57,6 +57,8 @@ def validate(config, num_devices: int, creation: dict | None = None, tokenizer_v
     if getattr(t, name) <= 0:
       errors.append(f"train.{name} must be positive, got {getattr(t, name)}")
   errors += trainer.run_errors(config)
+  if t.learning_rate == 0:
+    errors.append("train.learning_rate is 0: pre-training would not change the weights")
   if not isinstance(t.warmup_steps, int) or t.warmup_steps < 0:
     errors.append(f"train.warmup_steps must be an integer >= 0, got {t.warmup_steps!r}")
   try:
@@ -91,7 +93,8 @@ def validate(config, num_devices: int, creation: dict | None = None, tokenizer_v
         errors.append(f"data.{key} is {config.data[key]} but the data in {config.data.data_dir} was made with {made[key]}")
     if mcfg is not None and creation.get("vocab_size") not in (None, mcfg.vocab_size):
       errors.append(f"model.vocab_size {mcfg.vocab_size} does not match the data's tokenizer vocabulary "
-                    f"{creation['vocab_size']} ({creation.get('tokenizer')})")
+                    f"{creation['vocab_size']} ({creation.get('tokenizer')}): pass vocab={creation['vocab_size']} in "
+                    f"--config=...:ARGS or --config.model.vocab_size={creation['vocab_size']}")
   if mcfg is not None and mcfg.local_attention and mcfg.local_attention >= seq:
     errors.append(f"model.local_attention {mcfg.local_attention} is not shorter than data.max_seq_length {seq}: "
                   "every layer would attend globally")
@@ -312,15 +315,17 @@ def _train_and_evaluate(config, workdir: str) -> dict:
   is_main = jax.process_index() == 0
   if not config.data.data_dir:
     raise ConfigError("invalid config:\n  - data.data_dir is empty: build data with python -m bertjax.data.dataset")
+  trainer.check_workdir_mode(workdir, "pretrain")
   creation = dataset.read_creation(config.data.data_dir)
   mcfg = validate(config, jax.device_count(), creation)
+  tok_path, tok_lower = trainer.keep_tokenizer(workdir, *dataset.tokenizer_of(config.data.data_dir, creation))
   if is_main and config.train.warmup_steps >= config.train.num_steps:
     print(f"warning: train.warmup_steps {config.train.warmup_steps} is not below train.num_steps "
           f"{config.train.num_steps}: the learning rate never reaches its peak "
           f"(--config.train.warmup_steps=N sets the warmup)", flush=True)
   special = None
   if is_electra(config):
-    tok = tokenizer_lib.load(creation["tokenizer"], do_lower_case=creation.get("do_lower_case", True))
+    tok = tokenizer_lib.load(tok_path, do_lower_case=tok_lower)
     special = (tok.cls_id, tok.sep_id, tok.mask_id)
   run = build(config, mcfg, special_ids=special)
   mesh, rules, batch_sharding = run.mesh, run.rules, run.batch_sharding
@@ -328,7 +333,7 @@ def _train_and_evaluate(config, workdir: str) -> dict:
 
   transform = None
   if config.data.dynamic_masking:
-    tok = tokenizer_lib.load(creation["tokenizer"], do_lower_case=creation.get("do_lower_case", True))
+    tok = tokenizer_lib.load(tok_path, do_lower_case=tok_lower)
     opts = pretraining.CreationOptions(**{**creation["options"], "masked_lm_prob": config.data.masked_lm_prob,
                                           "whole_word_mask": config.data.whole_word_mask})
     transform = input_pipeline.dynamic_masking(pretraining.Vocab.of(tok), opts, config.seed)
@@ -365,7 +370,7 @@ def _train_and_evaluate(config, workdir: str) -> dict:
     if len(eval_source) == 0:
       eval_source = None
     elif config.data.get("eval_masked_lm_prob", 0.0):  # e.g. ModernBERT: trains at 30%, evaluates at 15%
-      tok = tokenizer_lib.load(creation["tokenizer"], do_lower_case=creation.get("do_lower_case", True))
+      tok = tokenizer_lib.load(tok_path, do_lower_case=tok_lower)
       opts = pretraining.CreationOptions(**{**creation["options"], "masked_lm_prob": config.data.eval_masked_lm_prob,
                                             "max_predictions_per_seq": config.data.max_predictions_per_seq})
       eval_source = input_pipeline.Remasked(eval_source, pretraining.Vocab.of(tok), opts, seed=config.seed)
@@ -378,7 +383,7 @@ def _train_and_evaluate(config, workdir: str) -> dict:
   if is_electra(config):
     flops_per_step = accounting.electra_step_flops(mcfg, run.module.gen_cfg, seq, preds, gbs)
   peak, peak_source = accounting.peak_tflops_per_device(config.peak_tflops_per_device)
-  writer = metrics_lib.Writer(workdir)
+  writer = metrics_lib.Writer(workdir, start_step=start)
   progress = metrics_lib.Progress(total, start)
   if is_main:
     print(f"bertjax: {accounting.count_params(state.params):,} parameters ({mcfg.num_layers} layers, hidden "

@@ -13,6 +13,7 @@ import json
 import math
 import os
 import signal
+import sys
 from typing import Any, Callable
 
 import jax
@@ -50,8 +51,8 @@ def optimizer_errors(train_config) -> list[str]:
   if train_config.optimizer not in ("adamw", "lamb"):
     out.append(f"train.optimizer {train_config.optimizer!r} is not one of ['adamw', 'lamb']")
   lr = train_config.learning_rate
-  if not _is_number(lr) or not math.isfinite(lr) or lr <= 0:
-    out.append(f"train.learning_rate must be a finite number > 0, got {lr!r}")
+  if not _is_number(lr) or not math.isfinite(lr) or lr < 0:
+    out.append(f"train.learning_rate must be a finite number >= 0 (0 leaves the weights as they are), got {lr!r}")
   return out
 
 
@@ -147,12 +148,10 @@ def resume_or_init(t: Trainer, ckpt: checkpoint_lib.Checkpointer, seed: int, ini
   """(state, saved data state or None, start step): the workdir's latest checkpoint, else a fresh state with
   `init_params` (a partial tree: what it holds replaces the fresh parameters, checked shape by shape), else a
   fresh state."""
-  leftovers = ckpt.half_written()
-  if leftovers and jax.process_index() == 0:
-    announce(f"note: ignoring half-written checkpoint(s) {leftovers} in {ckpt.directory} (a killed save)")
+  quiet = announce if jax.process_index() == 0 else lambda _: None
+  ckpt.set_aside_half_written(quiet)
   if ckpt.latest_step() is not None:
-    state, data_state, step = ckpt.restore(t.abstract)
-    return state, data_state, step
+    return ckpt.restore(t.abstract, announce=quiet)
   if init_params is None:
     return init_state(t, seed), None, 0
   # Only what the init does not hold is drawn (the values a whole-model init would give them).
@@ -181,6 +180,12 @@ class StopFlag:
   def _handle(self, signum, frame):
     del frame
     self.signal = signal.Signals(signum).name
+    # A second signal of the same kind ends the process at once (e.g. while a program is still compiling, which
+    # Python cannot interrupt): the handler is the system's default from here on.
+    signal.signal(signum, signal.SIG_DFL)
+    if jax.process_index() == 0:
+      print(f"{self.signal}: stopping after this step with a checkpoint; send it again to stop at once without one",
+            file=sys.stderr, flush=True)
 
   def __exit__(self, *exc):
     for sig, old in self._old.items():
@@ -198,6 +203,42 @@ def check_finite(pending: list) -> list[dict]:
           f"learning_rate={m['learning_rate']:.3g}); stopping without writing a checkpoint from this state. The "
           "latest checkpoint is the last good one; lower train.learning_rate or check the data.")
   return host
+
+
+def check_workdir_mode(workdir: str, mode: str) -> None:
+  """Refuses a workdir that holds a run of the other mode (pre-training vs fine-tuning): its checkpoints are of
+  another model, and this run would write over its config."""
+  path = os.path.join(workdir, "config.json")
+  if "://" in workdir or not os.path.isfile(path):
+    return
+  try:
+    with open(path, encoding="utf-8") as f:
+      held = json.load(f).get("mode", "pretrain")
+  except (OSError, ValueError, AttributeError):
+    return
+  if held != mode:
+    what = {"pretrain": "pre-training", "finetune": "fine-tuning"}
+    hint = (f"; to fine-tune from it pass init={workdir} and a new --workdir" if held == "pretrain" else
+            "; choose a new --workdir")
+    raise errors.ConfigError(f"{workdir} holds a {what.get(held, held)} run, not a {what.get(mode, mode)} one{hint}")
+
+
+def keep_tokenizer(workdir: str, path: str, do_lower_case: bool) -> tuple[str, bool]:
+  """Copies the run's tokenizer into WORKDIR/tokenizer/ (so that prediction, conversion and `init=` need nothing
+  outside the workdir) and returns the copy's path; a workdir that already holds another tokenizer is refused."""
+  from bertjax.data import tokenizer as tokenizer_lib  # pylint: disable=import-outside-toplevel
+  if not path or "://" in workdir:
+    return path, do_lower_case
+  folder = os.path.join(workdir, "tokenizer")
+  held = tokenizer_lib.find_in(folder)
+  if held is not None:
+    if tokenizer_lib.fingerprint(held) != tokenizer_lib.fingerprint(path):
+      raise errors.TokenizerError(f"{workdir} was trained with another tokenizer than {path} (its copy: {held}); "
+                                  "the ids would not match: use that tokenizer's data or a new --workdir")
+    return held, do_lower_case
+  if jax.process_index() == 0:
+    return tokenizer_lib.copy_into(path, folder), do_lower_case
+  return path, do_lower_case
 
 
 def write_config(workdir: str, config, **json_files: dict) -> None:

@@ -65,7 +65,7 @@ def load(path: str, *, overrides: Mapping[str, Any] | None = None, head: str = "
     cfg = model_lib.BertConfig.from_dict({**meta["model"], **overrides})
     params = restore_best(path)
     saved_scan = "layers" in params["bert"]["encoder"]
-    tok, lower = meta["tokenizer"], meta["do_lower_case"]
+    tok, lower = os.path.join(path, meta["tokenizer"]), meta["do_lower_case"]  # relative: the workdir's copy
   elif kind == "pretraining":
     with open(os.path.join(path, "config.json"), encoding="utf-8") as f:
       meta = json.load(f)
@@ -79,7 +79,7 @@ def load(path: str, *, overrides: Mapping[str, Any] | None = None, head: str = "
                                  "from; load it as an encoder (fine-tuning) or continue it in its own workdir")
       params = electra.split(params)[0]
     saved_scan = "layers" in params["bert"]["encoder"]
-    tok, lower = _creation_tokenizer(run.data.data_dir)
+    tok, lower = run_tokenizer(path, run)
   else:
     meta, state = convert.read_hf_dir(path)
     cfg = convert.config_from_hf(meta, **overrides)
@@ -127,9 +127,20 @@ def restore_best(workdir: str) -> dict:
   """The parameters a fine-tuning run kept as its best (WORKDIR/best), as host arrays."""
   import orbax.checkpoint as ocp  # pylint: disable=import-outside-toplevel
   best = os.path.join(os.path.abspath(workdir), "best")
-  if not os.path.isdir(best):
+  has_steps = os.path.isdir(os.path.join(workdir, "checkpoints"))
+  if not os.path.isdir(best) and not has_steps:
     raise errors.CheckpointError(f"{workdir}: no best/ parameters (the fine-tuning run has not finished an epoch)")
-  params = ocp.StandardCheckpointer().restore(best)
+  try:
+    if not os.path.isdir(best):
+      raise FileNotFoundError("missing")
+    params = ocp.StandardCheckpointer().restore(best)
+  except Exception as e:  # pylint: disable=broad-except
+    why = checkpoint_lib.short_error(e)
+    if not has_steps:
+      raise errors.CheckpointError(f"{best}: unreadable ({why}) and the workdir holds no other checkpoint") from None
+    print(f"note: {best} is unreadable ({why}); using the newest readable training checkpoint instead",
+          flush=True)
+    return checkpoint_lib.Checkpointer(workdir).restore_params()
   return jax.tree_util.tree_map(np.asarray, params)
 
 
@@ -140,15 +151,24 @@ def save_best(workdir: str, params) -> None:
   ckpt.wait_until_finished()
 
 
-def _creation_tokenizer(data_dir: str) -> tuple[str, bool]:
-  """The tokenizer the run's data was made with; ("", True) when the data is not readable from here (the weights
-  are still usable; a caller that needs the tokenizer says so)."""
-  from bertjax.data import dataset  # pylint: disable=import-outside-toplevel
+def run_tokenizer(workdir: str, run) -> tuple[str, bool]:
+  """The tokenizer of a pre-training workdir: its own copy (WORKDIR/tokenizer/), else the one its data was made
+  with; ("", True) when neither is readable from here (the weights are still usable; a caller that needs the
+  tokenizer says so)."""
+  from bertjax.data import dataset, tokenizer as tokenizer_lib  # pylint: disable=import-outside-toplevel
+  data_dir = run.data.data_dir
+  creation = {}
   try:
     creation = dataset.read_creation(data_dir) if data_dir else {}
   except (OSError, errors.Error):
+    pass
+  lower = creation.get("do_lower_case", True)
+  held = tokenizer_lib.find_in(os.path.join(workdir, "tokenizer"))
+  if held is not None:
+    return held, lower
+  if not creation:
     return "", True
-  return creation.get("tokenizer", ""), creation.get("do_lower_case", True)
+  return dataset.tokenizer_of(data_dir, creation)
 
 
 def _hf_tokenizer(path: str) -> tuple[str, bool]:

@@ -49,7 +49,7 @@ def parse_arg(arg: str | None, **defaults) -> ml_collections.ConfigDict:
       try:
         out[key] = kind(value)
       except ValueError:
-        raise ValueError(f"config argument {key}={value!r} is not a {kind.__name__}") from None
+        raise ValueError(f"config argument {key}={value!r} is not of type {kind.__name__}") from None
   return out
 
 
@@ -67,10 +67,12 @@ def override(c: ml_collections.ConfigDict, items) -> ml_collections.ConfigDict:
         raise ValueError(f"override {path!r}: no such config section {p!r}")
     if leaf not in node:
       raise ValueError(f"override {path!r}: no such config field")
+    if isinstance(node[leaf], ml_collections.ConfigDict):
+      raise ValueError(f"override {path!r} names a config section, not a field; set one of {sorted(node[leaf])}")
     try:
       node[leaf] = parse_arg(f"v={value}", v=node[leaf]).v
     except ValueError:
-      raise ValueError(f"override {path}={value!r} is not a {type(node[leaf]).__name__}") from None
+      raise ValueError(f"override {path}={value!r} is not of type {type(node[leaf]).__name__}") from None
   return c
 
 

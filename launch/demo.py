@@ -6,7 +6,6 @@ Each stage is skipped when its output exists, so a rerun resumes (training conti
 """
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import time
@@ -18,7 +17,7 @@ from bertjax import errors, hostmem
 
 @errors.guard
 def main(argv=None) -> int:
-  p = argparse.ArgumentParser(description="bertjax demo: pre-train a tiny BERT on Python's own documentation.")
+  p = errors.ArgumentParser(description="bertjax demo: pre-train a tiny BERT on Python's own documentation.")
   p.add_argument("--workdir", default="runs/demo")
   p.add_argument("--steps", type=int, default=0, help="override the demo config's number of steps")
   args = p.parse_args(argv)

@@ -26,7 +26,8 @@ def test_command_line_mistakes_are_one_line_errors(tmp_path):
   """A mistyped --config key, an unknown flag, a config file that is not there."""
   main = [sys.executable, "-m", "bertjax.main", f"--workdir={tmp_path / 'w'}"]
   assert_one_line_error(run_cmd(main + ["--config=configs/pretrain.py:variant=tiny", "--config.train.lerning_rate=1"]),
-                        r"bad command line: 'lerning_rate'.*learning_rate")
+                        r"bad command line: --config.train.lerning_rate: no such config field 'lerning_rate' in "
+                        r"train; did you mean 'train.learning_rate'")
   assert_one_line_error(run_cmd(main + ["--config=configs/pretrain.py:variant=tiny", "--bogus=1"]),
                         "bad command line: Unknown command line flag 'bogus'")
   assert_one_line_error(run_cmd(main + ["--config=configs/no_such_config.py"]), "no_such_config.py")

@@ -516,7 +516,7 @@ def test_bad_task_files(tmp_path, vocab):
     conll.featurize([(["x"], ["B-ORG"])], tok, ("O", "B-PER"), 16)
   with pytest.raises(tasks.TaskDataError, match="unknown task 'glue/mrcp'"):
     tasks.get("glue/mrcp")
-  with pytest.raises(tasks.TaskDataError, match="needs config.data.labels"):
+  with pytest.raises(tasks.TaskDataError, match="needs its label set declared: --config.data.labels"):
     tasks.get("local")
 
 

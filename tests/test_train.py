@@ -327,7 +327,7 @@ def test_config_validation_errors(data_dir):
     pretrain.get_config("shard=zero3")
   with pytest.raises(ValueError, match="unknown config argument 'varient'"):
     pretrain.get_config("varient=base")
-  with pytest.raises(ValueError, match="seq='long' is not a int"):
+  with pytest.raises(ValueError, match="seq='long' is not of type int"):
     pretrain.get_config("seq=long")
   with pytest.raises(AttributeError):
     small_config().train.learnin_rate = 1.0  # locked: a typo is an error
@@ -339,8 +339,8 @@ def test_config_overrides_are_typed_and_checked():
   assert (c.model.attention_impl, c.train.learning_rate, c.train.use_nsp, c.data.packing,
           c.train.grad_accum_steps) == ("cudnn", 2e-4, False, True, 2)
   for item, msg in (("model.nope=1", "no such config field"), ("x.y=1", "no such config section 'x'"),
-                    ("train.learning_rate=fast", "train.learning_rate='fast' is not a float"),
-                    ("train.use_nsp=maybe", "is not a bool"), ("learning_rate", "is not key=value")):
+                    ("train.learning_rate=fast", "train.learning_rate='fast' is not of type float"),
+                    ("train.use_nsp=maybe", "is not of type bool"), ("learning_rate", "is not key=value")):
     with pytest.raises(ValueError, match=msg):
       common.override(small_config(), [item])
 

@@ -8,10 +8,11 @@ vocab.json + merges.txt or tokenizer.json), so that `AutoTokenizer.from_pretrain
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
+
+from safetensors import SafetensorError
 
 from bertjax import errors
 
@@ -23,14 +24,17 @@ def export(workdir: str, out: str) -> str:
     meta, task, module, params, _ = finetune.load_finetuned(workdir)
     head = finetune.HF_HEADS[task.kind]
     convert.to_hf(module.cfg, params, out, head=head, labels=task.labels)
-    tok_path, lower = meta["tokenizer"], meta["do_lower_case"]
+    tok_path, lower = os.path.join(workdir, meta["tokenizer"]), meta["do_lower_case"]
     arch = convert.TASK_HEADS[head][0]
   else:
     with open(os.path.join(workdir, "config.json"), encoding="utf-8") as f:
       run = json.load(f)
-    from bertjax.data import dataset  # pylint: disable=import-outside-toplevel
-    creation = dataset.read_creation(run["data"]["data_dir"])
-    tok_path, lower = creation["tokenizer"], creation.get("do_lower_case", True)
+    import ml_collections  # pylint: disable=import-outside-toplevel
+    from bertjax import weights  # pylint: disable=import-outside-toplevel
+    tok_path, lower = weights.run_tokenizer(workdir, ml_collections.ConfigDict(run))
+    if not tok_path:
+      raise errors.TokenizerError(f"{workdir}: no tokenizer (neither WORKDIR/tokenizer/ nor its data dir "
+                                  f"{run['data']['data_dir']} can be read)")
     if run.get("objective", "mlm") == "electra":  # OUT/discriminator and OUT/generator, as HF publishes ELECTRA
       from bertjax import checkpoint as checkpoint_lib, model as model_lib  # pylint: disable=import-outside-toplevel
       from bertjax.model import electra  # pylint: disable=import-outside-toplevel
@@ -61,13 +65,60 @@ def _copy_tokenizer(tok_path: str, lower: bool, out: str) -> None:
         shutil.copyfile(os.path.join(folder, name), os.path.join(out, name))
 
 
+def check_out(workdir: str, out: str, overwrite: bool) -> None:
+  """Refuses an output folder that holds anything unless --overwrite, and a bertjax workdir or data dir always
+  (an HF folder written there would replace the run's config.json)."""
+  if not os.path.lexists(out):
+    return
+  if not os.path.isdir(out):
+    raise FileExistsError(f"{out}: exists and is not a folder")
+  if os.path.realpath(out) == os.path.realpath(workdir):
+    raise errors.ConfigError(f"--out {out} is the workdir being converted; choose a new folder")
+  if any(os.path.exists(os.path.join(out, m)) for m in ("checkpoints", "finetune.json", "creation.json", ".lock")):
+    raise errors.ConfigError(f"--out {out} holds a bertjax workdir or data dir; an HF folder written there would "
+                             "replace its files. Choose a new folder")
+  if os.listdir(out) and not overwrite:
+    raise FileExistsError(f"{out}: exists and is not empty; pass --overwrite to replace it")
+
+
+def write(workdir: str, out: str, overwrite: bool = False) -> str:
+  """`export` into a temporary sibling folder renamed into place at the end: a failed or killed conversion (a
+  full disk, a read-only folder) leaves `out` as it was."""
+  check_out(workdir, out, overwrite)
+  out = os.path.abspath(out)
+  parent = os.path.dirname(out)
+  os.makedirs(parent, exist_ok=True)
+  tmp = os.path.join(parent, f".{os.path.basename(out)}.tmp-{os.getpid()}")
+  shutil.rmtree(tmp, ignore_errors=True)
+  try:
+    os.makedirs(tmp)
+    arch = export(workdir, tmp)
+  except (OSError, SafetensorError) as e:
+    shutil.rmtree(tmp, ignore_errors=True)
+    raise OSError(f"writing {out} failed: {errors.one_line(e)}; {out} is untouched") from None
+  except BaseException:
+    shutil.rmtree(tmp, ignore_errors=True)
+    raise
+  if os.path.lexists(out):
+    old = os.path.join(parent, f".{os.path.basename(out)}.old-{os.getpid()}")
+    os.rename(out, old)
+    os.rename(tmp, out)
+    shutil.rmtree(old, ignore_errors=True)
+  else:
+    os.rename(tmp, out)
+  return arch
+
+
 @errors.guard
 def main(argv=None) -> int:
-  p = argparse.ArgumentParser(description="Write a bertjax workdir (pre-trained or fine-tuned) as an HF folder.")
+  p = errors.ArgumentParser(description="Write a bertjax workdir (pre-trained or fine-tuned) as an HF folder.")
   p.add_argument("--workdir", required=True)
-  p.add_argument("--out", required=True)
+  p.add_argument("--out", required=True, help="a new or empty folder (or any HF folder, with --overwrite)")
+  p.add_argument("--overwrite", action="store_true", help="replace what --out holds")
   args = p.parse_args(argv)
-  arch = export(args.workdir, args.out)
+  if not os.path.isdir(args.workdir):
+    raise FileNotFoundError(f"{args.workdir}: no such workdir")
+  arch = write(args.workdir, args.out, args.overwrite)
   print(f"wrote {args.out} ({arch})")
   return 0
 

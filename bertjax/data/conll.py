@@ -18,7 +18,7 @@ def read(path: str) -> list[tuple[list[str], list[str]]]:
   if not os.path.isfile(path):
     raise TaskDataError(f"{path}: file not found")
   sentences, words, tags = [], [], []
-  with open(path, encoding="utf-8", errors="replace") as f:
+  with open(path, encoding="utf-8-sig", errors="replace") as f:
     for n, line in enumerate(f, 1):
       line = line.strip()
       if not line or line.startswith("-DOCSTART-"):

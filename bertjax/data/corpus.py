@@ -154,6 +154,8 @@ def expand(patterns: Sequence) -> list[str]:
       if not matches:
         raise CorpusError(f"{pattern}: no file matches this pattern")
       out.extend(matches)
+    elif "://" not in pattern and os.path.isdir(pattern):
+      raise CorpusError(f"{pattern}: is a folder; name its files, or a pattern such as '{pattern.rstrip('/')}/*.txt'")
     else:
       out.append(pattern if "://" in pattern else os.path.abspath(pattern))
   seen: set = set()

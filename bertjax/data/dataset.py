@@ -8,7 +8,7 @@ document is held out), and `creation.json` with the options and tokenizer used.
 """
 from __future__ import annotations
 
-import argparse
+import contextlib
 import dataclasses
 import json
 import logging
@@ -55,6 +55,14 @@ class BertPretraining(tfds.core.GeneratorBasedBuilder):
             "next_sentence_labels": tfds.features.Tensor(shape=(), dtype=np.int32)}),
         description="BERT pre-training examples (MLM + NSP).")
 
+  # The corpus is local and nothing is downloaded: tfds's "Downloading and preparing" lines would mislead; the
+  # command prints its own progress and summary.
+  def _log_download_bytes(self) -> None:
+    pass
+
+  def _log_download_done(self) -> None:
+    pass
+
   def _split_generators(self, dl_manager):
     del dl_manager
     splits = {"train": self._generate_examples(heldout=False)}
@@ -72,13 +80,21 @@ class BertPretraining(tfds.core.GeneratorBasedBuilder):
     examples = pretraining.generate_keyed_examples(
         docs, c["tokenizer"], pretraining.CreationOptions(**c["options"]), do_lower_case=c.get("do_lower_case", True),
         num_workers=c.get("workers", 1), stats=counts)
-    for (b, j), ex in examples:
-      yield pretraining.example_key(b, j), ex
     split = "validation" if heldout else "train"
+    start = last = time.time()
+    for n, ((b, j), ex) in enumerate(examples, 1):
+      yield pretraining.example_key(b, j), ex
+      if PROGRESS["print"] and time.time() - last >= PROGRESS["every_s"]:
+        last = time.time()
+        print(f"{split}: {n:,} examples ({n / (last - start):,.0f}/s; {stats.documents:,} documents read)",
+              flush=True)
     _report(c, split, counts.get("examples", 0), stats)
     if counts.get("examples", 0) == 0 and not heldout:
       raise corpus_lib.CorpusError(f"no training examples came out of {c['input'][:3]}: the corpus is empty or "
                                    "has no text that tokenizes")
+
+
+PROGRESS = {"print": False, "every_s": 10.0}  # the command line turns progress lines on
 
 
 class BertPretrainingBeam(BertPretraining, skip_registration=True):
@@ -123,6 +139,11 @@ def create(input_files, tokenizer_path: str, out_dir: str, opts: pretraining.Cre
   `beam_runner` (e.g. "DirectRunner", "DataflowRunner") makes it with Apache Beam, `beam_options` being Beam's own
   command-line flags; otherwise `workers` local processes make it. Both write the same examples.
   """
+  if not isinstance(heldout_every, int) or heldout_every < 0 or heldout_every == 1:
+    raise errors.ConfigError(f"heldout_every {heldout_every!r}: every N-th document is held out, N >= 2 (1 would hold "
+                             "out every document and leave none to train on); 0 = no held-out split")
+  if not isinstance(workers, int) or workers < 1:
+    raise errors.ConfigError(f"workers must be >= 1, got {workers!r}")
   reader = reader or corpus_lib.ReadOptions()
   if fmt is not None:
     reader = dataclasses.replace(reader, format=fmt)
@@ -130,6 +151,22 @@ def create(input_files, tokenizer_path: str, out_dir: str, opts: pretraining.Cre
     raise corpus_lib.CorpusError("no corpus files given")
   input_files = corpus_lib.expand(input_files)
   tok = tokenizer_lib.load(tokenizer_path, do_lower_case=do_lower_case, reference="original")  # fails early on a bad tokenizer
+  local = "://" not in os.fspath(out_dir)
+  lock = _lock(out_dir) if local else contextlib.nullcontext()
+  with lock:
+    return _create(input_files, tokenizer_path, tok, out_dir, opts, reader, do_lower_case=do_lower_case,
+                   heldout_every=heldout_every, workers=workers, overwrite=overwrite, tfds_data_dir=tfds_data_dir,
+                   beam_runner=beam_runner, beam_options=beam_options)
+
+
+def _lock(out_dir: str):
+  """The lock two creations into one folder take (the second refuses, naming the first's pid)."""
+  from bertjax import checkpoint as checkpoint_lib  # pylint: disable=import-outside-toplevel
+  return checkpoint_lib.WorkdirLock(os.fspath(out_dir))
+
+
+def _create(input_files, tokenizer_path, tok, out_dir, opts, reader, *, do_lower_case, heldout_every, workers,
+            overwrite, tfds_data_dir, beam_runner, beam_options) -> dict:
   record_path = os.path.join(out_dir, "creation.json")
   target = os.path.join(out_dir, NAME)
   if os.path.exists(target):
@@ -137,7 +174,8 @@ def create(input_files, tokenizer_path: str, out_dir: str, opts: pretraining.Cre
     if complete and not overwrite:
       raise FileExistsError(f"{out_dir}/{NAME} exists; pass --overwrite to rebuild it")
     shutil.rmtree(target)  # a finished dataset the user asked to replace, or what a failed run left
-  creation = {"input": input_files, "tokenizer": os.path.abspath(tokenizer_path), "do_lower_case": do_lower_case,
+  creation = {"input": input_files, "tokenizer": os.path.abspath(tokenizer_path),
+              "tokenizer_sha256": tokenizer_lib.fingerprint(tokenizer_path), "do_lower_case": do_lower_case,
               "format": reader.format, "reader": dataclasses.asdict(reader), "heldout_every": heldout_every,
               "workers": workers, "options": dataclasses.asdict(opts), "vocab_size": tok.vocab_size,
               "tfds_data_dir": tfds_data_dir, "builder": "beam" if beam_runner else "local"}
@@ -166,7 +204,7 @@ def create(input_files, tokenizer_path: str, out_dir: str, opts: pretraining.Cre
       beam_log.setLevel(logging.CRITICAL)
     builder.download_and_prepare(download_config=download_config)
   except Exception as e:  # pylint: disable=broad-except
-    user = _user_error(e, input_files, heldout_every)
+    user = _user_error(e, input_files, heldout_every, out_dir)
     if user is None:
       raise
     raise user from None
@@ -177,12 +215,18 @@ def create(input_files, tokenizer_path: str, out_dir: str, opts: pretraining.Cre
   creation["seconds"] = time.time() - start
   total = sum(r["examples"] for r in creation.get("report", {}).values())
   creation["examples_per_s"] = total / max(creation["seconds"], 1e-9)
-  with open(record_path, "w", encoding="utf-8") as f:
+  if "://" not in os.fspath(out_dir):  # the data dir keeps the tokenizer its ids come from
+    copy = tokenizer_lib.copy_into(tokenizer_path, os.path.join(out_dir, "tokenizer"))
+    if tokenizer_lib.fingerprint(copy) != creation["tokenizer_sha256"]:
+      raise tokenizer_lib.TokenizerError(f"{tokenizer_path}: changed while the data was being made; rebuild")
+  tmp = f"{record_path}.tmp-{os.getpid()}"
+  with open(tmp, "w", encoding="utf-8") as f:
     json.dump(creation, f, indent=2)
+  os.replace(tmp, record_path)
   return creation
 
 
-def _user_error(e: BaseException, input_files, heldout_every: int) -> errors.Error | None:
+def _user_error(e: BaseException, input_files, heldout_every: int, out_dir: str = "") -> BaseException | None:
   """The user's mistake behind a failed build: an empty split (tfds refuses to write one), or a bertjax error
   that a runner wrapped (Beam re-raises a worker's error inside its own)."""
   text = str(e)
@@ -202,6 +246,12 @@ def _user_error(e: BaseException, input_files, heldout_every: int) -> errors.Err
       marker = f"{kind.__name__}: "
       if marker in text:
         return kind(text[text.rindex(marker) + len(marker):].strip().splitlines()[0])
+    if isinstance(e, OSError) or "No space left on device" in text or "Read-only file system" in text:
+      # A write that failed (a full disk, a read-only folder): the finished dataset is never half-written (tfds
+      # writes into a temporary folder), so a rerun after freeing space starts clean.
+      first = next((line.strip() for line in text.splitlines() if line.strip()), type(e).__name__)
+      return errors.DataPathError(f"writing the dataset in {out_dir} failed: {first[:300]}; nothing half-written "
+                                  "is kept, rerun when the problem is fixed")
     e = e.__cause__ or e.__context__
   return None
 
@@ -253,6 +303,23 @@ def read_creation(data_dir: str) -> dict:
     raise DataPathError(f"{path}: not valid JSON ({e}); rebuild the data with --overwrite") from None
 
 
+def tokenizer_of(data_dir: str, creation: dict | None = None) -> tuple[str, bool]:
+  """(path, do_lower_case) of the tokenizer a data dir was made with: its own copy (DATA/tokenizer/) when it has
+  one, else the file it names; a tokenizer whose content changed since the data was made is refused."""
+  creation = read_creation(data_dir) if creation is None else creation
+  path, lower = creation.get("tokenizer", ""), creation.get("do_lower_case", True)
+  local = "://" not in os.fspath(data_dir)
+  copy = tokenizer_lib.find_in(os.path.join(data_dir, "tokenizer")) if local else None
+  if copy is not None:
+    path = copy
+  want = creation.get("tokenizer_sha256")
+  if want and path and os.path.exists(path) and tokenizer_lib.fingerprint(path) != want:
+    raise tokenizer_lib.TokenizerError(
+        f"{path}: this tokenizer changed since the data in {data_dir} was made with it (sha256 {want[:12]}...); "
+        "its ids no longer match the data: restore it or rebuild the data with --overwrite")
+  return path, lower
+
+
 def load_source(data_dir: str, split: str):
   """A random-access data source of feature dicts (numpy), via tfds over array_record; no TensorFlow."""
   c = read_creation(data_dir)
@@ -264,7 +331,7 @@ def load_source(data_dir: str, split: str):
 
 @errors.guard
 def main(argv=None):
-  p = argparse.ArgumentParser(description="Create BERT pre-training data (create_pretraining_data.py semantics).")
+  p = errors.ArgumentParser(description="Create BERT pre-training data (create_pretraining_data.py semantics).")
   p.add_argument("--input", nargs="+", required=True,
                  help="shards or glob patterns (text, .jsonl, .parquet, optionally .gz/.bz2/.xz/.zst) or tfds:NAME[:SPLIT]")
   p.add_argument("--tokenizer", required=True, help="vocab.txt, sentencepiece .model or byte-level BPE vocab.json")
@@ -291,6 +358,13 @@ def main(argv=None):
     kind = (lambda s: s.lower() in ("1", "true", "yes")) if f.type in (bool, "bool") else type(f.default)
     p.add_argument(f"--{f.name}", type=kind, default=f.default)
   args = p.parse_args(argv)
+  tfds.disable_progress_bar()  # its bars are terminal escape codes in a log; PROGRESS prints plain lines
+  PROGRESS["print"] = True
+  cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+  if not args.beam_runner and args.workers > cores:
+    print(f"note: --workers {args.workers} on {cores} core(s): using {cores} (more processes than cores only "
+          "compete for them)", flush=True)
+    args.workers = cores
   opts = pretraining.CreationOptions(**{f.name: getattr(args, f.name) for f in dataclasses.fields(pretraining.CreationOptions)})
   reader = corpus_lib.ReadOptions(format=args.format, text_field=args.text_field, splitter=args.splitter,
                                   language=args.language, skip_bad_records=args.skip_bad_records)

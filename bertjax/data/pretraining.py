@@ -19,6 +19,8 @@ import collections
 import dataclasses
 import math
 import multiprocessing as mp
+import signal
+import sys
 import random
 from typing import Iterable, Iterator, Sequence
 
@@ -315,6 +317,18 @@ def _init_worker(tokenizer_path: str, do_lower_case: bool):
   _WORKER["tok"], _WORKER["vocab"] = tok, Vocab.of(tok)
 
 
+def _init_pool_worker(tokenizer_path: str, do_lower_case: bool):
+  """A creation worker: dies with its parent (a killed run leaves no workers spinning) and leaves Ctrl-C to it."""
+  signal.signal(signal.SIGINT, signal.SIG_IGN)
+  if sys.platform.startswith("linux"):
+    try:
+      import ctypes  # pylint: disable=import-outside-toplevel
+      ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+      pass
+  _init_worker(tokenizer_path, do_lower_case)
+
+
 def _process_buffer(args):
   buffer_index, raw_documents, opts = args
   tok, vocab = _WORKER["tok"], _WORKER["vocab"]
@@ -378,7 +392,7 @@ def generate_keyed_examples(documents: Iterable[list[str]], tokenizer_path: str,
       yield from emit(b, _process_buffer((b, docs, opts)))
     return
   ctx = mp.get_context("spawn")
-  with ctx.Pool(num_workers, initializer=_init_worker, initargs=(tokenizer_path, do_lower_case)) as pool:
+  with ctx.Pool(num_workers, initializer=_init_pool_worker, initargs=(tokenizer_path, do_lower_case)) as pool:
     pending: collections.deque = collections.deque()
     for b, docs in buffers:
       pending.append((b, pool.apply_async(_process_buffer, ((b, docs, opts),))))

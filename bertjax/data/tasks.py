@@ -54,13 +54,16 @@ GLUE = {
 
 def get(name: str, labels: Sequence[str] = (), regression: bool = False) -> Task:
   """The task by name; `local` and `ner` take their label set from the config."""
+  labels = tuple(t for t in labels if str(t).strip())  # the config's placeholder ("",) declares nothing
+  if len(set(labels)) != len(labels):
+    raise TaskDataError(f"config.data.labels {list(labels)} names a label twice")
   if name.startswith("glue/") and name[5:] in GLUE:
     return GLUE[name[5:]]
   if name in ("squad/v1.1", "squad/v2.0", "squad_json"):
     return Task(name, "qa", metrics=("exact_match", "f1"), main_metric="f1")
   if name == "ner":
     if not labels:
-      raise TaskDataError("task ner needs config.data.labels (e.g. O,B-PER,I-PER,...)")
+      raise TaskDataError("task ner needs its tag set declared: --config.data.labels='(\"O\",\"B-PER\",\"I-PER\")'")
     from bertjax import scores  # pylint: disable=import-outside-toplevel
     for t in labels:
       try:
@@ -72,7 +75,8 @@ def get(name: str, labels: Sequence[str] = (), regression: bool = False) -> Task
     if regression:
       return Task(name, "regression", ("text_a", "text_b"), (), ("pearson", "spearman"), "pearson")
     if not labels:
-      raise TaskDataError("task local needs config.data.labels (the declared label set) or data.regression=True")
+      raise TaskDataError("task local needs its label set declared: --config.data.labels='(\"neg\",\"pos\")' (or "
+                          "--config.data.regression=True for scores)")
     metrics = ("accuracy", "f1") if len(labels) == 2 else ("accuracy",)
     return Task(name, "classification", ("text_a", "text_b"), tuple(labels), metrics)
   known = [f"glue/{k}" for k in GLUE] + ["squad/v1.1", "squad/v2.0", "squad_json", "ner", "local"]
@@ -95,6 +99,10 @@ def glue_examples(task: Task, split: str, data_dir: str | None = None) -> list[d
                 "text_b": _text(ex[task.text_keys[1]]) if len(task.text_keys) > 1 else "",
                 "label": float(ex["label"]) if task.kind == "regression" else int(ex["label"])})
   return out
+
+
+# A text field may be a whole document: no cap below what fits in memory (the csv module's default is 131,072).
+csv.field_size_limit(2 ** 31 - 1)
 
 
 def local_examples(path: str, task: Task, text_a: str, text_b: str = "", label: str = "label") -> list[dict]:
@@ -127,13 +135,16 @@ def local_examples(path: str, task: Task, text_a: str, text_b: str = "", label: 
       if key not in index:
         raise TaskDataError(f"{path}:{line}: label {key!r} is not in the declared set {list(task.labels)}")
       y = index[key]
+    empty = [c for c in (text_a, text_b) if c and not str(row[c]).strip()]
+    if empty:
+      raise TaskDataError(f"{path}:{line}: empty text in column(s) {empty}; remove the row or fill it in")
     out.append({"text_a": str(row[text_a]), "text_b": str(row[text_b]) if text_b else "", "label": y})
   return out
 
 
 def _read_rows(path: str):
   if path.endswith(".jsonl"):
-    with open(path, encoding="utf-8", errors="replace") as f:
+    with open(path, encoding="utf-8-sig", errors="replace") as f:
       for n, line in enumerate(f, 1):
         if line.strip():
           try:
@@ -145,10 +156,15 @@ def _read_rows(path: str):
           yield n, row
     return
   delimiter = "\t" if path.endswith(".tsv") else ","
-  with open(path, encoding="utf-8", errors="replace", newline="") as f:
+  # utf-8-sig: a byte-order mark (as spreadsheet programs write) is not part of the first column's name.
+  with open(path, encoding="utf-8-sig", errors="replace", newline="") as f:
     reader = csv.DictReader(f, delimiter=delimiter, quoting=csv.QUOTE_MINIMAL)
-    for row in reader:
-      yield reader.line_num, row
+    try:
+      for row in reader:
+        yield reader.line_num, row
+    except csv.Error as e:
+      raise TaskDataError(f"{path}:{reader.line_num}: not readable as {'TSV' if delimiter == chr(9) else 'CSV'} "
+                          f"({e})") from None
 
 
 def truncate_pair(a: list, b: list, max_tokens: int) -> None:

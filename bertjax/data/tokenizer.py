@@ -20,10 +20,12 @@ CLI: python -m bertjax.data.tokenizer --input a.txt b.txt --kind wordpiece|unigr
 """
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import os
+import shutil
 import sys
+import tempfile
+import time
 from typing import Iterable, Sequence
 
 import numpy as np
@@ -140,6 +142,13 @@ def _load_sentencepiece(path: str) -> Tokenizer:
     sp.Load(path)
   except (RuntimeError, OSError) as e:
     raise TokenizerError(f"{path}: not a sentencepiece model ({str(e).strip()})") from None
+  with open(path, "rb") as f:
+    fields = _proto_fields(f.read())
+  if fields is None or not {2, 3} <= fields:
+    # A model cut between two records still parses, with part of its pieces and without the specs that follow
+    # them (the trainer's and the normaliser's, which every trained model has).
+    raise TokenizerError(f"{path}: truncated sentencepiece model (it parses but lacks its trainer and normaliser "
+                         f"specs; {sp.GetPieceSize()} pieces survive); copy or train it again")
   pieces = [sp.IdToPiece(i) for i in range(sp.GetPieceSize())]
   specials = set(SPECIAL_TOKENS)
   # A piece continues a word unless it starts one ("▁...") or stands alone (special, control, byte).
@@ -204,6 +213,40 @@ def _load_byte_bpe(path: str) -> Tokenizer:
                    lambda ids: tok.decode(ids, skip_special_tokens=False), offsets, pieces, continues, roles)
 
 
+def _proto_fields(raw: bytes) -> set[int] | None:
+  """The top-level field numbers of a serialised protobuf message, or None if it ends inside a record."""
+  def varint(i):
+    shift = value = 0
+    while True:
+      if i >= len(raw):
+        raise IndexError
+      b = raw[i]
+      value |= (b & 0x7F) << shift
+      i, shift = i + 1, shift + 7
+      if not b & 0x80:
+        return value, i
+  seen, i = set(), 0
+  try:
+    while i < len(raw):
+      key, i = varint(i)
+      wire = key & 7
+      if wire == 0:
+        _, i = varint(i)
+      elif wire == 1:
+        i += 8
+      elif wire == 2:
+        n, i = varint(i)
+        i += n
+      elif wire == 5:
+        i += 4
+      else:
+        return None
+      seen.add(key >> 3)
+  except IndexError:
+    return None
+  return seen if i == len(raw) else None
+
+
 def files(path: str) -> list[str]:
   """Every file `load(path)` reads: the path itself, and for a byte-level BPE `vocab.json` the `merges.txt` and
   `tokenizer.json` beside it when present (the latter wins, as in `load`)."""
@@ -213,6 +256,43 @@ def files(path: str) -> list[str]:
     folder = os.path.dirname(path)
     out += [os.path.join(folder, n) for n in ("merges.txt", "tokenizer.json") if os.path.isfile(os.path.join(folder, n))]
   return out
+
+
+def fingerprint(path: str) -> str:
+  """sha256 over every file `load(path)` reads (names and bytes): what data dirs and workdirs record of their
+  tokenizer, to refuse one that changed."""
+  import hashlib  # pylint: disable=import-outside-toplevel
+  h = hashlib.sha256()
+  for f in files(path):
+    h.update(os.path.basename(f).encode() + b"\0")
+    with open(f, "rb") as fh:
+      for block in iter(lambda: fh.read(1 << 20), b""):
+        h.update(block)
+    h.update(b"\0")
+  return h.hexdigest()
+
+
+def copy_into(path: str, folder: str) -> str:
+  """Copies the tokenizer's files into `folder` (each written whole, then renamed); returns the copy's path."""
+  os.makedirs(folder, exist_ok=True)
+  for f in files(path):
+    target = os.path.join(folder, os.path.basename(f))
+    tmp = f"{target}.tmp-{os.getpid()}"
+    shutil.copyfile(f, tmp)
+    os.replace(tmp, target)
+  return os.path.join(folder, os.path.basename(os.fspath(path)))
+
+
+MAIN_FILES = ("vocab.txt", "spm.model", "vocab.json", "tokenizer.json")
+
+
+def find_in(folder: str) -> str | None:
+  """The tokenizer a folder holds (a workdir's or data dir's copy), or None."""
+  for name in MAIN_FILES:
+    if os.path.isfile(os.path.join(folder, name)):
+      return os.path.join(folder, name)
+  models = sorted(n for n in os.listdir(folder) if n.endswith(".model")) if os.path.isdir(folder) else []
+  return os.path.join(folder, models[0]) if models else None
 
 
 def load(path: str, do_lower_case: bool = True, reference: str = "hf") -> Tokenizer:
@@ -232,12 +312,22 @@ def load(path: str, do_lower_case: bool = True, reference: str = "hf") -> Tokeni
 
 
 # ----------------------------------------------------------------------------- training
+OUTPUTS = {"wordpiece": ("vocab.txt",), "byte_bpe": ("vocab.json", "merges.txt"), "unigram": ("spm.model", "spm.vocab"),
+           "bpe": ("spm.model", "spm.vocab")}
+
+
 def train(files: Sequence[str], out_dir: str, kind: str = "wordpiece", vocab_size: int = 8000,
-          do_lower_case: bool = True, seed: int = 0, reader=None) -> str:
+          do_lower_case: bool = True, seed: int = 0, reader=None, overwrite: bool = True, progress=None) -> str:
   """Train a tokenizer on a corpus (files, glob patterns, JSONL / Parquet / compressed shards, tfds: specs, read
   as `bertjax.data.corpus.ReadOptions` `reader` says); returns the path to load (`vocab.txt`, `spm.model` or, for
-  kind "byte_bpe", RoBERTa-style `vocab.json` with `merges.txt`)."""
+  kind "byte_bpe", RoBERTa-style `vocab.json` with `merges.txt`).
+
+  The same input and arguments give the same files, byte for byte. The files are written in a temporary folder and
+  moved into `out_dir` at the end; with `overwrite` False, tokenizer files already there are an error.
+  `progress(lines)`, when given, is called as the corpus is read."""
   from bertjax.data import corpus  # pylint: disable=import-outside-toplevel
+  if kind not in OUTPUTS:
+    raise errors.ConfigError(f"unknown tokenizer kind {kind!r}; choose wordpiece, unigram, bpe or byte_bpe")
   files = corpus.expand(files)
   out_dir = os.fspath(out_dir)
   for f in files:
@@ -247,34 +337,80 @@ def train(files: Sequence[str], out_dir: str, kind: str = "wordpiece", vocab_siz
     raise errors.DataError(f"cannot train a tokenizer on empty input {files}")
   if vocab_size < len(SPECIAL_TOKENS) + 10:
     raise errors.ConfigError(f"vocab_size {vocab_size} is too small")
+  existing = [n for n in OUTPUTS[kind] if os.path.exists(os.path.join(out_dir, n))]
+  if existing and not overwrite:
+    raise FileExistsError(f"{out_dir}: already holds {existing}; pass --overwrite to replace them (data dirs and "
+                          "workdirs made with them refuse a changed tokenizer)")
+  texts = _Texts(files, reader, progress)
+  if not any(True for _ in _clean_texts(files, reader)):
+    raise errors.DataError(f"no text in {files}: every line is blank; a tokenizer needs text to train on")
   os.makedirs(out_dir, exist_ok=True)
+  tmp = tempfile.mkdtemp(prefix=".tokenizer-", dir=out_dir)
+  try:
+    name = _train_into(texts, tmp, kind, vocab_size, do_lower_case, seed)
+    for n in OUTPUTS[kind]:
+      if os.path.exists(os.path.join(tmp, n)):
+        os.replace(os.path.join(tmp, n), os.path.join(out_dir, n))
+  finally:
+    shutil.rmtree(tmp, ignore_errors=True)
+  return os.path.join(out_dir, name)
+
+
+def _train_into(texts, out_dir: str, kind: str, vocab_size: int, do_lower_case: bool, seed: int) -> str:
   if kind == "wordpiece":
-    from tokenizers import BertWordPieceTokenizer
-    tok = BertWordPieceTokenizer(lowercase=do_lower_case, strip_accents=None, clean_text=True,
-                                 handle_chinese_chars=True)
-    tok.train_from_iterator(_clean_texts(files, reader), vocab_size=vocab_size, special_tokens=list(SPECIAL_TOKENS),
-                            show_progress=False, limit_alphabet=1000, wordpieces_prefix="##")
-    tok.save_model(out_dir)
-    return os.path.join(out_dir, "vocab.txt")
+    from tokenizers import BertWordPieceTokenizer  # pylint: disable=import-outside-toplevel
+
+    def run(size, extra=()):
+      tok = BertWordPieceTokenizer(lowercase=do_lower_case, strip_accents=None, clean_text=True,
+                                   handle_chinese_chars=True)
+      tok.train_from_iterator(texts(), vocab_size=size, special_tokens=list(SPECIAL_TOKENS) + list(extra),
+                              show_progress=False, limit_alphabet=1000, wordpieces_prefix="##")
+      return tok
+    # HF's trainer numbers the word-continuing pieces ("##x") in the order it meets them in a hash map, and breaks
+    # ties between equally frequent merges by those numbers: the same corpus gives other vocabularies from run to
+    # run. Numbering them up front, in sorted order, makes every run give the same file.
+    alphabet = run(len(SPECIAL_TOKENS)).get_vocab()
+    run(vocab_size, sorted(p for p in alphabet if p.startswith("##"))).save_model(out_dir)
+    return "vocab.txt"
   if kind == "byte_bpe":
     from tokenizers import ByteLevelBPETokenizer  # pylint: disable=import-outside-toplevel
     tok = ByteLevelBPETokenizer(add_prefix_space=False, trim_offsets=True)
-    tok.train_from_iterator(_clean_texts(files, reader), vocab_size=vocab_size, min_frequency=2, show_progress=False,
+    tok.train_from_iterator(texts(), vocab_size=vocab_size, min_frequency=2, show_progress=False,
                             special_tokens=["<s>", "<pad>", "</s>", "<unk>", "<mask>"])  # RoBERTa's ids 0-4
     tok.save_model(out_dir)
-    return os.path.join(out_dir, "vocab.json")
-  if kind in ("unigram", "bpe"):
-    import sentencepiece as spm
-    prefix = os.path.join(out_dir, "spm")
-    spm.set_random_generator_seed(seed)
-    spm.SentencePieceTrainer.Train(
-        sentence_iterator=_clean_texts(files, reader), model_prefix=prefix, vocab_size=vocab_size, model_type=kind,
-        pad_id=0, pad_piece="[PAD]", unk_id=1, unk_piece="[UNK]", bos_id=-1, eos_id=-1,
-        control_symbols="[CLS],[SEP],[MASK]", normalization_rule_name="nmt_nfkc_cf" if do_lower_case else "nmt_nfkc",
-        character_coverage=0.9995, input_sentence_size=2_000_000, shuffle_input_sentence=True, seed_sentencepiece_size=1_000_000,
-        minloglevel=2, num_threads=1, hard_vocab_limit=False)
-    return prefix + ".model"
-  raise errors.ConfigError(f"unknown tokenizer kind {kind!r}; choose wordpiece, unigram, bpe or byte_bpe")
+    return "vocab.json"
+  import sentencepiece as spm  # pylint: disable=import-outside-toplevel
+  import io  # pylint: disable=import-outside-toplevel
+  spm.set_random_generator_seed(seed)
+  model = io.BytesIO()  # written by us: with a model_prefix the model records the (temporary) path it was given
+  spm.SentencePieceTrainer.Train(
+      sentence_iterator=texts(), model_writer=model, vocab_size=vocab_size, model_type=kind,
+      pad_id=0, pad_piece="[PAD]", unk_id=1, unk_piece="[UNK]", bos_id=-1, eos_id=-1,
+      control_symbols="[CLS],[SEP],[MASK]", normalization_rule_name="nmt_nfkc_cf" if do_lower_case else "nmt_nfkc",
+      character_coverage=0.9995, input_sentence_size=2_000_000, shuffle_input_sentence=True,
+      seed_sentencepiece_size=1_000_000, minloglevel=2, num_threads=1, hard_vocab_limit=False)
+  with open(os.path.join(out_dir, "spm.model"), "wb") as f:
+    f.write(model.getvalue())
+  sp = spm.SentencePieceProcessor(model_proto=model.getvalue())
+  with open(os.path.join(out_dir, "spm.vocab"), "w", encoding="utf-8") as f:
+    f.writelines(f"{sp.IdToPiece(i)}\t{sp.GetScore(i):g}\n" for i in range(sp.GetPieceSize()))
+  return "spm.model"
+
+
+class _Texts:
+  """A re-iterable view of the corpus' sentences that reports how many lines each pass has read."""
+
+  def __init__(self, files, reader, progress):
+    self.files, self.reader, self.progress = files, reader, progress
+
+  def __call__(self):
+    n = 0
+    for n, line in enumerate(_clean_texts(self.files, self.reader), 1):
+      if self.progress is not None and n % 100_000 == 0:
+        self.progress(n)
+      yield line
+    if self.progress is not None:
+      self.progress(n)
 
 
 def _clean_texts(files, reader=None):
@@ -288,7 +424,7 @@ def _clean_texts(files, reader=None):
 
 @errors.guard
 def main(argv: Iterable[str] | None = None) -> None:
-  p = argparse.ArgumentParser(description="Train a BERT tokenizer (WordPiece or sentencepiece) on text files.")
+  p = errors.ArgumentParser(description="Train a BERT tokenizer (WordPiece or sentencepiece) on text files.")
   p.add_argument("--input", nargs="+", required=True,
                  help="shards or glob patterns (text, .jsonl, .parquet, optionally compressed) or tfds:NAME[:SPLIT]")
   p.add_argument("--text_field", default="text", help="the JSONL key / Parquet column with the text")
@@ -298,12 +434,22 @@ def main(argv: Iterable[str] | None = None) -> None:
   p.add_argument("--kind", default="wordpiece", choices=["wordpiece", "unigram", "bpe", "byte_bpe"])
   p.add_argument("--vocab_size", type=int, default=30522)
   p.add_argument("--cased", action="store_true", help="keep case and accents")
+  p.add_argument("--overwrite", action="store_true", help="replace the tokenizer files already in --out")
   args = p.parse_args(argv)
   from bertjax.data import corpus  # pylint: disable=import-outside-toplevel
+  start = time.time()
+
+  def progress(lines):
+    print(f"tokenizer: read {lines:,} lines ({time.time() - start:.0f} s)", flush=True)
   path = train(args.input, args.out, args.kind, args.vocab_size, do_lower_case=not args.cased,
-               reader=corpus.ReadOptions(text_field=args.text_field, skip_bad_records=args.skip_bad_records))
+               reader=corpus.ReadOptions(text_field=args.text_field, skip_bad_records=args.skip_bad_records),
+               overwrite=args.overwrite, progress=progress)
   tok = load(path, do_lower_case=not args.cased)
-  print(f"wrote {path} ({tok.vocab_size} pieces)")
+  print(f"wrote {path} ({tok.vocab_size} pieces, {time.time() - start:.1f} s)")
+  if tok.vocab_size < args.vocab_size:
+    print(f"note: the corpus yields {tok.vocab_size} pieces, fewer than the {args.vocab_size} asked for; a model on "
+          f"this tokenizer needs vocab_size {tok.vocab_size} (e.g. configs/pretrain.py:...,vocab={tok.vocab_size})",
+          flush=True)
 
 
 if __name__ == "__main__":
