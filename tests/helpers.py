@@ -60,6 +60,13 @@ def main_cmd(config_arg, workdir, data_dir, *extra):
           "--config.model.max_position_embeddings=64", "--config.train.warmup_steps=2", *extra]
 
 
+def metrics_rows(workdir) -> list:
+  """The rows of WORKDIR/metrics.jsonl."""
+  import json  # pylint: disable=import-outside-toplevel
+  with open(os.path.join(workdir, "metrics.jsonl"), encoding="utf-8") as f:
+    return [json.loads(line) for line in f if line.strip()]
+
+
 def env():
   e = dict(os.environ)
   e["PYTHONPATH"] = ROOT + os.pathsep + e.get("PYTHONPATH", "")

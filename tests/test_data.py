@@ -1,4 +1,5 @@
 """Tokenizers, pre-training example creation and the input pipeline, against independent references."""
+import json
 import os
 import random
 import shutil
@@ -422,3 +423,74 @@ def test_a_50mb_single_line_is_read_in_pieces(tmp_path):
   docs = list(corpus.read_documents([p], stats=stats))
   assert len(docs) == 2 and stats.split_long_lines >= 49
   assert max(len(s.encode()) for s in docs[1]) <= corpus.MAX_LINE_BYTES
+
+
+# ------------------------------------------------------------------ reproducible artefacts
+@pytest.mark.parametrize("kind,size", [("wordpiece", 300), ("byte_bpe", 400), ("unigram", 200), ("bpe", 200)])
+def test_tokenizer_training_is_reproducible_byte_for_byte(tmp_path, kind, size):
+  """The same command gives the same files (HF's WordPiece trainer alone numbers pieces in hash-map order, and
+  sentencepiece records the output path in the model)."""
+  import pydoc_data.topics
+  corpus = tmp_path / "c.txt"
+  corpus.write_text("\n".join(list(pydoc_data.topics.topics.values())[:150]))
+  runs = 3 if kind == "wordpiece" else 2
+  outs = [tokenizer.train([corpus], tmp_path / f"t{i}", kind=kind, vocab_size=size) for i in range(runs)]
+  files = sorted(os.listdir(tmp_path / "t0"))
+  assert files and all(sorted(os.listdir(tmp_path / f"t{i}")) == files for i in range(runs))
+  for name in files:
+    assert len({(tmp_path / f"t{i}" / name).read_bytes() for i in range(runs)}) == 1, name
+  assert tokenizer.load(outs[0]).vocab_size == size
+
+
+def test_tokenizer_refuses_to_overwrite_and_says_when_the_corpus_is_too_small(tmp_path, capsys):
+  corpus = tmp_path / "c.txt"
+  corpus.write_text("a small corpus with few words\n" * 20)
+  tokenizer.main(["--input", str(corpus), "--out", str(tmp_path / "t"), "--vocab_size", "500"])
+  out = capsys.readouterr().out
+  n = tokenizer.load(str(tmp_path / "t" / "vocab.txt")).vocab_size
+  assert n < 500 and f"the corpus yields {n} pieces, fewer than the 500 asked for" in out and f"vocab={n}" in out
+  before = (tmp_path / "t" / "vocab.txt").read_bytes()
+  with pytest.raises(SystemExit):
+    tokenizer.main(["--input", str(corpus), "--out", str(tmp_path / "t"), "--vocab_size", "60"])
+  assert "already holds ['vocab.txt']; pass --overwrite" in capsys.readouterr().err
+  assert (tmp_path / "t" / "vocab.txt").read_bytes() == before
+  tokenizer.main(["--input", str(corpus), "--out", str(tmp_path / "t"), "--vocab_size", "40", "--overwrite"])
+  assert (tmp_path / "t" / "vocab.txt").read_bytes() != before
+  assert tokenizer.load(str(tmp_path / "t" / "vocab.txt")).vocab_size < n
+
+
+def test_a_data_dir_keeps_its_tokenizer_and_refuses_a_changed_one(tmp_path, data_dir):
+  d = tmp_path / "data"
+  shutil.copytree(data_dir, d)
+  creation = dataset.read_creation(str(d))
+  path, _ = dataset.tokenizer_of(str(d))
+  assert path == str(d / "tokenizer" / "vocab.txt")
+  assert tokenizer.fingerprint(path) == creation["tokenizer_sha256"] == tokenizer.fingerprint(creation["tokenizer"])
+  (d / "tokenizer" / "vocab.txt").write_text((d / "tokenizer" / "vocab.txt").read_text().replace("the\n", "teh\n"))
+  with pytest.raises(tokenizer.TokenizerError, match="changed since the data .* was made"):
+    dataset.tokenizer_of(str(d))
+
+
+def test_task_files_with_a_byte_order_mark_and_long_fields(tmp_path):
+  from bertjax.data import tasks
+  task = tasks.get("local", ("neg", "pos"))
+  long_text = "word " * 40_000  # 200,000 characters: over the csv module's default field cap
+  (tmp_path / "a.csv").write_text("\ufeffsentence,label\n" + f"{long_text},pos\nshort,neg\n", encoding="utf-8")
+  rows = tasks.local_examples(str(tmp_path / "a.csv"), task, "sentence", "", "label")
+  assert [r["label"] for r in rows] == [1, 0] and rows[0]["text_a"] == long_text
+
+
+def test_metrics_of_a_resumed_run_are_not_repeated(tmp_path):
+  from bertjax import metrics
+  lines = [json.dumps({"step": s, "split": "train", "loss": 1.0 / s}) for s in range(1, 7)]
+  (tmp_path / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+  metrics.Writer(str(tmp_path), start_step=3).close()
+  assert [r["step"] for r in metrics.read_jsonl(str(tmp_path / "metrics.jsonl"))] == [1, 2, 3]
+  metrics.Writer(str(tmp_path), start_step=0).close()
+  assert metrics.read_jsonl(str(tmp_path / "metrics.jsonl")) == []
+
+
+def test_a_short_run_warms_up_for_a_tenth_of_it():
+  from configs import pretrain
+  assert pretrain.get_config("steps=20").train.warmup_steps == 2
+  assert pretrain.get_config().train.warmup_steps == 10_000  # the original's 10,000 of 1,000,000

@@ -6,6 +6,7 @@ import shutil
 import subprocess
 import sys
 
+import jax
 import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
@@ -63,21 +64,153 @@ def test_half_written_checkpoints_are_skipped(tmp_path, data_dir, capsys):
   assert "ignoring half-written checkpoint(s)" in out and "9.orbax-checkpoint-tmp-123" in out and "'12'" in out
 
 
-def test_truncated_latest_checkpoint_falls_back_to_the_previous(tmp_path, data_dir, caplog):
-  w = tmp_path / "w"
+@pytest.fixture(scope="module")
+def trained_workdir(tmp_path_factory, data_dir):
+  """A small pre-training workdir with checkpoints at steps 3 and 6 (copied by each test that damages it)."""
+  w = tmp_path_factory.mktemp("trained") / "w"
   run(tt.small_config(data_dir), w)
-  state_dir = w / "checkpoints" / "6" / "state"
-  for root, _, files in os.walk(state_dir):
-    for f in files:
-      if "ocdbt" in root or f.startswith("d"):
-        p = os.path.join(root, f)
-        with open(p, "r+b") as fh:
-          fh.truncate(max(0, os.path.getsize(p) // 3))
+  return w
+
+
+def _damage(step_dir, how):
+  """A checkpoint's state damaged as disks and people damage files."""
+  state = step_dir / "state"
+  data_files = [os.path.join(r, f) for r, _, fs in os.walk(state) for f in fs if os.path.basename(r) == "d"]
+  assert data_files
+  for p in data_files:
+    if how == "truncated":
+      with open(p, "r+b") as fh:
+        fh.truncate(os.path.getsize(p) // 3)
+    elif how == "deleted":
+      os.remove(p)
+    elif how == "bit_flipped":
+      raw = bytearray(open(p, "rb").read())
+      for i in range(0, len(raw), 97):
+        raw[i] ^= 0xFF
+      with open(p, "wb") as fh:
+        fh.write(bytes(raw))
+  if how == "metadata_deleted":
+    os.remove(state / "_METADATA")
+
+
+@pytest.mark.parametrize("how", ["truncated", "deleted", "bit_flipped", "metadata_deleted"])
+def test_damaged_newest_checkpoint_falls_back_and_is_set_aside(tmp_path, data_dir, trained_workdir, how):
+  """The newest readable step restores; the damaged one is named and moved to damaged_checkpoints/ (not deleted),
+  so the same step saves again; read-only tools read the parameters of the newest readable step."""
+  w = tmp_path / "w"
+  shutil.copytree(trained_workdir, w)
+  _damage(w / "checkpoints" / "6", how)
+  want = checkpoint_lib.Checkpointer(str(trained_workdir)).restore_params(step=3)
+  notes = []
+  params = checkpoint_lib.Checkpointer(str(w)).restore_params(announce=notes.append)
+  assert len(notes) == 1 and "skipped the unreadable checkpoint at step 6" in notes[0] and "using step 3" in notes[0]
+  for a, b in zip(jax.tree_util.tree_leaves(params), jax.tree_util.tree_leaves(want)):
+    np.testing.assert_array_equal(a, b)
+  assert (w / "checkpoints" / "6").exists()  # read-only: nothing moved
   c = tt.small_config(data_dir)
   mcfg = train.model_lib.BertConfig.from_dict(c.model.to_dict())
   abstract = train.build(c, mcfg).abstract
-  state, data_state, step = checkpoint_lib.Checkpointer(str(w)).restore(abstract)
+  ckpt = checkpoint_lib.Checkpointer(str(w))
+  notes = []
+  state, data_state, step = ckpt.restore(abstract, announce=notes.append)
   assert step == 3 and data_state["step"] == 3
+  assert len(notes) == 1 and "moved to" in notes[0] and len(notes[0]) < 400
+  assert (w / "damaged_checkpoints" / "6").is_dir() and not (w / "checkpoints" / "6").exists()
+  ckpt.save(6, state, data_state)  # the step a damaged checkpoint held saves again
+  ckpt.close()
+  assert checkpoint_lib.Checkpointer(str(w)).steps() == [3, 6]
+
+
+def test_rerunning_after_a_damaged_checkpoint_keeps_working(tmp_path, data_dir, trained_workdir, capsys):
+  """Training falls back, saves over the damaged step and reruns again from its own new checkpoints."""
+  w = tmp_path / "w"
+  shutil.copytree(trained_workdir, w)
+  _damage(w / "checkpoints" / "6", "truncated")
+  for steps, start in ((7, 3), (8, 7)):
+    c = tt.small_config(data_dir)
+    c.train.num_steps = steps
+    summary = run(c, w)
+    assert (summary["start_step"], summary["final_step"]) == (start, steps)
+  assert "skipped the unreadable checkpoint at step 6" in capsys.readouterr().out
+  steps = [r["step"] for r in tt.metrics_rows(w) if r["split"] == "train"]
+  assert steps == sorted(set(steps)) == list(range(1, 9))  # no step logged twice after the resumes
+
+
+def test_unreadable_best_params_fall_back_to_the_newest_checkpoint(tmp_path, trained_workdir, capsys):
+  from bertjax import weights
+  w = tmp_path / "f"
+  shutil.copytree(trained_workdir / "checkpoints", w / "checkpoints")
+  os.makedirs(w / "best")
+  (w / "best" / "_METADATA").write_text("{not json")
+  params = weights.restore_best(str(w))
+  want = checkpoint_lib.Checkpointer(str(trained_workdir)).restore_params()
+  np.testing.assert_array_equal(jax.tree_util.tree_leaves(params)[0], jax.tree_util.tree_leaves(want)[0])
+  assert "best is unreadable" in capsys.readouterr().out
+
+
+def test_a_workdir_is_self_contained(tmp_path, data_dir, trained_workdir):
+  """The workdir keeps its tokenizer: with its data folder gone, it still loads for prediction, conversion and
+  init=, and it exports with its tokenizer."""
+  from bertjax import weights
+  from bertjax.convert import __main__ as convert_cli
+  w = tmp_path / "w"
+  shutil.copytree(trained_workdir, w)
+  (w / "config.json").write_text((w / "config.json").read_text().replace(data_dir, str(tmp_path / "moved")))
+  loaded = weights.load(str(w), head="pretraining")
+  assert loaded.tokenizer == str(w / "tokenizer" / "vocab.txt")
+  assert convert_cli.write(str(w), str(tmp_path / "hf")) == "BertForPreTraining"
+  assert (tmp_path / "hf" / "vocab.txt").read_bytes() == (w / "tokenizer" / "vocab.txt").read_bytes()
+
+
+def test_a_workdir_refuses_another_tokenizer(tmp_path, trained_workdir):
+  from bertjax import errors, trainer
+  other = tmp_path / "vocab.txt"
+  other.write_text("[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\nx\n")
+  with pytest.raises(errors.TokenizerError, match="was trained with another tokenizer"):
+    trainer.keep_tokenizer(str(trained_workdir), str(other), True)
+
+
+def test_convert_failing_midway_leaves_out_untouched(tmp_path, trained_workdir, monkeypatch):
+  from bertjax.convert import __main__ as convert_cli
+  out = tmp_path / "hf"
+  out.mkdir()
+  (out / "config.json").write_text("{}")
+
+  def full_disk(workdir, target):
+    (tmp_path / "partial").write_text(target)
+    open(os.path.join(target, "model.safetensors"), "wb").write(b"x" * 10)
+    raise OSError(errno.ENOSPC, "No space left on device")
+  monkeypatch.setattr(convert_cli, "export", full_disk)
+  with pytest.raises(OSError, match="No space left on device; .* is untouched"):
+    convert_cli.write(str(trained_workdir), str(out), overwrite=True)
+  assert os.listdir(out) == ["config.json"] and not os.path.exists((tmp_path / "partial").read_text())
+
+
+def test_a_background_save_failure_names_its_step(tmp_path, data_dir, trained_workdir, monkeypatch):
+  w = tmp_path / "w"
+  shutil.copytree(trained_workdir, w)
+  ckpt = checkpoint_lib.Checkpointer(str(w))
+  ckpt._pending = 9  # a save of step 9 running in the background
+
+  def failed(self):
+    raise ValueError("NOT_FOUND: Error writing ... No space left on device [tensorstore_spec='" + "x" * 2000 + "']")
+  monkeypatch.setattr(checkpoint_lib.ocp.CheckpointManager, "wait_until_finished", failed)
+  with pytest.raises(checkpoint_lib.CheckpointError) as e:
+    ckpt.wait()
+  assert "at step 9" in str(e.value) and "previous checkpoint (6) is untouched" in str(e.value)
+  assert len(str(e.value)) < 400
+
+
+def test_a_second_signal_ends_the_process_at_once():
+  import signal
+  from bertjax import trainer
+  before = signal.getsignal(signal.SIGTERM)
+  with trainer.StopFlag() as stop:
+    assert signal.getsignal(signal.SIGTERM) == stop._handle
+    os.kill(os.getpid(), signal.SIGTERM)
+    assert stop.signal == "SIGTERM"
+    assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL  # the next one is not caught
+  assert signal.getsignal(signal.SIGTERM) == before
 
 
 def test_no_readable_checkpoint_is_an_error_not_a_restart(tmp_path, data_dir):

@@ -446,6 +446,9 @@ def main(argv: Iterable[str] | None = None) -> None:
                overwrite=args.overwrite, progress=progress)
   tok = load(path, do_lower_case=not args.cased)
   print(f"wrote {path} ({tok.vocab_size} pieces, {time.time() - start:.1f} s)")
+  if tok.vocab_size > args.vocab_size:
+    print(f"note: the corpus' characters alone take {tok.vocab_size} pieces, more than the {args.vocab_size} asked "
+          f"for; a model on this tokenizer needs vocab_size {tok.vocab_size}", flush=True)
   if tok.vocab_size < args.vocab_size:
     print(f"note: the corpus yields {tok.vocab_size} pieces, fewer than the {args.vocab_size} asked for; a model on "
           f"this tokenizer needs vocab_size {tok.vocab_size} (e.g. configs/pretrain.py:...,vocab={tok.vocab_size})",
