@@ -13,7 +13,8 @@ from configs import pretrain  # noqa: E402
 
 
 def markdown(rows):
-  out = ["| model | seq | preset | TPU | mesh (data, fsdp, tensor) | max per-chip batch | memory/chip at it (GiB) | how |",
+  out = ["| model | seq | preset | TPU | mesh (data, fsdp, tensor) | max per-chip batch | memory/chip at it (GiB) "
+         "| how |",
          "|---|---|---|---|---|---|---|---|"]
   for r in rows:
     mesh = ", ".join(str(v) for v in r["mesh"].values())
@@ -22,7 +23,8 @@ def markdown(rows):
       out.append(f"| {r['variant']} | {r['seq']} | {r['preset']} | {r['name']} | {mesh} | {r['per_chip_batch']} | "
                  f"{r['total_gib']:.1f} / {r['hbm_gib']:.0f} | {how} |")
     else:
-      out.append(f"| {r['variant']} | {r['seq']} | {r['preset']} | {r['name']} | {mesh} | does not fit at 1 | - | compiled |")
+      out.append(f"| {r['variant']} | {r['seq']} | {r['preset']} | {r['name']} | {mesh} | does not fit at 1 | - "
+                 "| compiled |")
   return "\n".join(out)
 
 

@@ -75,7 +75,7 @@ def stack(rows):
 
 def bertjax_batches(examples, batch, seq, preds, pack, per_row=8):
   """Batches of `batch` rows; with `pack`, examples packed into rows (plan over all examples, in order)."""
-  from bertjax.data import packing  # pylint: disable=import-outside-toplevel
+  from bertjax.data import packing
   if not pack:
     rows = examples
     for r in rows:
@@ -98,7 +98,7 @@ def bertjax_batches(examples, batch, seq, preds, pack, per_row=8):
 
 def family_config(family, variant, seq, preds, batch, shard, dtype):
   """The pre-training config of a family's recipe at these sizes."""
-  import importlib  # pylint: disable=import-outside-toplevel
+  import importlib
   recipe = importlib.import_module("configs." + ("pretrain" if family == "bert" else family))
   return recipe.get_config(f"variant={variant},seq={seq},preds={preds},batch={batch},shard={shard},dtype={dtype},"
                            f"steps=1000")
@@ -106,9 +106,9 @@ def family_config(family, variant, seq, preds, batch, shard, dtype):
 
 def run_bertjax(variant, seq, batch, preds, dtype, shard, steps, regime, examples, overrides=(), profile="",
                 warmup=2, family="bert"):
-  import jax  # pylint: disable=import-outside-toplevel
-  from bertjax import accounting, sharding as sharding_lib, train  # pylint: disable=import-outside-toplevel
-  from configs import common  # pylint: disable=import-outside-toplevel
+  import jax
+  from bertjax import accounting, sharding as sharding_lib, train
+  from configs import common
   pack = regime != "fixed"
   c = family_config(family, variant, seq, preds, batch, shard, dtype)
   c.train.warmup_steps = 10
@@ -140,7 +140,7 @@ def run_bertjax(variant, seq, batch, preds, dtype, shard, steps, regime, example
 def _timed(step_fn, state, batches, warmup, steps, sharding, profile=""):
   """(compile s, per-step times, batches timed) of a jitted `step_fn(state, batch) -> (state, metrics)`; with
   `profile` (a folder), a jax.profiler trace (and Perfetto JSON) of three more steps, not timed."""
-  import jax  # pylint: disable=import-outside-toplevel
+  import jax
   t = time.perf_counter()
   compiled = step_fn.lower(state, jax.device_put(batches[0], sharding)).compile()
   compile_s = time.perf_counter() - t
@@ -162,11 +162,11 @@ def _timed(step_fn, state, batches, warmup, steps, sharding, profile=""):
 
 def run_bertjax_finetune(variant, seq, batch, dtype, shard, steps, examples, overrides=(), profile="", warmup=2):
   """The fine-tuning step of `finetune.py` (sentence classifier, AdamW, clipping) on packed rows."""
-  import ml_collections  # pylint: disable=import-outside-toplevel
-  from bertjax import accounting, finetune, model as model_lib, trainer  # pylint: disable=import-outside-toplevel
-  from bertjax import sharding as sharding_lib  # pylint: disable=import-outside-toplevel
-  from bertjax.data import batching, packing, tasks  # pylint: disable=import-outside-toplevel
-  from configs import common, finetune as ft_config  # pylint: disable=import-outside-toplevel
+  import ml_collections
+  from bertjax import accounting, finetune, model as model_lib, trainer
+  from bertjax import sharding as sharding_lib
+  from bertjax.data import batching, packing, tasks
+  from configs import common, finetune as ft_config
   c = ft_config.get_config(f"task=local,variant={variant},batch={batch},seq={seq},dtype={dtype}")
   c.sharding = common.sharding(shard)
   common.override(c, overrides)
@@ -202,8 +202,8 @@ def run_bertjax_finetune(variant, seq, batch, dtype, shard, steps, examples, ove
 
 
 def _hf_config(variant, seq, **kw):
-  import transformers  # pylint: disable=import-outside-toplevel
-  from bertjax import model as model_lib  # pylint: disable=import-outside-toplevel
+  import transformers
+  from bertjax import model as model_lib
   layers, hidden, heads, ffn = model_lib.VARIANTS[variant]
   return transformers.BertConfig(hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
                                  intermediate_size=ffn, max_position_embeddings=max(512, seq), **kw)
@@ -216,8 +216,8 @@ def _time_torch(m, lr, examples, batch, steps, warmup, labels_fn, dtype="float32
   in float32, bfloat16 autocast when `dtype` is bfloat16, as bertjax computes), else on all CPU cores.
   `compile_model`: the model's forward (and so its backward) through `torch.compile`; every batch has the same
   shape, so it compiles once, in the first warm-up step, whose time is returned as `compile_s`."""
-  import torch  # pylint: disable=import-outside-toplevel
-  import transformers  # pylint: disable=import-outside-toplevel
+  import torch
+  import transformers
   device = "cuda" if torch.cuda.is_available() else "cpu"
   torch.set_num_threads(os.cpu_count() or 1)
   if len(examples) < (warmup + steps) * batch:
@@ -262,8 +262,8 @@ def _time_torch(m, lr, examples, batch, steps, warmup, labels_fn, dtype="float32
 
 
 def _release_torch_memory():
-  import gc  # pylint: disable=import-outside-toplevel
-  import torch  # pylint: disable=import-outside-toplevel
+  import gc
+  import torch
   gc.collect()
   if torch.cuda.is_available():
     torch.cuda.empty_cache()
@@ -271,7 +271,7 @@ def _release_torch_memory():
 
 def run_hf_finetune(variant, seq, batch, steps, examples, dtype="float32", warmup=2, compile_model=False):
   """HF `BertForSequenceClassification`, each example padded to `seq`, AdamW and clipping."""
-  import transformers  # pylint: disable=import-outside-toplevel
+  import transformers
   m = transformers.BertForSequenceClassification(_hf_config(variant, seq, num_labels=2)).train()
   return _time_torch(m, 2e-5, examples, batch, steps, warmup,
                      lambda b: {"labels": b["next_sentence_labels"].astype(np.int64)}, dtype, compile_model)
@@ -280,7 +280,7 @@ def run_hf_finetune(variant, seq, batch, steps, examples, dtype="float32", warmu
 def run_hf(variant, seq, batch, preds, steps, examples, dtype="float32", warmup=2, compile_model=False):
   """HF `BertForPreTraining` (MLM over the full sequence with -100 labels off the masked positions, NSP)."""
   del preds  # the peer's MLM head runs over every position; labels select the masked ones
-  import transformers  # pylint: disable=import-outside-toplevel
+  import transformers
   m = transformers.BertForPreTraining(_hf_config(variant, seq)).train()
 
   def labels_fn(b):
@@ -300,8 +300,8 @@ def _mlm_labels(b):
 def run_hf_family(family, variant, seq, batch, steps, examples, dtype="float32", warmup=2, compile_model=False):
   """HF's masked-LM model of the family (`RobertaForMaskedLM`, `ModernBertForMaskedLM`) from the same config
   bertjax trains, through bertjax's own exporter's config.json (the same sizes, activations, window, bases)."""
-  import transformers  # pylint: disable=import-outside-toplevel
-  from bertjax import convert, model as model_lib  # pylint: disable=import-outside-toplevel
+  import transformers
+  from bertjax import convert, model as model_lib
   c = family_config(family, variant, seq, 0, batch, "dp", "float32")
   cfg = model_lib.BertConfig.from_dict(c.model.to_dict())
   make = convert.families.roberta_hf_config if family == "roberta" else convert.families.modernbert_hf_config
@@ -316,10 +316,10 @@ def run_hf_electra(variant, seq, batch, steps, examples, dtype="float32", warmup
   """HF's ELECTRA pair as its users pre-train it: ElectraForMaskedLM (generator) and ElectraForPreTraining
   (discriminator) sharing the embeddings, the generator's logits sampled (Gumbel-max, no gradient), the
   discriminator's labels = sampled != original, L = L_gen + 50·L_disc."""
-  import torch  # pylint: disable=import-outside-toplevel
-  import transformers  # pylint: disable=import-outside-toplevel
-  from bertjax import convert, model as model_lib  # pylint: disable=import-outside-toplevel
-  from bertjax.model import electra  # pylint: disable=import-outside-toplevel
+  import torch
+  import transformers
+  from bertjax import convert, model as model_lib
+  from bertjax.model import electra
   c = family_config("electra", variant, seq, 0, batch, "dp", "float32")
   dcfg = model_lib.BertConfig.from_dict(c.model.to_dict())
   gcfg = electra.generator_config(dcfg, c.electra.generator_hidden, c.electra.generator_layers)
@@ -376,13 +376,13 @@ def main(argv=None):
   if args.family != "bert" and (args.regime or ["fixed"]) != ["fixed"]:
     p.error(f"--family {args.family} runs the fixed regime only")
   if args.preds == 0:  # derived from the recipe's masking rate, as the data creation derives it
-    from bertjax.data import pretraining  # pylint: disable=import-outside-toplevel
+    from bertjax.data import pretraining
     args.preds = pretraining.max_predictions(args.seq, family_config(args.family, args.variant, args.seq, 0, 1, "dp",
                                                                      "float32").data.masked_lm_prob)
   # JAX would otherwise take most of a GPU's memory up front, leaving none to the PyTorch peer on the same GPU.
   os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
-  import jax  # pylint: disable=import-outside-toplevel
-  from bertjax import accounting  # pylint: disable=import-outside-toplevel
+  import jax
+  from bertjax import accounting
   regimes = args.regime or ["fixed"]
   peers = list(dict.fromkeys(args.peer or ["hf"]))
   if "none" in peers:

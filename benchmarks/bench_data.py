@@ -65,7 +65,8 @@ def main():
   print(f"{'stage':42s} {'items':>8s} {'seconds':>8s} {'rate':>10s} {'':10s} {'per core':>9s} {'tokens/ex':>9s} "
         f"{'bytes/ex':>8s}")
   for r in rows:
-    extra = f"{r['per_core']:9.1f} {r['tokens_per_example']:9.1f} {r['bytes_per_example']:8.0f}" if "per_core" in r else ""
+    extra = (f"{r['per_core']:9.1f} {r['tokens_per_example']:9.1f} {r['bytes_per_example']:8.0f}"
+             if "per_core" in r else "")
     print(f"{r['stage']:42s} {r['items']:8d} {r['seconds']:8.2f} {r['rate']:10.1f} {r['unit']:10s} {extra}")
   with open(args.out, "w", encoding="utf-8") as f:
     json.dump(rows, f, indent=2)

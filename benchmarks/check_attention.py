@@ -61,7 +61,7 @@ def main():
     for impl in ("xla", "cudnn", "auto", "pallas", "splash"):
       try:
         h, g = run(dataclasses.replace(base, attention_impl=impl, dtype=args.dtype), x)
-      except Exception as e:  # pylint: disable=broad-except
+      except Exception as e:
         print(f"  {name:7s} {impl:6s} unavailable: {type(e).__name__}: {str(e).splitlines()[0][:120]}")
         continue
       gl, rl = jax.tree_util.tree_leaves(g), jax.tree_util.tree_leaves(g_ref)
@@ -93,7 +93,7 @@ def main():
     orf = attention.reference(q, k, v, mask, 7, 0.1)
     print(f"  dropout pallas output rel err {rel(np.asarray(of, np.float32), np.asarray(orf)):.2e}   gradients "
           + " ".join(f"{n} {rel(np.asarray(a), np.asarray(r)):.2e}" for n, a, r in zip("qkv", gf, gr)))
-  except Exception as e:  # pylint: disable=broad-except
+  except Exception as e:
     print(f"  dropout pallas unavailable: {type(e).__name__}: {str(e).splitlines()[0][:200]}")
 
 

@@ -18,8 +18,8 @@ import numpy as np
 
 
 def hf_models():
-  import torch  # pylint: disable=import-outside-toplevel
-  import transformers  # pylint: disable=import-outside-toplevel
+  import torch
+  import transformers
   shapes = {
       "bert": lambda: transformers.BertForPreTraining(transformers.BertConfig(
           vocab_size=1000, hidden_size=256, num_hidden_layers=4, num_attention_heads=4, intermediate_size=1024)),
@@ -41,8 +41,8 @@ def hf_models():
 
 
 def compare(cfg, params, m, batch):
-  import torch  # pylint: disable=import-outside-toplevel
-  from bertjax import model  # pylint: disable=import-outside-toplevel
+  import torch
+  from bertjax import model
   ids, mask = torch.tensor(batch["input_ids"]), torch.tensor(batch["input_mask"])
   with torch.no_grad():
     out = m(input_ids=ids, attention_mask=mask)
@@ -62,9 +62,9 @@ def main(argv=None):
   p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   p.add_argument("--out", default="family_parity.json")
   args = p.parse_args(argv)
-  import jax  # pylint: disable=import-outside-toplevel
-  import transformers  # pylint: disable=import-outside-toplevel
-  from bertjax import convert  # pylint: disable=import-outside-toplevel
+  import jax
+  import transformers
+  from bertjax import convert
   rows = []
   for name, m in hf_models():
     rng = np.random.default_rng(0)

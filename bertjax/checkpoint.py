@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import errno
 import fcntl
-import logging
 import os
 import re
 
@@ -99,7 +98,7 @@ class Checkpointer:
     try:
       self.manager.save(int(step), args=ocp.args.Composite(
           state=ocp.args.StandardSave(state), data=ocp.args.JsonSave(dict(data_state))), force=True)
-    except Exception as e:  # pylint: disable=broad-except
+    except Exception as e:
       prev = [s for s in self.steps() if s != step]
       raise CheckpointError(f"saving the checkpoint at step {step} in {self.directory} failed: "
                             f"{short_error(e)}. The previous checkpoint "
@@ -120,7 +119,7 @@ class Checkpointer:
     for s in candidates:
       try:
         metadata = _state_metadata(self.manager, s)
-      except Exception as e:  # pylint: disable=broad-except
+      except Exception as e:
         skipped.append((s, short_error(e)))
         continue
       check_params_fit(metadata["params"], abstract_state.params)
@@ -132,7 +131,7 @@ class Checkpointer:
           raise CheckpointError(f"{self.directory}/{s}: checkpoint does not fit this run: {short_error(e)}") from None
         skipped.append((s, short_error(e)))
         continue
-      except Exception as e:  # pylint: disable=broad-except
+      except Exception as e:
         skipped.append((s, short_error(e)))
         continue
       self._set_aside(skipped, announce)
@@ -169,7 +168,7 @@ class Checkpointer:
       if announce is not None:
         announce(f"note: skipped the unreadable checkpoint at step {name} ({why}){where}")
     if jax.process_count() > 1:
-      from jax.experimental import multihost_utils  # pylint: disable=import-outside-toplevel
+      from jax.experimental import multihost_utils
       multihost_utils.sync_global_devices("bertjax_damaged_checkpoints_set_aside")
     self.manager.reload()
 
@@ -192,7 +191,7 @@ class Checkpointer:
         restore_args = {"params": jax.tree_util.tree_map(lambda m: ocp.RestoreArgs(restore_type=np.ndarray), meta)}
         out = reader.restore(s, args=ocp.args.Composite(state=ocp.args.PyTreeRestore(
             item=item, restore_args=restore_args, partial_restore=True)))
-      except Exception as e:  # pylint: disable=broad-except
+      except Exception as e:
         skipped.append((s, short_error(e)))
         continue
       for bad, why in skipped:
@@ -206,7 +205,7 @@ class Checkpointer:
     pending, self._pending = self._pending, None
     try:
       self.manager.wait_until_finished()
-    except Exception as e:  # pylint: disable=broad-except
+    except Exception as e:
       prev = [s for s in self.steps() if s != pending]
       raise CheckpointError(f"saving the checkpoint at step {pending} in {self.directory} failed: {short_error(e)}. "
                             f"The previous checkpoint ({prev[-1] if prev else 'none'}) is untouched.") from None
@@ -234,7 +233,7 @@ def _state_metadata(manager, step: int):
   """The state item's tree metadata at `step`; a ValueError naming the file when it is missing or unreadable."""
   try:
     metadata = manager.item_metadata(step)["state"]
-  except Exception as e:  # pylint: disable=broad-except
+  except Exception as e:
     raise ValueError(f"state/_METADATA unreadable ({short_error(e, 100)})") from None
   if metadata is None or "params" not in metadata:
     raise ValueError("state/_METADATA is missing")

@@ -139,10 +139,10 @@ class ArgumentParser(argparse.ArgumentParser):
 def parse_flags(argv):
   """absl flag parsing whose every failure (an unknown flag, a mistyped `--config.x` key, a config file that
   does not load) is one line: absl lets the config loader's own exceptions out as tracebacks."""
-  from absl import flags  # pylint: disable=import-outside-toplevel
+  from absl import flags
   try:
     return flags.FLAGS(argv)
-  except Exception as e:  # pylint: disable=broad-except
+  except Exception as e:
     fail(f"bad command line: {_unknown_config_field(argv) or _innermost(e)}")
 
 
@@ -161,8 +161,8 @@ def _innermost(e: BaseException) -> str:
 def _unknown_config_field(argv) -> str | None:
   """'no such config field ...' with the nearest names, for the first `--config.a.b=v` that names no field of the
   config that `--config=FILE[:ARGS]` builds (None when all exist or the config itself does not build)."""
-  import difflib  # pylint: disable=import-outside-toplevel
-  import importlib.util  # pylint: disable=import-outside-toplevel
+  import difflib
+  import importlib.util
   argv = list(argv or ())
   spec = next((a.split("=", 1)[1] for a in argv if a.startswith("--config=")), None)
   if spec is None:
@@ -173,7 +173,7 @@ def _unknown_config_field(argv) -> str | None:
     module = importlib.util.module_from_spec(loader)
     loader.loader.exec_module(module)
     config = module.get_config(arg) if arg else module.get_config()
-  except Exception:  # pylint: disable=broad-except
+  except Exception:
     return None
   for a in argv:
     if not a.startswith("--config.") or "=" not in a:
@@ -193,5 +193,5 @@ def _unknown_config_field(argv) -> str | None:
 
 
 def run_absl(main, argv=None) -> None:
-  from absl import app  # pylint: disable=import-outside-toplevel
+  from absl import app
   app.run(guard(main), argv=argv, flags_parser=parse_flags)

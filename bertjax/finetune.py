@@ -290,8 +290,8 @@ def _finetune(config, workdir: str) -> dict:
       if evals:
         main = row[evals[0].name][task.main_metric]
         if is_main:
-          print(f"epoch {epoch}: " + "; ".join(f"{ev.name} " + ", ".join(f"{k} {v:.4f}" for k, v in row[ev.name].items())
-                                            for ev in evals), flush=True)
+          print(f"epoch {epoch}: " + "; ".join(
+              f"{ev.name} " + ", ".join(f"{k} {v:.4f}" for k, v in row[ev.name].items()) for ev in evals), flush=True)
         if report["best"] is None or main > report["best"]["value"]:
           report["best"] = {"epoch": epoch, "value": main, "metrics": {ev.name: row[ev.name] for ev in evals}}
           weights.save_best(workdir, state.params)

@@ -49,7 +49,7 @@ def keep_freed_memory() -> bool:
     return False
   try:
     libc = ctypes.CDLL(None)
-    libc.gnu_get_libc_version  # pylint: disable=pointless-statement  # glibc only (not musl)
+    _ = libc.gnu_get_libc_version  # glibc only (not musl): an AttributeError elsewhere
   except (OSError, AttributeError):
     return False
   return all(libc.mallopt(param, value) == 1 for param, value in

@@ -33,7 +33,7 @@ def _multihost_environment() -> bool:
 
 
 def init_distributed() -> None:
-  import jax  # pylint: disable=import-outside-toplevel
+  import jax
   if FLAGS.coordinator_address:
     jax.distributed.initialize(coordinator_address=FLAGS.coordinator_address, num_processes=FLAGS.num_processes,
                                process_id=FLAGS.process_id)
@@ -45,12 +45,12 @@ def main(argv):
   del argv
   hostmem.tune_for_cpu(hostmem.config_tokens(FLAGS.config))  # before JAX's backend starts its threads
   init_distributed()
-  import jax  # pylint: disable=import-outside-toplevel
-  from bertjax import train  # pylint: disable=import-outside-toplevel
+  import jax
+  from bertjax import train
   # Library INFO logs (orbax writes several lines per save) are off; progress is printed by process 0.
   absl_logging.set_verbosity(absl_logging.WARNING if jax.process_index() == 0 else absl_logging.ERROR)
   if FLAGS.config.get("mode") == "finetune":
-    from bertjax import finetune  # pylint: disable=import-outside-toplevel
+    from bertjax import finetune
     finetune.finetune(FLAGS.config, FLAGS.workdir)
     return
   summary = train.train_and_evaluate(FLAGS.config, FLAGS.workdir)

@@ -89,7 +89,7 @@ def _summary_writer(logdir: str):
   if hide:
     sys.modules["torch"] = None  # `import torch` raises ImportError, which tensorboardX catches
   try:
-    from tensorboardX import SummaryWriter  # pylint: disable=import-outside-toplevel
+    from tensorboardX import SummaryWriter
   finally:
     if hide and sys.modules.get("torch", 0) is None:
       del sys.modules["torch"]
@@ -116,7 +116,8 @@ class Progress:
     done = max(step - self.start, 1)
     elapsed = time.time() - self.t0
     eta = elapsed / done * (self.total - step)
-    parts = [f"step {step}/{self.total}", f"loss {m['loss']:.4f}", f"mlm {m['mlm_loss']:.3f} acc {m['mlm_accuracy']:.3f}"]
+    parts = [f"step {step}/{self.total}", f"loss {m['loss']:.4f}",
+             f"mlm {m['mlm_loss']:.3f} acc {m['mlm_accuracy']:.3f}"]
     if "nsp_loss" in m:
       parts.append(f"nsp {m['nsp_loss']:.3f} acc {m['nsp_accuracy']:.3f}")
     parts += [f"lr {m['learning_rate']:.2e}", f"{m['tokens_per_s']:.0f} tok/s", f"MFU {100 * m['mfu']:.1f}%",
@@ -143,9 +144,9 @@ def read_jsonl(path: str) -> list[dict]:
 
 def plot(workdir: str) -> list[str]:
   """PNG curves (loss, MLM accuracy, NSP accuracy; train and eval) from WORKDIR/metrics.jsonl."""
-  import matplotlib  # pylint: disable=import-outside-toplevel
+  import matplotlib
   matplotlib.use("Agg")
-  import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
+  import matplotlib.pyplot as plt
   rows = read_jsonl(os.path.join(workdir, "metrics.jsonl"))
   if not rows:
     raise FileNotFoundError(f"{workdir}: no metrics.jsonl to plot")

@@ -42,8 +42,8 @@ class Report:
 
 
 def _torch():
-  import torch  # pylint: disable=import-outside-toplevel
-  import transformers  # pylint: disable=import-outside-toplevel
+  import torch
+  import transformers
   return torch, transformers
 
 
@@ -264,8 +264,8 @@ def _at(tree, path):
 
 
 def main(argv=None) -> None:
-  from absl import flags  # pylint: disable=import-outside-toplevel
-  from ml_collections import config_flags  # pylint: disable=import-outside-toplevel
+  from absl import flags
+  from ml_collections import config_flags
   config_flags.DEFINE_config_file("config", None, "configs/finetune.py:task=...,init=...", lock_config=False)
   flags.DEFINE_string("out", None, "Working folder: the common start, bertjax's run and report.json.")
   flags.DEFINE_integer("steps", 50, "Steps to compare (0 = the whole run).")
@@ -273,7 +273,7 @@ def main(argv=None) -> None:
   flags.mark_flags_as_required(["config", "out"])
 
   def run(_):
-    from absl import logging as absl_logging  # pylint: disable=import-outside-toplevel
+    from absl import logging as absl_logging
     absl_logging.set_verbosity(absl_logging.WARNING)  # orbax logs several INFO lines per save
     cfg = flags.FLAGS.config
     rep = compare(cfg, flags.FLAGS.out, flags.FLAGS.steps, flags.FLAGS.dropout)

@@ -73,7 +73,7 @@ def main(argv=None):
   p.add_argument("text", nargs="+", help='text; for pre-training, sentences containing [MASK]')
   args = p.parse_args(argv)
   if os.path.exists(os.path.join(args.workdir, "finetune.json")):
-    from bertjax import finetune  # pylint: disable=import-outside-toplevel
+    from bertjax import finetune
     for text in args.text:
       if args.question:
         print(json.dumps(finetune.predict_text(args.workdir, question=args.question, context=text)))

@@ -45,7 +45,7 @@ def make_mesh(cfg, devices=None) -> jax.sharding.Mesh:
   shape = mesh_shape(cfg.sharding.mesh_shape, len(devices))
   auto = (jax.sharding.AxisType.Auto,) * len(axes)
   if getattr(cfg.sharding, "num_slices", 1) > 1:
-    from jax.experimental import mesh_utils  # pylint: disable=import-outside-toplevel
+    from jax.experimental import mesh_utils
     slices = cfg.sharding.num_slices
     if shape[0] % slices:
       raise ShardingConfigError(f"the data axis {shape[0]} must be divisible by num_slices {slices}")

@@ -90,7 +90,8 @@ def validate(config, num_devices: int, creation: dict | None = None, tokenizer_v
     made = creation["options"]
     for key in ("max_seq_length", "max_predictions_per_seq"):
       if made[key] != config.data[key]:
-        errors.append(f"data.{key} is {config.data[key]} but the data in {config.data.data_dir} was made with {made[key]}")
+        errors.append(f"data.{key} is {config.data[key]} but the data in {config.data.data_dir} was made with "
+                      f"{made[key]}")
     if mcfg is not None and creation.get("vocab_size") not in (None, mcfg.vocab_size):
       errors.append(f"model.vocab_size {mcfg.vocab_size} does not match the data's tokenizer vocabulary "
                     f"{creation['vocab_size']} ({creation.get('tokenizer')}): pass vocab={creation['vocab_size']} in "
@@ -374,7 +375,7 @@ def _train_and_evaluate(config, workdir: str) -> dict:
       opts = pretraining.CreationOptions(**{**creation["options"], "masked_lm_prob": config.data.eval_masked_lm_prob,
                                             "max_predictions_per_seq": config.data.max_predictions_per_seq})
       eval_source = input_pipeline.Remasked(eval_source, pretraining.Vocab.of(tok), opts, seed=config.seed)
-  except Exception as e:  # pylint: disable=broad-except
+  except Exception as e:
     logging.warning("no evaluation split %r: %s", config.data.eval_split, e)
 
   total = config.train.num_steps

@@ -38,7 +38,7 @@ def prng_impl_error(config) -> str | None:
 
 def optimizer_errors(train_config) -> list[str]:
   """The optimizer and schedule settings both modes check before compiling."""
-  from bertjax import optim  # pylint: disable=import-outside-toplevel
+  from bertjax import optim
   out = []
   if train_config.get("schedule", "linear") not in optim.SCHEDULES:
     out.append(f"train.schedule {train_config.schedule!r} is not one of {list(optim.SCHEDULES)}")
@@ -226,7 +226,7 @@ def check_workdir_mode(workdir: str, mode: str) -> None:
 def keep_tokenizer(workdir: str, path: str, do_lower_case: bool) -> tuple[str, bool]:
   """Copies the run's tokenizer into WORKDIR/tokenizer/ (so that prediction, conversion and `init=` need nothing
   outside the workdir) and returns the copy's path; a workdir that already holds another tokenizer is refused."""
-  from bertjax.data import tokenizer as tokenizer_lib  # pylint: disable=import-outside-toplevel
+  from bertjax.data import tokenizer as tokenizer_lib
   if not path or "://" in workdir:
     return path, do_lower_case
   folder = os.path.join(workdir, "tokenizer")

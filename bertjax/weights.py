@@ -73,7 +73,7 @@ def load(path: str, *, overrides: Mapping[str, Any] | None = None, head: str = "
     cfg = model_lib.BertConfig.from_dict({**run.model.to_dict(), **overrides})
     params = checkpoint_lib.Checkpointer(path).restore_params()
     if run.get("objective", "mlm") == "electra":  # the discriminator (with the shared embeddings) is the model
-      from bertjax.model import electra  # pylint: disable=import-outside-toplevel
+      from bertjax.model import electra
       if head == "pretraining":
         raise errors.ConfigError(f"{path} is an ELECTRA run: its discriminator has no MLM head to pre-train "
                                  "from; load it as an encoder (fine-tuning) or continue it in its own workdir")
@@ -125,7 +125,7 @@ def to_layout(bert: dict, cfg: model_lib.BertConfig, saved_scan: bool | None = N
 
 def restore_best(workdir: str) -> dict:
   """The parameters a fine-tuning run kept as its best (WORKDIR/best), as host arrays."""
-  import orbax.checkpoint as ocp  # pylint: disable=import-outside-toplevel
+  import orbax.checkpoint as ocp
   best = os.path.join(os.path.abspath(workdir), "best")
   has_steps = os.path.isdir(os.path.join(workdir, "checkpoints"))
   if not os.path.isdir(best) and not has_steps:
@@ -134,7 +134,7 @@ def restore_best(workdir: str) -> dict:
     if not os.path.isdir(best):
       raise FileNotFoundError("missing")
     params = ocp.StandardCheckpointer().restore(best)
-  except Exception as e:  # pylint: disable=broad-except
+  except Exception as e:
     why = checkpoint_lib.short_error(e)
     if not has_steps:
       raise errors.CheckpointError(f"{best}: unreadable ({why}) and the workdir holds no other checkpoint") from None
@@ -145,7 +145,7 @@ def restore_best(workdir: str) -> dict:
 
 
 def save_best(workdir: str, params) -> None:
-  import orbax.checkpoint as ocp  # pylint: disable=import-outside-toplevel
+  import orbax.checkpoint as ocp
   ckpt = ocp.StandardCheckpointer()
   ckpt.save(os.path.join(os.path.abspath(workdir), "best"), params, force=True)
   ckpt.wait_until_finished()
@@ -155,7 +155,7 @@ def run_tokenizer(workdir: str, run) -> tuple[str, bool]:
   """The tokenizer of a pre-training workdir: its own copy (WORKDIR/tokenizer/), else the one its data was made
   with; ("", True) when neither is readable from here (the weights are still usable; a caller that needs the
   tokenizer says so)."""
-  from bertjax.data import dataset, tokenizer as tokenizer_lib  # pylint: disable=import-outside-toplevel
+  from bertjax.data import dataset, tokenizer as tokenizer_lib
   data_dir = run.data.data_dir
   creation = {}
   try:

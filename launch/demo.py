@@ -22,10 +22,10 @@ def main(argv=None) -> int:
   p.add_argument("--steps", type=int, default=0, help="override the demo config's number of steps")
   args = p.parse_args(argv)
   absl_logging.set_verbosity(absl_logging.WARNING)
-  import jax  # pylint: disable=import-outside-toplevel
-  from bertjax import predict, train  # pylint: disable=import-outside-toplevel
-  from bertjax.data import corpus, dataset, pretraining, tokenizer  # pylint: disable=import-outside-toplevel
-  from configs import demo  # pylint: disable=import-outside-toplevel
+  import jax
+  from bertjax import predict, train
+  from bertjax.data import corpus, dataset, pretraining, tokenizer
+  from configs import demo
 
   w = os.path.abspath(args.workdir)
   os.makedirs(w, exist_ok=True)
@@ -84,6 +84,6 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-  from configs import demo as _demo  # pylint: disable=wrong-import-position
+  from configs import demo as _demo
   hostmem.tune_for_cpu(hostmem.config_tokens(_demo.get_config()))  # before JAX's backend starts its threads
   sys.exit(main())

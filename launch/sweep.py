@@ -59,7 +59,7 @@ def result_of(workdir: str) -> dict:
       return {}
     first_split = next(iter(r["best"]["metrics"].values()))
     return {"main": r["best"]["value"], "main_metric": r["main_metric"], **first_split}
-  from bertjax import metrics  # pylint: disable=import-outside-toplevel
+  from bertjax import metrics
   evals = [x for x in metrics.read_jsonl(os.path.join(workdir, "metrics.jsonl")) if x["split"] == "eval"]
   if not evals:
     return {}
@@ -92,9 +92,9 @@ def tabulate(root: str) -> list[dict]:
 
 
 def _plot(rows, path):
-  import matplotlib  # pylint: disable=import-outside-toplevel
+  import matplotlib
   matplotlib.use("Agg")
-  import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
+  import matplotlib.pyplot as plt
   labels = [",".join(f"{k}={v}" for k, v in r["setting"].items()) or "all" for r in rows]
   fig, ax = plt.subplots(figsize=(max(4, 1.2 * len(rows)), 4))
   x = range(len(rows))

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Sets up .venv with the test extra and runs the test suite on 8 fake CPU devices.
-# Default selection: fast tests plus the end-to-end checks marked `ci`, spread over the cores (pytest-xdist).
+# Default selection: the linter (ruff), then fast tests plus the end-to-end checks marked `ci`, spread over the
+# cores (pytest-xdist).
 # Extra pytest args pass through instead, e.g. `bash launch/test.sh -m slow` for every heavier check.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -15,5 +16,7 @@ if [ ${#args[@]} -eq 0 ]; then
   workers=${BERTJAX_TEST_WORKERS:-$(( cores < mem_gib / 8 ? cores : mem_gib / 8 ))}
   [ "$workers" -ge 1 ] || workers=1
   args=(-m "not slow or ci" -n "$workers")
+  # The linter first (settings in pyproject.toml): a few seconds.
+  .venv/bin/ruff check bertjax configs launch benchmarks tests
 fi
 exec .venv/bin/python -m pytest "${args[@]}"

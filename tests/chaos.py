@@ -132,7 +132,8 @@ def main():
   args = p.parse_args()
   workdir = args.workdir or tempfile.mkdtemp(prefix="bertjax_chaos_")
   r = chaos(args.kills, args.steps, args.seed, workdir, args.data_dir or None)
-  print(f"chaos: kills {r['kills']} ({r['kills_during_save']} seen inside a save), resumes {r['resumes']}, final step {r['final_step'][1]}/{args.steps}, "
+  print(f"chaos: kills {r['kills']} ({r['kills_during_save']} seen inside a save), resumes {r['resumes']}, "
+        f"final step {r['final_step'][1]}/{args.steps}, "
         f"max |param diff| {r['max_param_diff']:.3g}, losses identical {r['losses_equal']}, "
         f"data position identical {r['data_position_equal']} -> {'OK' if r['ok'] else 'MISMATCH'}")
   return 0 if r["ok"] else 1

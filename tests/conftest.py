@@ -29,7 +29,7 @@ import pytest  # noqa: E402
 def make_vocab(tmp_path_factory):
   """make_vocab(words, vocab_size) -> path of a WordPiece vocab.txt trained on random lines of `words`."""
   def make(words, vocab_size, lines=400, words_per_line=12, seed=0):
-    from bertjax.data import tokenizer  # pylint: disable=import-outside-toplevel
+    from bertjax.data import tokenizer
     d = tmp_path_factory.mktemp("vocab")
     rng = random.Random(seed)
     text = "\n".join(" ".join(rng.choice(words) for _ in range(words_per_line)) for _ in range(lines))
@@ -41,5 +41,5 @@ def make_vocab(tmp_path_factory):
 @pytest.fixture(scope="session")
 def data_dir(tmp_path_factory):
   """A tiny pre-training data_dir (seq 32, 5 predictions, vocab 128): helpers.make_pretraining_data."""
-  import helpers  # pylint: disable=import-outside-toplevel
+  import helpers
   return helpers.make_pretraining_data(tmp_path_factory.mktemp("train_data"))

@@ -15,7 +15,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def make_pretraining_data(d) -> str:
   """A tiny pre-training data_dir (seq 32, 5 predictions, vocab 128) built from generated text under `d`."""
-  from bertjax.data import dataset, pretraining, tokenizer  # pylint: disable=import-outside-toplevel
+  from bertjax.data import dataset, pretraining, tokenizer
   rng = np.random.default_rng(0)
   words = ("the model reads text and predicts masked words from both sides of each sentence while a second "
            "head guesses whether two segments follow each other").split()
@@ -29,8 +29,8 @@ def make_pretraining_data(d) -> str:
 
 
 def small_config(data_dir="", shard="dp", **train_kw):
-  from bertjax.data import dataset  # pylint: disable=import-outside-toplevel
-  from configs import pretrain  # pylint: disable=import-outside-toplevel
+  from bertjax.data import dataset
+  from configs import pretrain
   c = pretrain.get_config(f"variant=tiny,seq=32,preds=5,batch=16,shard={shard},tp=4,steps=6")
   c.model.hidden_size = 64
   c.model.num_heads = 4
@@ -52,7 +52,7 @@ def small_config(data_dir="", shard="dp", **train_kw):
 
 def main_cmd(config_arg, workdir, data_dir, *extra):
   """`python -m bertjax.main` pre-training the small model of `small_config` on `data_dir`."""
-  from bertjax.data import dataset  # pylint: disable=import-outside-toplevel
+  from bertjax.data import dataset
   return [sys.executable, "-m", "bertjax.main", f"--config={ROOT}/configs/pretrain.py:{config_arg}",
           f"--workdir={workdir}", f"--config.data.data_dir={data_dir}", "--config.model.hidden_size=64",
           "--config.model.num_heads=4", "--config.model.intermediate_size=128",
@@ -62,7 +62,7 @@ def main_cmd(config_arg, workdir, data_dir, *extra):
 
 def metrics_rows(workdir) -> list:
   """The rows of WORKDIR/metrics.jsonl."""
-  import json  # pylint: disable=import-outside-toplevel
+  import json
   with open(os.path.join(workdir, "metrics.jsonl"), encoding="utf-8") as f:
     return [json.loads(line) for line in f if line.strip()]
 
@@ -80,7 +80,7 @@ def run_cmd(cmd, timeout=600):
 def assert_one_line_error(proc, pattern):
   """Exit code 2, exactly one `error:` line matching `pattern`, and no traceback."""
   assert proc.returncode == 2, proc.stderr[-2000:]
-  lines = [l for l in proc.stderr.splitlines() if l.startswith("error: ")]
+  lines = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
   assert len(lines) == 1 and re.search(pattern, lines[0]), proc.stderr[-2000:]
   assert "Traceback" not in proc.stderr
 
@@ -103,8 +103,8 @@ def write_sentiment(path, n, seed):
 def finetune_sentiment(tmp_path, init, epochs=3) -> dict:
   """Fine-tunes from `init` (a workdir or an HF folder with its tokenizer) on a learnable local sentiment task
   (480 training rows, 200 held out, `epochs` epochs at seq 32); returns finetune's summary."""
-  from bertjax import finetune  # pylint: disable=import-outside-toplevel
-  from configs import finetune as finetune_config  # pylint: disable=import-outside-toplevel
+  from bertjax import finetune
+  from configs import finetune as finetune_config
   write_sentiment(tmp_path / "train.csv", 480, 0)
   write_sentiment(tmp_path / "dev.csv", 200, 1)
   c = finetune_config.get_config(f"task=local,init={init},lr=1e-3,batch=16,epochs={epochs},seq=32")

@@ -27,7 +27,8 @@ import traceback
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PRE = ["--config={root}/configs/pretrain.py:variant=tiny,seq=32,preds=5,batch=16,steps=4,shard=dp,vocab={vocab_n}",
        "--workdir={tmp}/w_pre", "--config.data.data_dir={data}"]
-FINE = ["--config={root}/configs/finetune.py:task=local,seq=32,batch=8,epochs=1,vocab={vocab_n}", "--workdir={tmp}/w_fine",
+FINE = ["--config={root}/configs/finetune.py:task=local,seq=32,batch=8,epochs=1,vocab={vocab_n}",
+        "--workdir={tmp}/w_fine",
         "--config.data.train_file={csv_ok}", "--config.data.eval_file={csv_ok}",
         "--config.data.text_a_column=sentence", "--config.data.label_column=label",
         "--config.data.labels=('neg','pos')", "--config.data.tokenizer={vocab}"]
@@ -54,7 +55,8 @@ CASES = [
     ("pre_shard_unknown", "main", [PRE[0].replace("shard=dp", "shard=zero3")] + PRE[1:],
      r"unknown sharding preset 'zero3'", "an unknown sharding preset"),
     ("pre_field_unknown", "main", PRE + ["--config.train.batch_size=abc"],
-     r"no such config field 'batch_size' in train; did you mean 'train.global_batch_size'", "a field that does not exist"),
+     r"no such config field 'batch_size' in train; did you mean 'train.global_batch_size'",
+     "a field that does not exist"),
     ("pre_section_unknown", "main", PRE + ["--config.trian.num_steps=3"], r"no such config field 'trian'.*'train'",
      "a section that does not exist"),
     ("pre_field_type", "main", PRE + ["--config.train.global_batch_size=abc"], r"global_batch_size=abc",
@@ -206,9 +208,9 @@ CASES = [
 
 def fixtures(tmp: str) -> dict:
   """The files the cases name, made in `tmp` (a tiny corpus, tokenizers, a data dir, workdirs)."""
-  import random  # pylint: disable=import-outside-toplevel
-  from bertjax import checkpoint as checkpoint_lib  # pylint: disable=import-outside-toplevel
-  from bertjax.data import dataset, pretraining, tokenizer  # pylint: disable=import-outside-toplevel
+  import random
+  from bertjax import checkpoint as checkpoint_lib
+  from bertjax.data import dataset, pretraining, tokenizer
   f = {"tmp": tmp, "root": ROOT}
 
   def write(name, text, mode="w"):
@@ -293,8 +295,8 @@ def _reset_flags(values) -> None:
 
 def _tool(name: str):
   if name == "main":
-    from absl import flags  # pylint: disable=import-outside-toplevel
-    from bertjax import errors, main  # pylint: disable=import-outside-toplevel
+    from absl import flags
+    from bertjax import errors, main
 
     def run(argv):
       _reset_flags(flags.FLAGS)
@@ -302,8 +304,8 @@ def _tool(name: str):
       errors.run_absl(main.main, argv=sys.argv)
     return run
   if name == "aot":
-    from absl import flags  # pylint: disable=import-outside-toplevel
-    from bertjax import aot  # pylint: disable=import-outside-toplevel
+    from absl import flags
+    from bertjax import aot
 
     def run(argv):
       if "topology" in flags.FLAGS:
@@ -313,7 +315,7 @@ def _tool(name: str):
     return run
   module = {"dataset": "bertjax.data.dataset", "tokenizer": "bertjax.data.tokenizer", "predict": "bertjax.predict",
             "convert": "bertjax.convert.__main__"}[name]
-  import importlib  # pylint: disable=import-outside-toplevel
+  import importlib
   return importlib.import_module(module).main
 
 
@@ -327,7 +329,7 @@ def run_case(tool, argv) -> dict:
       code = r if isinstance(r, int) else 0
     except SystemExit as e:
       code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-    except BaseException:  # pylint: disable=broad-except
+    except BaseException:
       traceback.print_exc()
       code = 1
   return {"code": code, "stderr": err.getvalue(), "stdout": out.getvalue(), "seconds": time.time() - start}

@@ -216,7 +216,8 @@ def test_checkpoint_for_another_vocab_is_refused(tmp_path):
   d = write_tiny(tmp_path / "m")
   _, state = convert.read_hf_dir(d)
   cfg = model.BertConfig.from_variant("tiny", vocab_size=200, max_position_embeddings=128)
-  with pytest.raises(convert.ConversionError, match="word_embeddings.weight: shape \\(100, 128\\), expected \\(200, 128\\)"):
+  with pytest.raises(convert.ConversionError,
+                     match="word_embeddings.weight: shape \\(100, 128\\), expected \\(200, 128\\)"):
     convert.from_state_dict(cfg, state)
 
 

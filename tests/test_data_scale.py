@@ -20,7 +20,7 @@ def prose(tmp_path_factory):
   """Real prose (Python's own docs) as documents of paragraphs, a one-sentence-per-line corpus and a tokenizer."""
   d = tmp_path_factory.mktemp("prose")
   docs = []
-  for _, paragraphs in corpus._stdlib_docstrings():  # pylint: disable=protected-access
+  for _, paragraphs in corpus._stdlib_docstrings():
     text = "\n\n".join(paragraphs[:6])
     if len(corpus.text_to_sentences(text, corpus.ReadOptions())) >= 2:
       docs.append(text)

@@ -163,7 +163,8 @@ def test_loss_is_gen_plus_lambda_disc_and_the_sample_stops_the_gradient():
   out = jax.device_get(m.apply({"params": params}, batch, rngs={"electra": jax.random.key(3)}))
   w = out["masked_lm_weights"]
   logits = out["mlm_logits"].astype(np.float64)
-  logp = logits - np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1, keepdims=True)) - logits.max(-1, keepdims=True)
+  top = logits.max(-1, keepdims=True)
+  logp = logits - np.log(np.exp(logits - top).sum(-1, keepdims=True)) - top
   ce = -np.take_along_axis(logp, out["masked_lm_ids"][..., None], -1)[..., 0]
   gen = (ce * w).sum() / (w.sum() + 1e-6)
   z, y, t = out["disc_logits"].astype(np.float64), out["disc_labels"], batch["input_mask"]

@@ -149,7 +149,8 @@ def test_byte_level_bpe_ids_match_roberta_tokenizer_fast(tmp_path):
   import codecs
   import json as json_mod
   from bertjax.data import tokenizer
-  texts = [codecs.decode(__import__("this").s, "rot13")] + [m.__doc__ for m in (json_mod, np, pytest, codecs) if m.__doc__]
+  texts = [codecs.decode(__import__("this").s, "rot13")]
+  texts += [m.__doc__ for m in (json_mod, np, pytest, codecs) if m.__doc__]
   (tmp_path / "corpus.txt").write_text("\n".join(texts), encoding="utf-8")
   path = tokenizer.train([tmp_path / "corpus.txt"], tmp_path / "tok", kind="byte_bpe", vocab_size=600)
   tok = tokenizer.load(path)

@@ -344,7 +344,8 @@ def test_stopped_finetuning_resumes_exactly(tmp_path, vocab, capsys, packed):
   a, b = train_losses("a"), train_losses("b")
   assert sorted(a) == sorted(b) == list(range(1, total + 1))
   np.testing.assert_allclose([b[s] for s in a], [a[s] for s in a], atol=1e-6)
-  ra, rb = json.loads((tmp_path / "a" / "report.json").read_text()), json.loads((tmp_path / "b" / "report.json").read_text())
+  ra = json.loads((tmp_path / "a" / "report.json").read_text())
+  rb = json.loads((tmp_path / "b" / "report.json").read_text())
   assert ra["epochs"] == rb["epochs"] and ra["best"] == rb["best"]
   # A fine-tuned workdir initialises a further fine-tuning (intermediate-task training): its best encoder.
   c = config()
@@ -483,7 +484,7 @@ def test_a_bad_prng_impl_stops_finetuning_before_it_starts(tmp_path, vocab):
   c = finetune_config.get_config("task=local,seq=32")
   c.train.prng_impl = "philox"
   with pytest.raises(ValueError, match="train.prng_impl 'philox' is not one of"):
-    finetune._finetune(c, str(tmp_path / "w"))  # pylint: disable=protected-access
+    finetune._finetune(c, str(tmp_path / "w"))
   assert not (tmp_path / "w").exists()
 
 
@@ -492,7 +493,7 @@ def test_a_seed_the_step_cannot_take_stops_finetuning_before_it_starts(tmp_path,
   c = finetune_config.get_config("task=local,seq=32")
   c.seed = seed
   with pytest.raises(ValueError, match=r"seed must be an integer in \[0, 2\*\*32\)"):
-    finetune._finetune(c, str(tmp_path / "w"))  # pylint: disable=protected-access
+    finetune._finetune(c, str(tmp_path / "w"))
   assert not (tmp_path / "w").exists()
 
 
@@ -500,7 +501,8 @@ def test_a_seed_the_step_cannot_take_stops_finetuning_before_it_starts(tmp_path,
 def test_bad_task_files(tmp_path, vocab):
   task = tasks.get("local", ("neg", "pos"))
   (tmp_path / "a.csv").write_text("text,label\nhello,pos\n")
-  with pytest.raises(tasks.TaskDataError, match=r"missing column\(s\) \['sentence'\]; the file has \['label', 'text'\]"):
+  with pytest.raises(tasks.TaskDataError,
+                     match=r"missing column\(s\) \['sentence'\]; the file has \['label', 'text'\]"):
     tasks.local_examples(tmp_path / "a.csv", task, "sentence")
   (tmp_path / "b.tsv").write_text("text\tlabel\nhello\tpos\nbye\tmaybe\n")
   with pytest.raises(tasks.TaskDataError, match=r"b.tsv:3: label 'maybe' is not in the declared set \['neg', 'pos'\]"):
@@ -536,7 +538,8 @@ def test_sweep_runs_a_grid_and_tabulates_median_and_best(tmp_path, vocab):
   helpers.write_sentiment(tmp_path / "dev.csv", 16, 1)
   n = tokenizer.load(vocab).vocab_size
   base = "configs/finetune.py:task=local,variant=tiny,batch=16,epochs=1,seq=32,vocab=" + str(n)
-  extra = ["--", f"--config.data.train_file={tmp_path / 'train.csv'}", f"--config.data.eval_file={tmp_path / 'dev.csv'}",
+  extra = ["--", f"--config.data.train_file={tmp_path / 'train.csv'}",
+           f"--config.data.eval_file={tmp_path / 'dev.csv'}",
            "--config.data.text_a_column=sentence", "--config.data.label_column=sentiment",
            "--config.data.labels=('neg','pos')", f"--config.data.tokenizer={vocab}",
            "--config.model.max_position_embeddings=64"]

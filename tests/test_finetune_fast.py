@@ -101,7 +101,8 @@ def test_a_finetuning_start_draws_the_head_a_whole_model_init_draws(tmp_path):
       np.testing.assert_array_equal(a, b)
   for a, b in zip(jax.tree_util.tree_leaves(got["bert"]["pooler"]), jax.tree_util.tree_leaves(whole["bert"]["pooler"])):
     np.testing.assert_array_equal(a, b)  # fresh: the init has none
-  for a, b in zip(jax.tree_util.tree_leaves(got["bert"]["encoder"]), jax.tree_util.tree_leaves(init["bert"]["encoder"])):
+  for a, b in zip(jax.tree_util.tree_leaves(got["bert"]["encoder"]),
+                  jax.tree_util.tree_leaves(init["bert"]["encoder"])):
     np.testing.assert_array_equal(a, b)
   assert all(float(np.abs(x).max()) == 0 for x in jax.tree_util.tree_leaves(jax.device_get(state.opt_state))
              if getattr(x, "ndim", 0) > 0)  # fresh moments

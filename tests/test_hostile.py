@@ -26,7 +26,7 @@ def test_every_cli_refuses_bad_input_in_one_line(tmp_path):
                                           cwd=helpers.ROOT, env=helpers.env(), stdout=subprocess.DEVNULL,
                                           stderr=subprocess.PIPE, text=True))
   results = {}
-  for group, (out, proc) in procs.items():
+  for out, proc in procs.values():
     _, err = proc.communicate(timeout=600)
     assert proc.returncode == 0, err[-3000:]
     results.update(json.loads(out.read_text()))

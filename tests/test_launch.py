@@ -61,7 +61,8 @@ def test_aot_compile_for_a_tpu_topology():
 def test_bench_writes_the_agreed_fields(tmp_path):
   """Only the output's shape is checked here: timings belong to the benchmark, never to assertions."""
   env = dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu")
-  out = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "bench.py"), "--variant", "tiny", "--seq", "32", "--batch", "8",
+  out = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "bench.py"), "--variant", "tiny", "--seq",
+                        "32", "--batch", "8",
                         "--preds", "5", "--steps", "1", "--regime", "glue", "--peer", "hf", "--out",
                         str(tmp_path / "b.json")], capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
   assert out.returncode == 0, out.stderr[-3000:]
@@ -77,7 +78,8 @@ def test_bench_writes_the_agreed_fields(tmp_path):
 
 def test_bench_refuses_peer_none_beside_a_peer(tmp_path):
   env = dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu")
-  out = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "bench.py"), "--variant", "tiny", "--peer", "none", "--peer",
+  out = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "bench.py"), "--variant", "tiny", "--peer",
+                        "none", "--peer",
                         "hf_compile", "--out", str(tmp_path / "b.json")], capture_output=True, text=True, env=env,
                        cwd=ROOT, timeout=300)
   assert out.returncode == 2 and "--peer none cannot be combined" in out.stderr
@@ -118,8 +120,8 @@ def test_sweep_prints_the_grid_and_tabulates_whatever_finished(tmp_path):
 
 def test_profile_summary_reads_the_host_when_a_device_process_is_empty(tmp_path):
   """A CPU trace with libtpu installed names an empty device process beside the host's; the host's kernels count."""
-  import gzip  # pylint: disable=import-outside-toplevel
-  import json  # pylint: disable=import-outside-toplevel
+  import gzip
+  import json
   meta = [{"ph": "M", "name": "process_name", "pid": 1, "args": {"name": "/device:CUSTOM:Megascale Trace"}},
           {"ph": "M", "name": "process_name", "pid": 7, "args": {"name": "/host:CPU"}}]
   # Three profiled steps: 3 x 600 us of products, 3 x 300 us of an elementwise fusion, bookkeeping left out.

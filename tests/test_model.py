@@ -198,7 +198,7 @@ def test_pruned_final_layer_is_exact(scan, ln, layers, full_check):
   cfg = tiny(scan_layers=scan, layer_norm=ln, num_layers=layers)
   full, pruned = model.BertForPreTraining(cfg), model.BertForPreTraining(cfg.replace(prune_final_layer=True))
   params = init(full, cfg)
-  shapes = lambda t: jax.tree_util.tree_map(jnp.shape, t)  # pylint: disable=unnecessary-lambda-assignment
+  shapes = lambda t: jax.tree_util.tree_map(jnp.shape, t)
   assert shapes(init(pruned, cfg)) == shapes(params)
   b = random_batch(cfg)  # row 2 is mostly padding
   a, p = (jax.jit(m.apply)({"params": params}, b) for m in (full, pruned))

@@ -15,7 +15,7 @@ from helpers import ROOT
 
 
 def main_args(workdir, data_dir, steps, *extra):
-  return tt.main_cmd(f"variant=tiny,seq=32,preds=5,batch=16,steps=6,shard=fsdp", workdir, data_dir,
+  return tt.main_cmd("variant=tiny,seq=32,preds=5,batch=16,steps=6,shard=fsdp", workdir, data_dir,
                      "--config.log_every=1", "--config.eval_every=3", "--config.eval_batches=2",
                      "--config.checkpoint_every=3", f"--config.train.stop_after_steps={steps}", *extra)[3:]
 

@@ -113,7 +113,8 @@ def test_question_answering_matches_hf(tmp_path, hf_init):
     answer = "Zanzibar Pemba Island"
     context = f"{before} {answer} {after}"
     data.append({"title": "t", "paragraphs": [{"context": context, "qas": [
-        {"id": f"q{i}", "question": sentence(rng, 4), "answers": [{"text": answer, "answer_start": len(before) + 1}]}]}]})
+        {"id": f"q{i}", "question": sentence(rng, 4),
+         "answers": [{"text": answer, "answer_start": len(before) + 1}]}]}]})
   (tmp_path / "train.json").write_text(json.dumps({"version": "1.1", "data": data}))
   c = config_for("squad_json", hf_init, seq=48, train_file=str(tmp_path / "train.json"), doc_stride=16,
                  max_query_length=8)

@@ -72,7 +72,8 @@ def np_encoder(params, batch, cfg):
     for i in range(cfg.num_layers):
       lp = p["encoder"][f"layer_{i}"]
       local = cfg.local_attention and i % cfg.global_every != 0
-      allowed = (mask[None, :] > 0) & (np.abs(pos[:, None] - pos[None, :]) <= (cfg.local_attention // 2 if local else n))
+      reach = cfg.local_attention // 2 if local else n
+      allowed = (mask[None, :] > 0) & (np.abs(pos[:, None] - pos[None, :]) <= reach)
 
       def attend(h):
         heads = []

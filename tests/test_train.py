@@ -279,7 +279,7 @@ def test_fused_update_equals_optax_chain_on_bert():
     tx, _ = optim.make(c.train)
     params, state, norms = params0, tx.init(params0), []
     update = jax.jit(tx.update)
-    for i, s in enumerate((1.0, 30.0, 0.1, 50.0, 1.0)):  # gradient scales: norms below and above 2.0
+    for s in (1.0, 30.0, 0.1, 50.0, 1.0):  # gradient scales: norms below and above 2.0
       g = grad_fn(params, s)
       norms.append(float(optax.global_norm(g)))
       u, state = update(g, state, params)
@@ -412,7 +412,8 @@ def test_checkpoint_of_another_model_is_refused(tmp_path, data_dir):
   mcfg = model_lib.BertConfig.from_dict(c.model.to_dict())
   params = train.load_init_params(str(tmp_path / "w"), mcfg)
   run = train.build(c, mcfg)
-  with pytest.raises(checkpoint_lib.CheckpointError, match=r"wi.*kernel.*checkpoint \(2, 64, 128\), model \(2, 64, 256\)"):
+  with pytest.raises(checkpoint_lib.CheckpointError,
+                     match=r"wi.*kernel.*checkpoint \(2, 64, 128\), model \(2, 64, 256\)"):
     checkpoint_lib.check_params_fit(params, run.abstract.params)
 
 
@@ -452,7 +453,8 @@ def test_nonfinite_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path, data_
 def test_main_entry_point_end_to_end(tmp_path, data_dir):
   w = tmp_path / "w"
   cmd = main_cmd("variant=tiny,seq=32,preds=5,batch=16,steps=4,shard=fsdp", w, data_dir,
-                 "--config.log_every=2", "--config.eval_every=2", "--config.checkpoint_every=2", "--config.eval_batches=1")
+                 "--config.log_every=2", "--config.eval_every=2", "--config.checkpoint_every=2",
+                 "--config.eval_batches=1")
   out = subprocess.run(cmd, capture_output=True, text=True, env=env(), timeout=600, cwd=ROOT)
   assert out.returncode == 0, out.stderr[-3000:]
   assert "step 4/4" in out.stdout and "done at step 4" in out.stdout

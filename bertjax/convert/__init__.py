@@ -24,7 +24,8 @@ from bertjax.convert.hf import (HEAD_PREFIXES, HF_ACTIVATIONS, IGNORED_BUFFERS, 
                                 head_of_architecture, head_rows, hf_config_to_bert, stack_layers, task_module,
                                 to_state_dict, unstack_layers)
 
-__all__ = ["families", "FAMILIES", "electra_from_hf", "electra_to_hf", "config_from_hf", "family_of", "MAX_HEADER_BYTES", "PICKLE_SUFFIXES", "read_hf_dir", "read_safetensors", "HEAD_PREFIXES",
+__all__ = ["families", "FAMILIES", "electra_from_hf", "electra_to_hf", "config_from_hf", "family_of",
+           "MAX_HEADER_BYTES", "PICKLE_SUFFIXES", "read_hf_dir", "read_safetensors", "HEAD_PREFIXES",
            "HF_ACTIVATIONS", "IGNORED_BUFFERS", "NAME_TABLE", "TASK_HEADS", "ConversionError", "bert_to_hf_config",
            "from_hf", "from_state_dict", "from_tf_variables", "head_of_architecture", "head_rows",
            "hf_config_to_bert", "stack_layers", "task_module", "to_hf", "to_state_dict", "unstack_layers"]

@@ -19,7 +19,7 @@ from bertjax import errors
 
 def export(workdir: str, out: str) -> str:
   """Writes the HF folder; returns the architecture written."""
-  from bertjax import convert, finetune, predict  # pylint: disable=import-outside-toplevel
+  from bertjax import convert, finetune, predict
   if os.path.exists(os.path.join(workdir, "finetune.json")):
     meta, task, module, params, _ = finetune.load_finetuned(workdir)
     head = finetune.HF_HEADS[task.kind]
@@ -29,15 +29,15 @@ def export(workdir: str, out: str) -> str:
   else:
     with open(os.path.join(workdir, "config.json"), encoding="utf-8") as f:
       run = json.load(f)
-    import ml_collections  # pylint: disable=import-outside-toplevel
-    from bertjax import weights  # pylint: disable=import-outside-toplevel
+    import ml_collections
+    from bertjax import weights
     tok_path, lower = weights.run_tokenizer(workdir, ml_collections.ConfigDict(run))
     if not tok_path:
       raise errors.TokenizerError(f"{workdir}: no tokenizer (neither WORKDIR/tokenizer/ nor its data dir "
                                   f"{run['data']['data_dir']} can be read)")
     if run.get("objective", "mlm") == "electra":  # OUT/discriminator and OUT/generator, as HF publishes ELECTRA
-      from bertjax import checkpoint as checkpoint_lib, model as model_lib  # pylint: disable=import-outside-toplevel
-      from bertjax.model import electra  # pylint: disable=import-outside-toplevel
+      from bertjax import checkpoint as checkpoint_lib, model as model_lib
+      from bertjax.model import electra
       disc_cfg = model_lib.BertConfig.from_dict(run["model"])
       gen_cfg = electra.generator_config(disc_cfg, run["electra"]["generator_hidden"],
                                          run["electra"]["generator_layers"])

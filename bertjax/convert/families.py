@@ -303,13 +303,13 @@ def _rows(family, cfg, head):
 
 def _expected(family, cfg, head):
   if family != "electra" or head == "encoder":
-    return bert_hf._expected_shapes(cfg, head)  # pylint: disable=protected-access
-  import jax  # pylint: disable=import-outside-toplevel
-  from bertjax.model import electra  # pylint: disable=import-outside-toplevel
+    return bert_hf._expected_shapes(cfg, head)
+  import jax
+  from bertjax.model import electra
   module = electra.ElectraDiscriminator(cfg) if head == "discriminator" else model_lib.BertForPreTraining(cfg)
   shapes = jax.eval_shape(lambda: module.init(jax.random.key(0), model_lib.dummy_batch(cfg, 1, 4, 1))["params"])
-  shapes = jax.tree_util.tree_map(lambda x: x.shape, bert_hf._unbox(shapes))  # pylint: disable=protected-access
-  return dict(bert_hf._flatten(shapes))  # pylint: disable=protected-access
+  shapes = jax.tree_util.tree_map(lambda x: x.shape, bert_hf._unbox(shapes))
+  return dict(bert_hf._flatten(shapes))
 
 
 # ----------------------------------------------------------------------------- public API
@@ -337,7 +337,7 @@ def from_state_dict(family: str, cfg: model_lib.BertConfig, state: Mapping[str, 
   rows = _rows(family, flat, head)
   if head == "encoder" and not any(k.startswith(enc_prefix) for k in state):  # a bare encoder, names unprefixed
     rows = [(p, hf[len(enc_prefix):], kind) for p, hf, kind in rows]
-  layouts = bert_hf._layouts(cfg)  # pylint: disable=protected-access
+  layouts = bert_hf._layouts(cfg)
   expected = _expected(family, flat, head)
   params, missing, misshaped, used = {}, [], [], set()
   for path, name, kind in rows:
@@ -349,7 +349,7 @@ def from_state_dict(family: str, cfg: model_lib.BertConfig, state: Mapping[str, 
     if value is None or value.shape != expected[path]:
       misshaped.append(f"{name}: shape {np.shape(state[name])}")
       continue
-    bert_hf._set(params, path, value.astype(np.float32))  # pylint: disable=protected-access
+    bert_hf._set(params, path, value.astype(np.float32))
   if family == "modernbert" and not cfg.first_attention_norm:  # layer 0 reads no attention norm: the identity
     root = params.get("bert", params)
     ln = {"scale": np.ones((cfg.hidden_size,), np.float32)}
@@ -371,20 +371,20 @@ def from_state_dict(family: str, cfg: model_lib.BertConfig, state: Mapping[str, 
 
 def to_state_dict(family: str, cfg: model_lib.BertConfig, params: Mapping) -> dict[str, np.ndarray]:
   """The HF state dict of a roberta / modernbert model (MLM when params hold the MLM head, else the encoder)."""
-  import jax  # pylint: disable=import-outside-toplevel
-  params = jax.tree_util.tree_map(np.asarray, jax.device_get(bert_hf._unbox(params)))  # pylint: disable=protected-access
+  import jax
+  params = jax.tree_util.tree_map(np.asarray, jax.device_get(bert_hf._unbox(params)))
   if cfg.scan_layers:
     params = bert_hf.unstack_layers(params, cfg.num_layers)
   if family == "modernbert" and cfg.padded_vocab_size != cfg.vocab_size:
     params = _pad_bias(params, cfg)
   flat = cfg.replace(scan_layers=False)
-  layouts = bert_hf._layouts(cfg)  # pylint: disable=protected-access
+  layouts = bert_hf._layouts(cfg)
   if family == "electra":
     rows = _rows(family, flat, "generator" if "mlm_bias" in params else "discriminator" if "head_dense" in params
                  else "encoder")
   else:
     rows = _rows(family, flat, "pretraining" if "mlm_bias" in params else "encoder")
-  state = {hf: np.ascontiguousarray(layouts[kind][1](bert_hf._get(params, path)).astype(np.float32))  # pylint: disable=protected-access
+  state = {hf: np.ascontiguousarray(layouts[kind][1](bert_hf._get(params, path)).astype(np.float32))
            for path, hf, kind in rows}
   return join_fused(state) if family == "modernbert" else state
 
@@ -456,7 +456,7 @@ def to_hf_any(cfg: model_lib.BertConfig, params: Mapping, out_dir: str, *, head:
 def electra_from_hf(discriminator_dir: str, generator_dir: str, **overrides):
   """(discriminator cfg, generator cfg, ElectraForPreTraining params) from HF's two folders; the embeddings are
   the discriminator's (the generator's copy must be the same shape)."""
-  from bertjax.model import electra  # pylint: disable=import-outside-toplevel
+  from bertjax.model import electra
   disc_cfg, disc = from_hf(discriminator_dir, head="discriminator", **overrides)
   gen_cfg, gen = from_hf(generator_dir, head="generator", **overrides)
   if disc_cfg.embed_dim != gen_cfg.embed_dim or disc_cfg.vocab_size != gen_cfg.vocab_size:
@@ -468,8 +468,8 @@ def electra_from_hf(discriminator_dir: str, generator_dir: str, **overrides):
 def electra_to_hf(disc_cfg: model_lib.BertConfig, gen_cfg: model_lib.BertConfig, params: Mapping,
                   out_dir: str) -> None:
   """OUT/discriminator (ElectraForPreTraining) and OUT/generator (ElectraForMaskedLM), as HF publishes ELECTRA."""
-  import jax  # pylint: disable=import-outside-toplevel
-  from bertjax.model import electra  # pylint: disable=import-outside-toplevel
-  disc, gen = electra.split(jax.tree_util.tree_map(np.asarray, bert_hf._unbox(params)))  # pylint: disable=protected-access
+  import jax
+  from bertjax.model import electra
+  disc, gen = electra.split(jax.tree_util.tree_map(np.asarray, bert_hf._unbox(params)))
   to_hf(disc_cfg, disc, os.path.join(out_dir, "discriminator"), "electra")
   to_hf(gen_cfg, gen, os.path.join(out_dir, "generator"), "electra")

@@ -49,7 +49,7 @@ def read_safetensors(path: str) -> dict[str, np.ndarray]:
     if end > data_len:
       raise ConversionError(f"{path}: truncated safetensors file: tensor {name!r} ends at byte {end} of the "
                             f"data section, which has {data_len}")
-  from safetensors.numpy import load_file  # pylint: disable=import-outside-toplevel
+  from safetensors.numpy import load_file
   try:
     return load_file(path)
   except Exception as e:  # safetensors raises its own error types
@@ -86,7 +86,7 @@ def read_hf_dir(path: str) -> tuple[dict, dict[str, np.ndarray]]:
 
 def write_hf_dir(out_dir: str, state: dict, hf_cfg: dict) -> None:
   """OUT/model.safetensors (written whole, then renamed into place) and OUT/config.json."""
-  from safetensors.numpy import save_file  # pylint: disable=import-outside-toplevel
+  from safetensors.numpy import save_file
   os.makedirs(out_dir, exist_ok=True)
   tmp = os.path.join(out_dir, "model.safetensors.tmp")
   save_file(state, tmp, metadata={"format": "pt"})

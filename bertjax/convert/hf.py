@@ -130,7 +130,8 @@ def hf_config_to_bert(hf: Mapping, **overrides) -> model_lib.BertConfig:
       num_heads=hf["num_attention_heads"], intermediate_size=hf["intermediate_size"],
       max_position_embeddings=hf.get("max_position_embeddings", 512), type_vocab_size=hf.get("type_vocab_size", 2),
       hidden_act=HF_ACTIVATIONS[act], layer_norm_eps=hf.get("layer_norm_eps", 1e-12),
-      dropout_rate=hf.get("hidden_dropout_prob", 0.1), attention_dropout_rate=hf.get("attention_probs_dropout_prob", 0.1),
+      dropout_rate=hf.get("hidden_dropout_prob", 0.1),
+      attention_dropout_rate=hf.get("attention_probs_dropout_prob", 0.1),
       initializer_range=hf.get("initializer_range", 0.02))
   fields.update(overrides)
   return model_lib.BertConfig(**fields)
@@ -211,7 +212,7 @@ def task_module(cfg: model_lib.BertConfig, head: str, num_labels: int):
 
 
 def _unbox(tree):
-  import flax.linen as nn  # pylint: disable=import-outside-toplevel
+  import flax.linen as nn
   return nn.meta.unbox(tree)
 
 

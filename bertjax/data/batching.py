@@ -116,7 +116,7 @@ def predict_all(predict_step, params, feats, batch_size, batch_sharding, bucket=
   full = feats["input_ids"].shape[1]
   order = np.argsort(np.sum(feats["input_mask"], axis=1), kind="stable") if bucket else np.arange(n)
   outs = []
-  from jax.experimental import multihost_utils  # pylint: disable=import-outside-toplevel
+  from jax.experimental import multihost_utils
   for s in range(0, n, batch_size):
     b = make_batch(feats, order[s:s + batch_size], batch_size, bucket)
     out = predict_step(params, jax.device_put(b, batch_sharding))

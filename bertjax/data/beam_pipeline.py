@@ -65,12 +65,12 @@ class MakeExamples(beam.DoFn):
     for name, data in self._bundle["files"].items():
       with open(os.path.join(self._dir, name), "wb") as f:
         f.write(data)
-    pretraining._init_worker(os.path.join(self._dir, self._bundle["main"]), self._lower)  # pylint: disable=protected-access
+    pretraining._init_worker(os.path.join(self._dir, self._bundle["main"]), self._lower)
 
   def process(self, element):
     buffer_index, items = element
     documents = [doc for _, doc in sorted(items, key=lambda item: item[0])]
-    feats, empty = pretraining._process_buffer((buffer_index, documents, self._opts))  # pylint: disable=protected-access
+    feats, empty = pretraining._process_buffer((buffer_index, documents, self._opts))
     beam.metrics.Metrics.counter(NAMESPACE, f"{self._split}.examples").inc(len(feats))
     beam.metrics.Metrics.counter(NAMESPACE, f"{self._split}.untokenizable_documents").inc(empty)
     for j, f in enumerate(feats):

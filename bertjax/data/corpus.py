@@ -123,7 +123,7 @@ def split_sentences(text: str, splitter: str = "sentencex", language: str = "en"
     return []
   if splitter == "regex":
     return [s for s in _SENTENCE_END.split(text) if s.strip()]
-  import sentencex  # pylint: disable=import-outside-toplevel
+  import sentencex
   return [s.strip() for s in sentencex.segment(language, text) if s.strip()]
 
 
@@ -166,9 +166,9 @@ def _remote_glob(pattern: str) -> list[str]:
   """gs://, s3://, hdfs:// ... matches, through Beam's file systems where Beam is installed (what its workers
   use), else etils.epath."""
   try:
-    from apache_beam.io.filesystems import FileSystems  # pylint: disable=import-outside-toplevel
+    from apache_beam.io.filesystems import FileSystems
   except ImportError:
-    from etils import epath  # pylint: disable=import-outside-toplevel
+    from etils import epath
     scheme, rest = pattern.split("://", 1)
     bucket, _, inner = rest.partition("/")
     return sorted(str(p) for p in epath.Path(f"{scheme}://{bucket}").glob(inner))
@@ -178,9 +178,9 @@ def _remote_glob(pattern: str) -> list[str]:
 def _open_raw(path: str) -> IO[bytes]:
   if "://" in path:
     try:
-      from apache_beam.io.filesystems import CompressionTypes, FileSystems  # pylint: disable=import-outside-toplevel
+      from apache_beam.io.filesystems import CompressionTypes, FileSystems
     except ImportError:
-      from etils import epath  # pylint: disable=import-outside-toplevel
+      from etils import epath
       return epath.Path(path).open("rb")
     return FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED)
   if not os.path.isfile(path):
@@ -199,7 +199,7 @@ def open_shard(path: str) -> IO[bytes]:
   if kind == "xz":
     return lzma.LZMAFile(raw)
   if kind == "zstd":
-    import zstandard  # pylint: disable=import-outside-toplevel
+    import zstandard
     return io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(raw, closefd=True))
   return raw
 
@@ -323,8 +323,8 @@ def _jsonl_documents(path: str, opts: ReadOptions, stats: CorpusStats) -> Iterat
 
 
 def _parquet_documents(path: str, opts: ReadOptions, stats: CorpusStats) -> Iterator[list[str]]:
-  import pyarrow as pa  # pylint: disable=import-outside-toplevel
-  import pyarrow.parquet as pq  # pylint: disable=import-outside-toplevel
+  import pyarrow as pa
+  import pyarrow.parquet as pq
   with _open_raw(path) as raw:
     try:
       pf = pq.ParquetFile(raw)
@@ -350,11 +350,11 @@ def _parquet_documents(path: str, opts: ReadOptions, stats: CorpusStats) -> Iter
 
 def _tfds_documents(spec: str, opts: ReadOptions, stats: CorpusStats, data_dir: str | None
                     ) -> Iterator[list[str]]:
-  import tensorflow_datasets as tfds  # pylint: disable=import-outside-toplevel
+  import tensorflow_datasets as tfds
   name, _, split = spec[len("tfds:"):].partition(":")
   try:
     source = tfds.data_source(name, split=split or "train", data_dir=data_dir)
-  except Exception as e:  # pylint: disable=broad-except
+  except Exception as e:
     raise CorpusError(f"{spec}: cannot open the tfds dataset ({type(e).__name__}: {str(e)[:200]}); prepare it "
                       "first (tfds build) and pass its --tfds_data_dir") from None
   stats.files += 1

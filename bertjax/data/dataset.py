@@ -101,13 +101,13 @@ class BertPretrainingBeam(BertPretraining, skip_registration=True):
   """The same dataset made by an Apache Beam pipeline (`bertjax.data.beam_pipeline`)."""
   name = NAME
 
-  def _split_generators(self, dl_manager, pipeline):  # pylint: disable=arguments-differ
+  def _split_generators(self, dl_manager, pipeline):
     del dl_manager
-    from bertjax.data import beam_pipeline  # pylint: disable=import-outside-toplevel
+    from bertjax.data import beam_pipeline
     return beam_pipeline.split_collections(pipeline, self._creation)
 
   def _process_pipeline_result(self, pipeline_result):
-    from bertjax.data import beam_pipeline  # pylint: disable=import-outside-toplevel
+    from bertjax.data import beam_pipeline
     self._creation["beam_metrics"] = beam_pipeline.metrics(pipeline_result)
 
 
@@ -150,7 +150,8 @@ def create(input_files, tokenizer_path: str, out_dir: str, opts: pretraining.Cre
   if not input_files:
     raise corpus_lib.CorpusError("no corpus files given")
   input_files = corpus_lib.expand(input_files)
-  tok = tokenizer_lib.load(tokenizer_path, do_lower_case=do_lower_case, reference="original")  # fails early on a bad tokenizer
+  # Loaded first: a bad tokenizer fails before anything is read or written.
+  tok = tokenizer_lib.load(tokenizer_path, do_lower_case=do_lower_case, reference="original")
   local = "://" not in os.fspath(out_dir)
   lock = _lock(out_dir) if local else contextlib.nullcontext()
   with lock:
@@ -161,7 +162,7 @@ def create(input_files, tokenizer_path: str, out_dir: str, opts: pretraining.Cre
 
 def _lock(out_dir: str):
   """The lock two creations into one folder take (the second refuses, naming the first's pid)."""
-  from bertjax import checkpoint as checkpoint_lib  # pylint: disable=import-outside-toplevel
+  from bertjax import checkpoint as checkpoint_lib
   return checkpoint_lib.WorkdirLock(os.fspath(out_dir))
 
 
@@ -185,9 +186,10 @@ def _create(input_files, tokenizer_path, tok, out_dir, opts, reader, *, do_lower
   download_config = tfds.download.DownloadConfig(download_mode=tfds.download.GenerateMode.REUSE_CACHE_IF_EXISTS)
   if beam_runner:
     try:
-      from apache_beam.options import pipeline_options  # pylint: disable=import-outside-toplevel
+      from apache_beam.options import pipeline_options
     except ImportError:
-      raise errors.ConfigError("--beam_runner needs Apache Beam: pip install 'bertjax[beam]' (or apache-beam)") from None
+      raise errors.ConfigError("--beam_runner needs Apache Beam: bash launch/setup.sh beam, or pip install "
+                               "'bertjax[beam]'") from None
     flags = list(beam_options)
     if beam_runner == "DirectRunner" and workers > 1 and not any(f.startswith("--direct_") for f in flags):
       flags += [f"--direct_num_workers={workers}", "--direct_running_mode=multi_processing"]
@@ -203,7 +205,7 @@ def _create(input_files, tokenizer_path, tok, out_dir, opts, reader, *, do_lower
     if beam_runner:
       beam_log.setLevel(logging.CRITICAL)
     builder.download_and_prepare(download_config=download_config)
-  except Exception as e:  # pylint: disable=broad-except
+  except Exception as e:
     user = _user_error(e, input_files, heldout_every, out_dir)
     if user is None:
       raise
@@ -260,7 +262,7 @@ DataPathError = errors.DataPathError
 
 
 def read_creation(data_dir: str) -> dict:
-  from etils import epath  # pylint: disable=import-outside-toplevel
+  from etils import epath
   data_dir = os.fspath(data_dir)
   path = epath.Path(data_dir) / "creation.json"
 
@@ -276,7 +278,7 @@ def read_creation(data_dir: str) -> dict:
       def target():
         try:
           box["value"] = read()
-        except Exception as e:  # pylint: disable=broad-except
+        except Exception as e:
           box["error"] = e
 
       worker = threading.Thread(target=target, daemon=True)  # a daemon: never holds up the exit
@@ -292,7 +294,7 @@ def read_creation(data_dir: str) -> dict:
       exists, text = read()
   except DataPathError:
     raise
-  except Exception as e:  # pylint: disable=broad-except
+  except Exception as e:
     raise DataPathError(f"{data_dir}: cannot be read ({type(e).__name__}: {str(e)[:200]}). Check the path, the network "
                         "and credentials; gs:// paths need gcsfs (pip install gcsfs) or TensorFlow.") from None
   if not exists:
@@ -333,7 +335,8 @@ def load_source(data_dir: str, split: str):
 def main(argv=None):
   p = errors.ArgumentParser(description="Create BERT pre-training data (create_pretraining_data.py semantics).")
   p.add_argument("--input", nargs="+", required=True,
-                 help="shards or glob patterns (text, .jsonl, .parquet, optionally .gz/.bz2/.xz/.zst) or tfds:NAME[:SPLIT]")
+                 help="shards or glob patterns (text, .jsonl, .parquet, optionally .gz/.bz2/.xz/.zst) or "
+                      "tfds:NAME[:SPLIT]")
   p.add_argument("--tokenizer", required=True, help="vocab.txt, sentencepiece .model or byte-level BPE vocab.json")
   p.add_argument("--out", required=True, help="output data_dir")
   p.add_argument("--format", default="auto", choices=list(corpus_lib.FORMATS),
@@ -365,7 +368,8 @@ def main(argv=None):
     print(f"note: --workers {args.workers} on {cores} core(s): using {cores} (more processes than cores only "
           "compete for them)", flush=True)
     args.workers = cores
-  opts = pretraining.CreationOptions(**{f.name: getattr(args, f.name) for f in dataclasses.fields(pretraining.CreationOptions)})
+  opts = pretraining.CreationOptions(**{f.name: getattr(args, f.name)
+                                        for f in dataclasses.fields(pretraining.CreationOptions)})
   reader = corpus_lib.ReadOptions(format=args.format, text_field=args.text_field, splitter=args.splitter,
                                   language=args.language, skip_bad_records=args.skip_bad_records)
   rec = create(args.input, args.tokenizer, args.out, opts, do_lower_case=not args.cased,

@@ -44,8 +44,8 @@ def _rows_of_this_process(sharding, global_batch: int, process=None) -> tuple[in
   for a, b in zip(starts, stops):
     covered.update(range(a, b))
   if covered != set(range(start, stop)):
-    raise errors.ConfigError("this process's devices hold a non-contiguous part of the batch; use a mesh whose batch axes "
-                     "are laid out process by process")
+    raise errors.ConfigError("this process's devices hold a non-contiguous part of the batch; use a mesh whose "
+                             "batch axes are laid out process by process")
   return start, stop
 
 

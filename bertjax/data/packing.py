@@ -114,7 +114,8 @@ class PackedSource:
   """Random access to packed rows of a source (the plan is computed once and cached beside the data)."""
 
   def __init__(self, source, row_length: int, row_predictions: int, max_per_row: int, cache: str | None = None):
-    self.source, self.row_length, self.row_predictions, self.max_per_row = source, row_length, row_predictions, max_per_row
+    self.source, self.row_length = source, row_length
+    self.row_predictions, self.max_per_row = row_predictions, max_per_row
     if cache and os.path.exists(cache):
       data = np.load(cache)
       flat, starts = data["flat"], data["starts"]

@@ -322,7 +322,7 @@ def _init_pool_worker(tokenizer_path: str, do_lower_case: bool):
   signal.signal(signal.SIGINT, signal.SIG_IGN)
   if sys.platform.startswith("linux"):
     try:
-      import ctypes  # pylint: disable=import-outside-toplevel
+      import ctypes
       ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):
       pass

@@ -28,8 +28,8 @@ class QAExample:
 
 
 def tfds_examples(name: str, split: str, data_dir: str | None = None) -> list[QAExample]:
-  import tensorflow_datasets as tfds  # pylint: disable=import-outside-toplevel
-  import tensorflow_datasets.question_answering  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import
+  import tensorflow_datasets as tfds
+  import tensorflow_datasets.question_answering  # noqa: F401
   src = tfds.data_source(name, split=split, data_dir=data_dir)
   out = []
   for i in range(len(src)):
@@ -115,7 +115,8 @@ def featurize(examples, tok, max_seq_length=384, doc_stride=128, max_query_lengt
     for start, length in spans:
       ids = [tok.cls_id] + q + [tok.sep_id] + doc_ids[start:start + length] + [tok.sep_id]
       offsets = [(-1, -1)] * (len(q) + 2) + doc_off[start:start + length] + [(-1, -1)]
-      best = [False] * (len(q) + 2) + [_is_max_context(spans, (start, length), start + j) for j in range(length)] + [False]
+      best = ([False] * (len(q) + 2) + [_is_max_context(spans, (start, length), start + j) for j in range(length)]
+              + [False])
       n = len(ids)
       pad = max_seq_length - n
       rows["input_ids"].append(ids + [0] * pad)

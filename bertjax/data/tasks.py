@@ -37,7 +37,8 @@ class Task:
 
 
 GLUE = {
-    "cola": Task("glue/cola", "classification", ("sentence",), ("unacceptable", "acceptable"), ("mcc", "accuracy"), "mcc"),
+    "cola": Task("glue/cola", "classification", ("sentence",), ("unacceptable", "acceptable"), ("mcc", "accuracy"),
+                 "mcc"),
     "sst2": Task("glue/sst2", "classification", ("sentence",), ("negative", "positive")),
     "mrpc": Task("glue/mrpc", "classification", ("sentence1", "sentence2"), ("not_equivalent", "equivalent"),
                  ("f1", "accuracy"), "f1"),
@@ -64,7 +65,7 @@ def get(name: str, labels: Sequence[str] = (), regression: bool = False) -> Task
   if name == "ner":
     if not labels:
       raise TaskDataError("task ner needs its tag set declared: --config.data.labels='(\"O\",\"B-PER\",\"I-PER\")'")
-    from bertjax import scores  # pylint: disable=import-outside-toplevel
+    from bertjax import scores
     for t in labels:
       try:
         scores.split_tag(t)
@@ -89,8 +90,8 @@ def _text(v) -> str:
 
 def glue_examples(task: Task, split: str, data_dir: str | None = None) -> list[dict]:
   """[{"text_a", "text_b", "label"}] from `tfds.data_source` (array_record; no TensorFlow needed)."""
-  import tensorflow_datasets as tfds  # pylint: disable=import-outside-toplevel
-  import tensorflow_datasets.text  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import  (registers glue)
+  import tensorflow_datasets as tfds
+  import tensorflow_datasets.text  # noqa: F401  (registers glue)
   src = tfds.data_source(task.name, split=split, data_dir=data_dir)
   out = []
   for i in range(len(src)):  # one by one: mocked sources support neither slicing nor __getitems__

@@ -16,7 +16,8 @@ RoBERTa's byte-level BPE (`vocab.json` + `merges.txt`, HF `tokenizers`' BPE over
 pre-tokenizer) gives the ids of HF's RobertaTokenizerFast; its special tokens <pad>, <unk>, <s>, </s>, <mask> take
 the roles of BERT's [PAD], [UNK], [CLS], [SEP], [MASK].
 
-CLI: python -m bertjax.data.tokenizer --input a.txt b.txt --kind wordpiece|unigram|bpe|byte_bpe --vocab_size 8000 --out DIR
+CLI: python -m bertjax.data.tokenizer --input a.txt b.txt --kind wordpiece|unigram|bpe|byte_bpe --vocab_size 8000 \\
+    --out DIR
 """
 from __future__ import annotations
 
@@ -121,7 +122,7 @@ def _load_wordpiece(path: str, do_lower_case: bool, reference: str = "hf") -> To
   tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
   tok.decoder = decoders.WordPiece(prefix="##")
   if reference == "hf":
-    from tokenizers import AddedToken  # pylint: disable=import-outside-toplevel
+    from tokenizers import AddedToken
     tok.add_special_tokens([AddedToken(t, normalized=False) for t in SPECIAL_TOKENS if t in vocab])
   continues = np.array([p.startswith("##") for p in pieces], bool)
   def offsets(s):
@@ -169,7 +170,7 @@ def _load_byte_bpe(path: str) -> Tokenizer:
   """Byte-level BPE: RoBERTa's `vocab.json` with `merges.txt` beside it (built as RobertaTokenizerFast builds
   itself), or a saved HF `tokenizer.json` (given, or beside vocab.json; its own added-token rules, e.g.
   roberta-base's strip before <mask>, ModernBERT's BERT-named special tokens)."""
-  import json  # pylint: disable=import-outside-toplevel
+  import json
   from tokenizers import AddedToken, Tokenizer as HFTokenizer, decoders, models, pre_tokenizers, processors
   folder = os.path.dirname(path)
   full = path if os.path.basename(path) == "tokenizer.json" else os.path.join(folder, "tokenizer.json")
@@ -254,14 +255,15 @@ def files(path: str) -> list[str]:
   out = [path]
   if path.endswith(".json") and os.path.basename(path) != "tokenizer.json":
     folder = os.path.dirname(path)
-    out += [os.path.join(folder, n) for n in ("merges.txt", "tokenizer.json") if os.path.isfile(os.path.join(folder, n))]
+    out += [os.path.join(folder, n) for n in ("merges.txt", "tokenizer.json")
+            if os.path.isfile(os.path.join(folder, n))]
   return out
 
 
 def fingerprint(path: str) -> str:
   """sha256 over every file `load(path)` reads (names and bytes): what data dirs and workdirs record of their
   tokenizer, to refuse one that changed."""
-  import hashlib  # pylint: disable=import-outside-toplevel
+  import hashlib
   h = hashlib.sha256()
   for f in files(path):
     h.update(os.path.basename(f).encode() + b"\0")
@@ -325,7 +327,7 @@ def train(files: Sequence[str], out_dir: str, kind: str = "wordpiece", vocab_siz
   The same input and arguments give the same files, byte for byte. The files are written in a temporary folder and
   moved into `out_dir` at the end; with `overwrite` False, tokenizer files already there are an error.
   `progress(lines)`, when given, is called as the corpus is read."""
-  from bertjax.data import corpus  # pylint: disable=import-outside-toplevel
+  from bertjax.data import corpus
   if kind not in OUTPUTS:
     raise errors.ConfigError(f"unknown tokenizer kind {kind!r}; choose wordpiece, unigram, bpe or byte_bpe")
   files = corpus.expand(files)
@@ -358,7 +360,7 @@ def train(files: Sequence[str], out_dir: str, kind: str = "wordpiece", vocab_siz
 
 def _train_into(texts, out_dir: str, kind: str, vocab_size: int, do_lower_case: bool, seed: int) -> str:
   if kind == "wordpiece":
-    from tokenizers import BertWordPieceTokenizer  # pylint: disable=import-outside-toplevel
+    from tokenizers import BertWordPieceTokenizer
 
     def run(size, extra=()):
       tok = BertWordPieceTokenizer(lowercase=do_lower_case, strip_accents=None, clean_text=True,
@@ -373,14 +375,14 @@ def _train_into(texts, out_dir: str, kind: str, vocab_size: int, do_lower_case: 
     run(vocab_size, sorted(p for p in alphabet if p.startswith("##"))).save_model(out_dir)
     return "vocab.txt"
   if kind == "byte_bpe":
-    from tokenizers import ByteLevelBPETokenizer  # pylint: disable=import-outside-toplevel
+    from tokenizers import ByteLevelBPETokenizer
     tok = ByteLevelBPETokenizer(add_prefix_space=False, trim_offsets=True)
     tok.train_from_iterator(texts(), vocab_size=vocab_size, min_frequency=2, show_progress=False,
                             special_tokens=["<s>", "<pad>", "</s>", "<unk>", "<mask>"])  # RoBERTa's ids 0-4
     tok.save_model(out_dir)
     return "vocab.json"
-  import sentencepiece as spm  # pylint: disable=import-outside-toplevel
-  import io  # pylint: disable=import-outside-toplevel
+  import sentencepiece as spm
+  import io
   spm.set_random_generator_seed(seed)
   model = io.BytesIO()  # written by us: with a model_prefix the model records the (temporary) path it was given
   spm.SentencePieceTrainer.Train(
@@ -415,7 +417,7 @@ class _Texts:
 
 def _clean_texts(files, reader=None):
   """Sentences decoded robustly (bad bytes replaced, NULs dropped), as the data pipeline reads them."""
-  from bertjax.data import corpus  # pylint: disable=import-outside-toplevel
+  from bertjax.data import corpus
   for line in corpus.iter_texts(files, reader):
     line = line.strip()
     if line:
@@ -436,7 +438,7 @@ def main(argv: Iterable[str] | None = None) -> None:
   p.add_argument("--cased", action="store_true", help="keep case and accents")
   p.add_argument("--overwrite", action="store_true", help="replace the tokenizer files already in --out")
   args = p.parse_args(argv)
-  from bertjax.data import corpus  # pylint: disable=import-outside-toplevel
+  from bertjax.data import corpus
   start = time.time()
 
   def progress(lines):

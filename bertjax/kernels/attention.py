@@ -111,7 +111,7 @@ def _call(kernel, n_out, q, mask, args, rate, interpret):
   in_specs = [seed_spec, row, row, row, mask_spec] + [row] * (len(args) - 5)
   params = None
   if not interpret:
-    from jax.experimental.pallas import triton as pl_triton  # pylint: disable=import-outside-toplevel
+    from jax.experimental.pallas import triton as pl_triton
     params = pl_triton.CompilerParams(num_warps=8 if length >= 128 else 4, num_stages=1)
   out = jax.ShapeDtypeStruct(q.shape, q.dtype)
   return pl.pallas_call(

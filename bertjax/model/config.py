@@ -97,7 +97,8 @@ class BertConfig:
   # `for_platform`; docs/performance.md has the measurements.
   scan_unroll: int = 0
   remat: str = "none"  # none | full | dots (save matmul outputs)
-  # xla (einsum) | cudnn | auto: jax.nn.dot_product_attention (fused without dropout) | pallas: bertjax.kernels.attention
+  # xla (einsum) | cudnn | auto: jax.nn.dot_product_attention (fused without dropout) |
+  # pallas: bertjax.kernels.attention
   # (fused with dropout; GPU, L <= 256, batch and heads may be split over a mesh) | splash: TPU Pallas splash
   # attention (fused without dropout, packed rows by segment ids; the xla path when attention dropout is on)
   attention_impl: str = "xla"

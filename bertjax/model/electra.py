@@ -140,7 +140,8 @@ def electra_sums(out, batch):
   bins = jnp.clip(jnp.floor(jax.nn.sigmoid(z) * AUC_THRESHOLDS), 0, AUC_THRESHOLDS - 1).astype(jnp.int32).ravel()
   pos_hist = jnp.zeros(AUC_THRESHOLDS).at[bins].add((y * tok).ravel())
   neg_hist = jnp.zeros(AUC_THRESHOLDS).at[bins].add(((1 - y) * tok).ravel())
-  return {"disc_pos_hist": pos_hist, "disc_neg_hist": neg_hist,"mlm_loss_sum": jnp.sum(ce * w), "mlm_weight": jnp.sum(w),
+  return {"disc_pos_hist": pos_hist, "disc_neg_hist": neg_hist, "mlm_loss_sum": jnp.sum(ce * w),
+          "mlm_weight": jnp.sum(w),
           "mlm_correct": jnp.sum((jnp.argmax(out["mlm_logits"], -1) == out["masked_lm_ids"]) * w),
           "sampled_correct": jnp.sum((out["sampled_ids"] == out["masked_lm_ids"]) * w),
           "disc_loss_sum": jnp.sum(bce * tok), "disc_weight": jnp.sum(tok),

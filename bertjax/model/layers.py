@@ -67,7 +67,8 @@ def layer_norm(cfg: BertConfig, name: str | None = None):
 
 
 class HashDropout(nn.Module):
-  """`nn.Dropout`'s interface over `bertjax.kernels.dropout.hash_dropout`, its per-call seed from the `dropout` stream."""
+  """`nn.Dropout`'s interface over `bertjax.kernels.dropout.hash_dropout`, its per-call seed from the `dropout`
+  stream."""
   rate: float
 
   @nn.compact
@@ -132,7 +133,8 @@ def alibi_bias(positions, num_heads: int):
 
 
 def band_mask(length: int, window: int):
-  """[1, 1, L, L] boolean: |i - j| <= window // 2 (a sliding window of `window` tokens, ModernBERT's local_attention)."""
+  """[1, 1, L, L] boolean: |i - j| <= window // 2 (a sliding window of `window` tokens, ModernBERT's
+  local_attention)."""
   i = np.arange(length)
   return jnp.asarray(np.abs(i[:, None] - i[None, :]) <= window // 2)[None, None]
 
