@@ -107,3 +107,51 @@ def _as_config_error(fn):
     fn()
   except ValueError as e:
     raise errors.ConfigError(str(e)) from None
+
+
+def test_a_dataset_that_cannot_be_downloaded_is_one_line_in_seconds(tmp_path, monkeypatch):
+  """Offline, an unprepared tfds task fails at once with how to prepare it (tfds alone retries for minutes)."""
+  import requests
+  from tensorflow_datasets.core.download import downloader
+
+  def offline(url, **kwargs):
+    raise requests.exceptions.ConnectionError(f"Failed to establish a new connection: {url}")
+  monkeypatch.setattr(downloader, "_open_url", offline)
+  monkeypatch.setattr(downloader, "MAX_RETRIES", 10)
+  with pytest.raises(tasks.TaskDataError, match=r"glue/mrpc: not prepared in .* and its download failed .*"
+                                                r"download_and_prepare"):
+    tasks.glue_examples(tasks.get("glue/mrpc"), "train", str(tmp_path))
+  assert downloader.MAX_RETRIES == tasks.DOWNLOAD_RETRIES
+
+
+def test_dataset_command_prints_plain_progress_and_caps_workers(tmp_path, capfd):
+  from bertjax.data import dataset, tokenizer
+  text = "\n\n".join("\n".join(f"sentence {i} of document {d} reads a few words." for i in range(4)) for d in range(40))
+  (tmp_path / "c.txt").write_text(text)
+  vocab = tokenizer.train([tmp_path / "c.txt"], tmp_path / "tok", vocab_size=80)
+  cores = len(os.sched_getaffinity(0))
+  dataset.main(["--input", str(tmp_path / "c.txt"), "--tokenizer", vocab, "--out", str(tmp_path / "d"),
+                "--workers", str(cores + 6), "--max_seq_length", "32", "--max_predictions_per_seq", "5",
+                "--heldout_every", "8"])
+  out, err = capfd.readouterr()
+  assert f"note: --workers {cores + 6} on {cores} core(s): using {cores}" in out
+  assert "train: " in out and "wrote " in out
+  assert "\x1b[" not in out + err and "\r" not in out + err  # no progress-bar escape codes in a log
+  assert "Downloading and preparing" not in out + err and "downloaded and prepared" not in out + err
+
+
+def test_dataset_creation_on_a_full_disk_is_one_line(tmp_path, monkeypatch, capsys):
+  import errno
+  from bertjax.data import dataset, tokenizer
+  (tmp_path / "c.txt").write_text("one sentence here.\nanother one there.\n\nand a second document.\n")
+  vocab = tokenizer.train([tmp_path / "c.txt"], tmp_path / "tok", vocab_size=60)
+
+  def full(self, *args, **kwargs):
+    raise RuntimeError("array_record writer failed") from OSError(errno.ENOSPC, "No space left on device")
+  monkeypatch.setattr(dataset.BertPretraining, "download_and_prepare", full)
+  with pytest.raises(SystemExit) as e:
+    dataset.main(["--input", str(tmp_path / "c.txt"), "--tokenizer", vocab, "--out", str(tmp_path / "d")])
+  assert e.value.code == 2
+  err = capsys.readouterr().err
+  lines = [line for line in err.splitlines() if line.startswith("error: ")]
+  assert len(lines) == 1 and "writing the dataset in" in lines[0] and "No space left on device" in lines[0], err

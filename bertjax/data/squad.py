@@ -15,7 +15,7 @@ import os
 
 import numpy as np
 
-from bertjax.data.tasks import TaskDataError, _text
+from bertjax.data.tasks import TaskDataError, _text, tfds_source
 
 
 @dataclasses.dataclass
@@ -28,9 +28,8 @@ class QAExample:
 
 
 def tfds_examples(name: str, split: str, data_dir: str | None = None) -> list[QAExample]:
-  import tensorflow_datasets as tfds
-  import tensorflow_datasets.question_answering  # noqa: F401
-  src = tfds.data_source(name, split=split, data_dir=data_dir)
+  import tensorflow_datasets.question_answering  # noqa: F401  (registers squad)
+  src = tfds_source(name, split, data_dir)
   out = []
   for i in range(len(src)):
     ex = src[i]

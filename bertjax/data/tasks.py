@@ -88,11 +88,38 @@ def _text(v) -> str:
   return v.decode("utf-8", errors="replace") if isinstance(v, bytes) else str(v)
 
 
+DOWNLOAD_RETRIES = 3  # tfds retries a failed download 10 times with growing waits: minutes before an offline error
+
+
+def tfds_source(name: str, split: str, data_dir: str | None = None):
+  """`tfds.data_source(name)`, downloading and preparing it where it is not prepared; a download that fails (no
+  network) is one TaskDataError saying how to prepare the data elsewhere, after a few seconds."""
+  import tensorflow_datasets as tfds
+  from tensorflow_datasets.core.download import downloader
+  downloader.MAX_RETRIES = min(downloader.MAX_RETRIES, DOWNLOAD_RETRIES)
+  try:
+    return tfds.data_source(name, split=split, data_dir=data_dir)
+  except Exception as e:  # requests' and urllib3's connection errors, wrapped by tfds in its own
+    chain, seen = [], e
+    while seen is not None and len(chain) < 10:
+      chain.append(f"{type(seen).__name__} {seen}")
+      seen = seen.__cause__ or seen.__context__
+    text = " ".join(chain)
+    if not any(w in text for w in ("ConnectionError", "MaxRetryError", "NameResolution", "Max retries",
+                                   "Failed to establish", "DownloadError")):
+      raise
+    first = str(e).strip().splitlines()[0][:160] if str(e).strip() else type(e).__name__
+    raise TaskDataError(
+        f"{name}: not prepared in {data_dir or '~/tensorflow_datasets'} and its download failed ({first}); "
+        f"prepare it where the network is reachable (python -c \"import tensorflow_datasets as tfds; "
+        f"tfds.builder('{name}').download_and_prepare()\") and copy the folder here, or set "
+        "config.data.tfds_data_dir") from None
+
+
 def glue_examples(task: Task, split: str, data_dir: str | None = None) -> list[dict]:
   """[{"text_a", "text_b", "label"}] from `tfds.data_source` (array_record; no TensorFlow needed)."""
-  import tensorflow_datasets as tfds
   import tensorflow_datasets.text  # noqa: F401  (registers glue)
-  src = tfds.data_source(task.name, split=split, data_dir=data_dir)
+  src = tfds_source(task.name, split, data_dir)
   out = []
   for i in range(len(src)):  # one by one: mocked sources support neither slicing nor __getitems__
     ex = src[i]
