@@ -37,8 +37,7 @@ def main():
        "segment_ids": np.zeros(shape, np.int32), "labels": rng.integers(0, 5, shape).astype(np.int32),
        "label_weights": np.ones(shape, np.float32), "example_weights": np.ones(a.batch, np.float32)}
   t = trainer.build(c, module, tx, lr_fn, b, *finetune.make_steps(module, task, tx, lr_fn), train_scalars=2)
-  state = trainer.state_lib.with_params(trainer.merge_params(jax.device_get(trainer.init_state(t, 0).params), init),
-                                        tx, t.shardings, t.mesh, t.rules)
+  state = trainer.with_params(t, trainer.merge_params(jax.device_get(trainer.init_state(t, 0).params), init))
 
   def timed(f, *args):
     jax.block_until_ready(f(*args))

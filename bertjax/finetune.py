@@ -22,7 +22,6 @@ import optax
 
 from bertjax import checkpoint as checkpoint_lib, errors, metrics as metrics_lib, model as model_lib, optim
 from bertjax import sharding as sharding_lib
-from bertjax import state as state_lib
 from bertjax import tasks as tasks_lib
 from bertjax import trainer, weights
 from bertjax.data import packing, tokenizer as tokenizer_lib
@@ -133,7 +132,7 @@ def make_steps(module, task, tx, lr_fn, prng_impl="threefry2x32"):
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     # AdamW's update (weight decay included) is linear in the learning rate: lr·unit(t)·(m̂/(√v̂+ε) + wd·θ).
     updates = jax.tree_util.tree_map(lambda u: u * learning_rate.astype(u.dtype), updates)
-    new = state_lib.TrainState(step=state.step + 1, params=optax.apply_updates(state.params, updates),
+    new = trainer.TrainState(step=state.step + 1, params=optax.apply_updates(state.params, updates),
                                opt_state=opt_state)
     return new, {"loss": loss, "grad_norm": optax.global_norm(grads),
                  "learning_rate": learning_rate * lr_fn(state.step)}
@@ -187,7 +186,7 @@ def _finetune(config, workdir: str) -> dict:
   n_train = len(train["input_ids"])
   gbs = config.train.global_batch_size
 
-  mesh, _, _ = trainer.make_mesh(config)
+  mesh, _, _ = trainer.mesh_and_shardings(config)
   dp = sharding_lib.data_parallel_size(mesh)
   if gbs % dp:
     raise tasks_lib.TaskDataError(f"global_batch_size {gbs} is not divisible by the data-parallel size {dp}")
@@ -327,20 +326,3 @@ def _write_report(workdir: str, report: dict) -> None:
   with open(os.path.join(workdir, "report.txt"), "w", encoding="utf-8") as f:
     f.write("\n".join(lines) + "\n")
   print("\n".join(lines), flush=True)
-
-
-# ----------------------------------------------------------------------------- prediction from a fine-tuned workdir
-def load_finetuned(workdir: str):
-  """(finetune.json, task, module, best params, tokenizer) of a fine-tuned workdir."""
-  w = weights.load(workdir)
-  meta = w.meta
-  task = tasks_lib.Task(meta["task"], meta["kind"], labels=tuple(meta["labels"]))
-  tok = tokenizer_lib.load(w.tokenizer, do_lower_case=w.do_lower_case)
-  return meta, task, head_module(task, w.cfg), w.params, tok
-
-
-def predict_text(workdir: str, text: str = "", pair: str = "", question: str = "", context: str = ""):
-  """A label (with probabilities), a value, per-word tags, or an answer span, by the task's kind."""
-  meta, task, module, params, tok = load_finetuned(workdir)
-  return tasks_lib.kind(task).predict_text(task, module, params, tok, meta["max_seq_length"], text=text, pair=pair,
-                                           question=question, context=context, **meta.get("predict_settings", {}))

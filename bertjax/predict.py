@@ -1,8 +1,11 @@
-"""Fill in the blank with a pre-trained checkpoint.
+"""Inference on raw text, in one place: fill in the blank with a pre-trained workdir, or a fine-tuned workdir's
+prediction by its task's kind (a label with probabilities, a value, per-word tags, an answer span).
 
   python -m bertjax.predict --workdir DIR "the capital of france is [MASK] ." [--top_k 5]
+  python -m bertjax.predict --workdir FINETUNED "a sentence" [--pair "another"] [--question "..."]
 
-Reads DIR/config.json (written by training), the tokenizer the data was made with, and the latest checkpoint.
+Reads DIR/config.json (written by training), the workdir's tokenizer and its newest readable checkpoint (or, for
+a fine-tuned workdir, its best parameters).
 """
 from __future__ import annotations
 
@@ -13,7 +16,7 @@ import sys
 import jax
 import numpy as np
 
-from bertjax import errors, model as model_lib, weights
+from bertjax import errors, model as model_lib, tasks as tasks_lib, weights
 from bertjax.data import tokenizer as tokenizer_lib
 
 MASK = "[MASK]"
@@ -62,6 +65,22 @@ def load(workdir: str):
   return model_lib.BertForPreTraining(w.cfg), w.params, tokenizer_lib.load(w.tokenizer, do_lower_case=w.do_lower_case)
 
 
+def load_finetuned(workdir: str):
+  """(finetune.json, task, module, best params, tokenizer) of a fine-tuned workdir."""
+  w = weights.load(workdir)
+  meta = w.meta
+  task = tasks_lib.Task(meta["task"], meta["kind"], labels=tuple(meta["labels"]))
+  tok = tokenizer_lib.load(w.tokenizer, do_lower_case=w.do_lower_case)
+  return meta, task, tasks_lib.kind(task).head(task, w.cfg), w.params, tok
+
+
+def predict_text(workdir: str, text: str = "", pair: str = "", question: str = "", context: str = ""):
+  """A label (with probabilities), a value, per-word tags, or an answer span, by the task's kind."""
+  meta, task, module, params, tok = load_finetuned(workdir)
+  return tasks_lib.kind(task).predict_text(task, module, params, tok, meta["max_seq_length"], text=text, pair=pair,
+                                           question=question, context=context, **meta.get("predict_settings", {}))
+
+
 @errors.guard
 def main(argv=None):
   p = errors.ArgumentParser(description="Predict with a bertjax workdir: fill in [MASK] (pre-training), or a "
@@ -73,12 +92,11 @@ def main(argv=None):
   p.add_argument("text", nargs="+", help='text; for pre-training, sentences containing [MASK]')
   args = p.parse_args(argv)
   if os.path.exists(os.path.join(args.workdir, "finetune.json")):
-    from bertjax import finetune
     for text in args.text:
       if args.question:
-        print(json.dumps(finetune.predict_text(args.workdir, question=args.question, context=text)))
+        print(json.dumps(predict_text(args.workdir, question=args.question, context=text)))
       else:
-        print(json.dumps(finetune.predict_text(args.workdir, text=text, pair=args.pair)))
+        print(json.dumps(predict_text(args.workdir, text=text, pair=args.pair)))
     return 0
   module, params, tok = load(args.workdir)
   for text in args.text:

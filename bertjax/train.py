@@ -1,8 +1,8 @@
 """Pre-training: mesh -> sharded state -> one jitted step -> periodic log / eval / checkpoint.
 
-Reads top to bottom: `validate` (before anything compiles), `make_train_step` and `make_eval_step` (the
-objective, handed to the trainer core by `build`), and `train_and_evaluate`, the loop (resume order: the
-workdir's latest checkpoint, else `init_checkpoint`, else from scratch).
+Reads top to bottom: `validate` (before anything compiles), `build` (the config's objective, from
+`bertjax.objectives`, handed to the trainer core), and `train_and_evaluate`, the loop (resume order: the
+workdir's latest checkpoint, else `init_checkpoint`, else from scratch). No objective is named here.
 """
 from __future__ import annotations
 
@@ -14,22 +14,15 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 
-from bertjax import accounting, checkpoint as checkpoint_lib, errors, losses, metrics as metrics_lib
-from bertjax import model as model_lib, optim
-from bertjax.model import electra as electra_lib
+from bertjax import accounting, checkpoint as checkpoint_lib, errors, metrics as metrics_lib
+from bertjax import model as model_lib, objectives, optim
 from bertjax import sharding as sharding_lib
-from bertjax import state as state_lib
 from bertjax import trainer, weights
 from bertjax.data import dataset, input_pipeline, packing, pretraining, tokenizer as tokenizer_lib
 
 
 ConfigError = errors.ConfigError
-NonFiniteError = errors.NonFiniteError
-PRNG_IMPLS = trainer.PRNG_IMPLS
-prng_impl_error = trainer.prng_impl_error
-StopFlag = trainer.StopFlag
 
 
 def resolve(config):
@@ -99,36 +92,20 @@ def validate(config, num_devices: int, creation: dict | None = None, tokenizer_v
   if mcfg is not None and mcfg.local_attention and mcfg.local_attention >= seq:
     errors.append(f"model.local_attention {mcfg.local_attention} is not shorter than data.max_seq_length {seq}: "
                   "every layer would attend globally")
-  if is_electra(config):
-    if accum != 1:
-      errors.append("objective 'electra' takes train.grad_accum_steps=1 (its masks are drawn per step in the graph)")
-    if config.data.get("packing"):
-      errors.append("objective 'electra' does not take data.packing (its masks are drawn per row in the graph)")
-    if config.train.use_nsp:
-      errors.append("objective 'electra' has no NSP: set train.use_nsp=False")
-    freeze_at = config.electra.get("freeze_generator_at", 0)
-    if not isinstance(freeze_at, int) or freeze_at < 0:
-      errors.append(f"electra.freeze_generator_at must be a step >= 0 (0: joint throughout), got {freeze_at!r}")
-    if mcfg is not None:
-      try:
-        electra_lib.generator_config(mcfg, config.electra.generator_hidden, config.electra.generator_layers)
-      except (ValueError, TypeError) as e:
-        errors.append(f"electra generator: {e}")
-  elif mcfg is not None and config.train.use_nsp and not mcfg.nsp_head:
-    errors.append("train.use_nsp is True but model.nsp_head is False (an MLM-only model has no NSP head)")
-  made_mode = (creation or {}).get("options", {}).get("example_mode", "nsp_pairs")
-  if creation is not None and made_mode != config.data.get("example_mode", "nsp_pairs"):
+  try:
+    errors += objectives.get(config).errors(config, mcfg)
+  except ConfigError as e:
+    errors.append(str(e))
+  made_mode = (creation or {}).get("options", {}).get("example_mode", "nsp_pairs")  # data made before the option
+  if creation is not None and made_mode != config.data.example_mode:
     errors.append(f"data.example_mode is {config.data.example_mode!r} but the data in {config.data.data_dir} was "
                   f"made as {made_mode!r} (python -m bertjax.data.dataset --example_mode ...)")
-  if made_mode != "nsp_pairs" and config.train.use_nsp:
-    errors.append(f"train.use_nsp is True but the data is {made_mode!r} (no sentence pairs): set "
-                  "train.use_nsp=False")
-  eval_prob = config.data.get("eval_masked_lm_prob", 0.0)
+  eval_prob = config.data.eval_masked_lm_prob
   if eval_prob and not (0 < eval_prob < 1 and
                         pretraining.max_predictions(seq, eval_prob) <= config.data.max_predictions_per_seq):
     errors.append(f"data.eval_masked_lm_prob {eval_prob} must be in (0, 1) and need no more than "
                   f"data.max_predictions_per_seq {config.data.max_predictions_per_seq} masked positions")
-  if config.data.get("packing") and config.data.dynamic_masking:
+  if config.data.packing and config.data.dynamic_masking:
     errors.append("data.packing with data.dynamic_masking is not supported: masks are drawn per example before "
                   "packing; use static masking with packing")
   if tokenizer_vocab is not None and mcfg is not None and tokenizer_vocab != mcfg.vocab_size:
@@ -138,84 +115,16 @@ def validate(config, num_devices: int, creation: dict | None = None, tokenizer_v
   return mcfg
 
 
-def _tree_add(a, b):
-  return jax.tree_util.tree_map(jnp.add, a, b)
-
-
-def apply_gradients(state, grads, metrics, tx, lr_fn, batch, hold=None):
-  """The optimizer update every pre-training objective ends with: (next state, metrics + grad norm, lr, tokens).
-  `hold(updates)`, when given, returns the updates with those of parameters held fixed this step zeroed."""
-  updates, opt_state = tx.update(grads, state.opt_state, state.params)
-  if hold is not None:
-    updates = hold(updates)
-  params = optax.apply_updates(state.params, updates)
-  metrics.update(grad_norm=optax.global_norm(grads), learning_rate=lr_fn(state.step),
-                 tokens=jnp.sum(batch["input_mask"].astype(jnp.float32)))
-  return state_lib.TrainState(step=state.step + 1, params=params, opt_state=opt_state), metrics
-
-
-def make_train_step(model, tx, lr_fn, config):
-  """state, batch -> state, metrics. L = L_MLM + L_NSP; micro-batches sum to the full batch's exact gradient."""
-  accum = config.train.grad_accum_steps
-  use_nsp = config.train.use_nsp
-  seed, impl = config.seed, config.train.get("prng_impl", "threefry2x32")
-
-  def step_fn(state, batch):
-    rng = jax.random.fold_in(jax.random.fold_in(jax.random.key(seed, impl=impl), 1), state.step)
-    mlm_den = jnp.sum(batch["masked_lm_weights"].astype(jnp.float32)) + 1e-5
-    nsp_den = jnp.maximum(jnp.sum(batch["next_sentence_weights"].astype(jnp.float32)), 1e-5)
-
-    def loss_fn(params, mb, r):
-      out = model.apply({"params": params}, mb, deterministic=False, rngs={"dropout": r})
-      sums = losses.pretraining_sums(out, mb)
-      loss, _ = losses.from_sums(sums, use_nsp, mlm_den, nsp_den)
-      return loss, sums
-
-    grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
-    if accum == 1:
-      (_, sums), grads = grad_fn(state.params, batch, rng)
-    else:
-      # Row r goes to micro-batch r % accum, so each device's rows stay on that device.
-      micro = jax.tree_util.tree_map(
-          lambda x: x.reshape((x.shape[0] // accum, accum) + x.shape[1:]).swapaxes(0, 1), batch)
-      first = jax.tree_util.tree_map(lambda x: x[0], micro)
-      sums_shape = jax.eval_shape(lambda: grad_fn(state.params, first, rng)[0][1])
-      zeros = (jax.tree_util.tree_map(jnp.zeros_like, state.params),
-               jax.tree_util.tree_map(lambda s: jnp.zeros(s.shape, s.dtype), sums_shape))
-
-      def body(carry, xs):
-        mb, i = xs
-        (_, s), g = grad_fn(state.params, mb, jax.random.fold_in(rng, i))
-        return (_tree_add(carry[0], g), _tree_add(carry[1], s)), None
-
-      (grads, sums), _ = jax.lax.scan(body, zeros, (micro, jnp.arange(accum)))
-    _, metrics = losses.from_sums(sums, use_nsp)
-    return apply_gradients(state, grads, metrics, tx, lr_fn, batch)
-
-  return step_fn
-
-
-def make_eval_step(model):
-  def eval_fn(params, batch):
-    out = model.apply({"params": params}, batch, deterministic=True)
-    return losses.pretraining_sums(out, batch)
-  return eval_fn
-
-
 def evaluate(eval_step, params, source, config, batch_sharding) -> dict:
   gbs = config.train.global_batch_size
   limit = config.eval_batches * gbs if config.eval_batches > 0 else None
   total = None
   for batch in input_pipeline.eval_batches(source, gbs, sharding=batch_sharding, limit=limit):
     sums = eval_step(params, batch)
-    total = sums if total is None else _tree_add(total, sums)
+    total = sums if total is None else jax.tree_util.tree_map(jnp.add, total, sums)
   if total is None:
     return {}
-  total = jax.device_get(total)
-  if is_electra(config):
-    _, m = electra_lib.electra_loss(total, config.electra.disc_weight)
-  else:
-    _, m = losses.from_sums(total, config.train.use_nsp)
+  m = objectives.get(config).metrics(jax.device_get(total), config)
   return {k: float(v) for k, v in m.items()}
 
 
@@ -225,74 +134,22 @@ def load_init_params(path: str, mcfg: model_lib.BertConfig):
 
 
 def build(config, mcfg: model_lib.BertConfig, devices=None, special_ids=None) -> trainer.Trainer:
-  """The trainer of the config's objective: MLM (+ NSP) on BertForPreTraining, or ELECTRA's replaced-token
-  detection (`special_ids`: the tokenizer's (cls, sep, mask) ids, which ELECTRA's in-graph masking needs)."""
+  """The trainer of the config's objective (`bertjax.objectives`); `special_ids`: the tokenizer's (cls, sep, mask)
+  ids, for an objective that masks in the graph."""
   resolve(config)
-  mesh, _, _ = trainer.make_mesh(config, devices)
+  objective = objectives.get(config)
+  mesh, _, _ = trainer.mesh_and_shardings(config, devices)
   mcfg = mcfg.for_platform(mesh.devices.flat[0].platform)
   tx, lr_fn = optim.make(config.train)
   micro = config.train.global_batch_size // config.train.grad_accum_steps
-  if config.data.get("packing"):
+  if config.data.packing:
     dummy = packing.dummy_row(config.data.max_seq_length, row_predictions(config), config.data.pack_max_per_row, micro)
   else:
     dummy = model_lib.dummy_batch(mcfg, micro, config.data.max_seq_length, config.data.max_predictions_per_seq)
     dummy["next_sentence_weights"] = np.ones((micro,), np.float32)
-  if is_electra(config):
-    model = electra_module(config, mcfg, special_ids)
-    steps = (make_electra_train_step(model, tx, lr_fn, config), make_electra_eval_step(model, config))
-  else:
-    model = model_lib.BertForPreTraining(mcfg)
-    steps = (make_train_step(model, tx, lr_fn, config), make_eval_step(model))
-  return trainer.build(config, model, tx, lr_fn, dummy, *steps, mesh=mesh)
-
-
-def is_electra(config) -> bool:
-  return config.get("objective", "mlm") == "electra"
-
-
-def electra_module(config, mcfg, special_ids=None):
-  cls_id, sep_id, mask_id = special_ids or (2, 3, 4)  # placeholders for timing and AOT builds without data
-  gen = electra_lib.generator_config(mcfg, config.electra.generator_hidden, config.electra.generator_layers)
-  return electra_lib.ElectraForPreTraining(mcfg, gen,
-                                           mask_prob=config.data.masked_lm_prob,
-                                           temperature=config.electra.temperature, special_ids=(cls_id, sep_id),
-                                           mask_id=mask_id)
-
-
-def make_electra_train_step(model, tx, lr_fn, config):
-  """state, batch -> state, metrics: L = L_gen + λ·L_disc in one step for both networks (ELECTRA)."""
-  seed, impl = config.seed, config.train.get("prng_impl", "threefry2x32")
-  weight = config.electra.disc_weight
-  freeze_at = config.electra.get("freeze_generator_at", 0)
-
-  def step_fn(state, batch):
-    rng = jax.random.fold_in(jax.random.fold_in(jax.random.key(seed, impl=impl), 1), state.step)
-    r_drop, r_electra = jax.random.split(rng)
-    joint = state.step < freeze_at if freeze_at else True
-
-    def loss_fn(params):
-      out = model.apply({"params": params}, batch, deterministic=False,
-                        rngs={"dropout": r_drop, "electra": r_electra})
-      sums = electra_lib.electra_sums(out, batch)
-      loss, m = electra_lib.electra_loss(sums, weight)
-      return jnp.where(joint, loss, weight * m["disc_loss"]), sums
-
-    (_, sums), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
-    _, metrics = electra_lib.electra_loss(sums, weight)
-    hold = None
-    if freeze_at:  # the generator stops at freeze_at: its updates (AdamW's momentum and decay too) are zero
-      hold = lambda u: {**u, "generator": jax.tree.map(lambda x: jnp.where(joint, x, 0), u["generator"])}  # noqa: E731
-    return apply_gradients(state, grads, metrics, tx, lr_fn, batch, hold)
-
-  return step_fn
-
-
-def make_electra_eval_step(model, config):
-  def eval_fn(params, batch):  # the same masks and samples at every evaluation: a fixed stream
-    key = jax.random.key(config.seed, impl=config.train.get("prng_impl", "threefry2x32"))
-    out = model.apply({"params": params}, batch, deterministic=True, rngs={"electra": key})
-    return electra_lib.electra_sums(out, batch)
-  return eval_fn
+  model = objective.module(config, mcfg, special_ids)
+  return trainer.build(config, model, tx, lr_fn, dummy, objective.train_step(model, tx, lr_fn, config),
+                       objective.eval_step(model, config), mesh=mesh)
 
 
 def row_predictions(config) -> int:
@@ -325,12 +182,12 @@ def _train_and_evaluate(config, workdir: str) -> dict:
           f"{config.train.num_steps}: the learning rate never reaches its peak "
           f"(--config.train.warmup_steps=N sets the warmup)", flush=True)
   special = None
-  if is_electra(config):
+  if objectives.get(config).needs_special_ids:
     tok = tokenizer_lib.load(tok_path, do_lower_case=tok_lower)
     special = (tok.cls_id, tok.sep_id, tok.mask_id)
   run = build(config, mcfg, special_ids=special)
   mesh, rules, batch_sharding = run.mesh, run.rules, run.batch_sharding
-  gbs, seq, preds = config.train.global_batch_size, config.data.max_seq_length, config.data.max_predictions_per_seq
+  gbs, seq = config.train.global_batch_size, config.data.max_seq_length
 
   transform = None
   if config.data.dynamic_masking:
@@ -380,9 +237,7 @@ def _train_and_evaluate(config, workdir: str) -> dict:
 
   total = config.train.num_steps
   start = int(jax.device_get(state.step))
-  flops_per_step = accounting.pretraining_step_flops(mcfg, seq, preds, gbs)
-  if is_electra(config):
-    flops_per_step = accounting.electra_step_flops(mcfg, run.module.gen_cfg, seq, preds, gbs)
+  flops_per_step = objectives.get(config).step_flops(config, mcfg, run.module)
   peak, peak_source = accounting.peak_tflops_per_device(config.peak_tflops_per_device)
   writer = metrics_lib.Writer(workdir, start_step=start)
   progress = metrics_lib.Progress(total, start)

@@ -16,7 +16,10 @@ import signal
 import sys
 from typing import Any, Callable
 
+import flax
+import flax.linen as nn
 import jax
+import jax.numpy as jnp
 import numpy as np
 import optax
 
@@ -24,7 +27,6 @@ from bertjax import checkpoint as checkpoint_lib
 from bertjax import errors
 from bertjax import metrics as metrics_lib
 from bertjax import sharding as sharding_lib
-from bertjax import state as state_lib
 
 PRNG_IMPLS = ("threefry2x32", "rbg", "unsafe_rbg")
 every = metrics_lib.every  # the one rule for periodic actions: every `interval` steps, and at the last step
@@ -72,6 +74,31 @@ def _is_number(x) -> bool:
   return isinstance(x, (int, float)) and not isinstance(x, bool)
 
 
+@flax.struct.dataclass
+class TrainState:
+  step: jax.Array
+  params: Any
+  opt_state: Any
+
+
+def _init_boxed(model, tx, batch, rng):
+  params = model.init({"params": rng, "dropout": rng}, batch)["params"]
+  return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params))
+
+
+def _abstract_state(model, tx, batch, mesh, rules):
+  """(abstract unboxed state with shardings, state shardings), built sharded from the start: eval_shape ->
+  logical specs -> NamedShardings. Nothing is allocated."""
+  key = jax.eval_shape(lambda: jax.random.key(0))  # abstract: nothing is created on any device
+  with sharding_lib.use_mesh(mesh, rules):
+    boxed = jax.eval_shape(lambda r: _init_boxed(model, tx, batch, r), key)
+    shardings = sharding_lib.logical_to_shardings(boxed, mesh, rules)
+  abstract = nn.meta.unbox(boxed)
+  abstract = jax.tree_util.tree_map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+                                    abstract, shardings)
+  return abstract, shardings
+
+
 @dataclasses.dataclass
 class Trainer:
   """Everything a loop (and the benchmark and AOT compile) needs from a config, before any array exists."""
@@ -82,8 +109,8 @@ class Trainer:
   tx: optax.GradientTransformation
   lr_fn: Callable
   dummy: dict
-  abstract: state_lib.TrainState
-  shardings: state_lib.TrainState
+  abstract: TrainState
+  shardings: TrainState
   train_step: Callable  # jitted (state, batch) -> (state, metrics); the state is donated
   eval_step: Callable   # jitted (params, batch) -> outputs
 
@@ -92,7 +119,7 @@ class Trainer:
     return self.mesh.devices.flat[0].platform
 
 
-def make_mesh(config, devices=None):
+def mesh_and_shardings(config, devices=None):
   """(mesh, logical rules, batch sharding) for the config's sharding preset on `devices` (default: all)."""
   mesh = sharding_lib.make_mesh(config, devices)
   return mesh, sharding_lib.rules(config), sharding_lib.batch_sharding(mesh)
@@ -107,10 +134,10 @@ def build(config, module, tx, lr_fn, dummy: dict, train_fn: Callable, eval_fn: C
   rather than closed over keeps the compiled program, and its persistent-cache entry, the same for every seed).
   The train step donates the state, so the loop must use the state it returns."""
   if mesh is None:
-    mesh, rules, batch_sharding = make_mesh(config, devices)
+    mesh, rules, batch_sharding = mesh_and_shardings(config, devices)
   else:
     rules, batch_sharding = sharding_lib.rules(config), sharding_lib.batch_sharding(mesh)
-  abstract, shardings = state_lib.abstract_state(module, tx, dummy, mesh, rules)
+  abstract, shardings = _abstract_state(module, tx, dummy, mesh, rules)
   scalar = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
   train_step = jax.jit(train_fn, in_shardings=(shardings, batch_sharding) + (scalar,) * train_scalars,
                        out_shardings=(shardings, None), donate_argnums=(0,))
@@ -118,8 +145,32 @@ def build(config, module, tx, lr_fn, dummy: dict, train_fn: Callable, eval_fn: C
   return Trainer(mesh, rules, batch_sharding, module, tx, lr_fn, dummy, abstract, shardings, train_step, eval_step)
 
 
-def init_state(t: Trainer, seed: int) -> state_lib.TrainState:
-  return state_lib.init_state(t.module, t.tx, t.dummy, t.mesh, t.rules, t.shardings, jax.random.key(seed))
+def init_state(t: Trainer, seed: int) -> TrainState:
+  """The initial state, each array created directly in its shards (never unsharded on one device)."""
+  def fn(r):
+    return nn.meta.unbox(_init_boxed(t.module, t.tx, t.dummy, r))
+  with sharding_lib.use_mesh(t.mesh, t.rules):
+    return jax.jit(fn, out_shardings=t.shardings)(jax.random.key(seed))
+
+
+def fresh_params(t: Trainer, seed: int, keep):
+  """The subtree of the initial params that `keep(params)` selects, as `init_state` would draw it (the same RNG
+  streams, so the same values), compiled as a program that returns only that subtree: XLA drops the random
+  draws and the forward pass that nothing returned depends on. Fine-tuning draws just its fresh head this way
+  rather than the whole model (the word-embedding table alone is 11.7M normal draws for a 384-wide BERT)."""
+  def fn(r):
+    return keep(nn.meta.unbox(t.module.init({"params": r, "dropout": r}, t.dummy)["params"]))
+  with sharding_lib.use_mesh(t.mesh, t.rules):
+    return jax.jit(fn, out_shardings=keep(t.shardings.params))(jax.random.key(seed))
+
+
+def with_params(t: Trainer, params) -> TrainState:
+  """A fresh state (step 0, new optimizer state) around given params, placed on the trainer's shardings."""
+  params = jax.device_put(params, t.shardings.params)
+  def fn(p):
+    return TrainState(step=jnp.zeros((), jnp.int32), params=p, opt_state=t.tx.init(p))
+  with sharding_lib.use_mesh(t.mesh, t.rules):
+    return jax.jit(fn, out_shardings=t.shardings)(params)
 
 
 def merge_params(fresh: dict, init: dict) -> dict:
@@ -155,11 +206,10 @@ def resume_or_init(t: Trainer, ckpt: checkpoint_lib.Checkpointer, seed: int, ini
   if init_params is None:
     return init_state(t, seed), None, 0
   # Only what the init does not hold is drawn (the values a whole-model init would give them).
-  fresh = state_lib.fresh_params(t.module, t.dummy, t.mesh, t.rules, t.shardings, jax.random.key(seed),
-                                 not_in(init_params))
+  fresh = fresh_params(t, seed, not_in(init_params))
   params = merge_params(jax.device_get(fresh), init_params)
   checkpoint_lib.check_params_fit(params, t.abstract.params)
-  return state_lib.with_params(params, t.tx, t.shardings, t.mesh, t.rules), None, 0
+  return with_params(t, params), None, 0
 
 
 class StopFlag:

@@ -17,7 +17,7 @@ import ml_collections
 import numpy as np
 
 from bertjax import checkpoint as checkpoint_lib
-from bertjax import convert, errors
+from bertjax import convert, errors, objectives
 from bertjax import model as model_lib
 
 SOURCES = ("pretraining", "finetuned", "hf")
@@ -72,12 +72,11 @@ def load(path: str, *, overrides: Mapping[str, Any] | None = None, head: str = "
     run = ml_collections.ConfigDict(meta)
     cfg = model_lib.BertConfig.from_dict({**run.model.to_dict(), **overrides})
     params = checkpoint_lib.Checkpointer(path).restore_params()
-    if run.get("objective", "mlm") == "electra":  # the discriminator (with the shared embeddings) is the model
-      from bertjax.model import electra
-      if head == "pretraining":
-        raise errors.ConfigError(f"{path} is an ELECTRA run: its discriminator has no MLM head to pre-train "
-                                 "from; load it as an encoder (fine-tuning) or continue it in its own workdir")
-      params = electra.split(params)[0]
+    objective = objectives.get(run)
+    if head == "pretraining" and not objective.has_mlm_head:
+      raise errors.ConfigError(f"{path} is a {objective.name!r} run: its model has no MLM head to pre-train from; "
+                               "load it as an encoder (fine-tuning) or continue it in its own workdir")
+    params = objective.encoder(params)  # e.g. ELECTRA: the discriminator, with the shared embeddings
     saved_scan = "layers" in params["bert"]["encoder"]
     tok, lower = run_tokenizer(path, run)
   else:

@@ -47,10 +47,3 @@ def test_data_tools_bad_input_is_one_line_errors(tmp_path):
                                  "--out", str(tmp_path / "tok"), "--vocab_size", "64"]), "nope.txt")
   assert_one_line_error(run_cmd([sys.executable, "-m", "bertjax.predict", "--workdir", str(tmp_path / "none"),
                                  "a [MASK] b"]), "no config.json")
-
-
-def test_moved_commands_name_their_new_place():
-  assert_one_line_error(run_cmd([sys.executable, "-m", "bertjax.bench", "--variant", "tiny"]),
-                        r"python benchmarks/bench.py --variant tiny")
-  assert_one_line_error(run_cmd([sys.executable, "-m", "bertjax.demo", "--steps", "5"]),
-                        r"bash launch/demo.sh --steps 5")

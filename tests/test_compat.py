@@ -11,7 +11,7 @@ import jax
 import ml_collections
 import numpy as np
 
-from bertjax import checkpoint as checkpoint_lib, finetune, model as model_lib, train, weights
+from bertjax import checkpoint as checkpoint_lib, finetune, model as model_lib, predict, train, weights
 
 V0 = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "checkpoints_v0")
 
@@ -44,11 +44,11 @@ def test_a_fine_tuned_workdir_from_before_predicts_and_resumes(tmp_path):
   meta = json.loads((ft / "finetune.json").read_text())
   meta["tokenizer"] = os.path.join(V0, "vocab.txt")  # the path it was written with is gone
   (ft / "finetune.json").write_text(json.dumps(meta))
-  pred = finetune.predict_text(str(ft), text="the model reads text")
+  pred = predict.predict_text(str(ft), text="the model reads text")
   assert pred["label"] in ("a", "b") and abs(sum(pred["probabilities"].values()) - 1) < 1e-3
   # Its training checkpoint restores into the state the fine-tuning loop builds today.
-  _, task, module, params, _ = finetune.load_finetuned(str(ft))
-  from bertjax import optim, state as state_lib, trainer
+  _, task, module, params, _ = predict.load_finetuned(str(ft))
+  from bertjax import optim, trainer
   tx, lr_fn = optim.make(ml_collections.ConfigDict({**json.loads((ft / "config.json").read_text())["train"],
                                                     "num_steps": 3, "warmup_steps": 0}))
   ids = np.zeros((8, 32), np.int32)
@@ -58,6 +58,6 @@ def test_a_fine_tuned_workdir_from_before_predicts_and_resumes(tmp_path):
   t = trainer.build(config, module, tx, lr_fn, dummy, *finetune.make_steps(module, task, tx, lr_fn),
                     devices=jax.devices()[:1], train_scalars=2)
   state, saved, step = checkpoint_lib.Checkpointer(str(ft)).restore(t.abstract)
-  assert step == 3 and saved["total_steps"] == 3 and isinstance(state, state_lib.TrainState)
+  assert step == 3 and saved["total_steps"] == 3 and isinstance(state, trainer.TrainState)
   for a, b in zip(jax.tree_util.tree_leaves(params), jax.tree_util.tree_leaves(jax.device_get(state.params))):
     assert a.shape == b.shape

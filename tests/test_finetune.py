@@ -10,7 +10,7 @@ import pytest
 
 import helpers
 
-from bertjax import finetune, scores
+from bertjax import finetune, predict, scores
 from bertjax import tasks as tasks_lib
 from bertjax.data import batching, conll, squad, tasks, tokenizer
 from configs import common, finetune as finetune_config
@@ -243,7 +243,7 @@ def test_learnable_local_classification_above_90_percent(tmp_path, vocab):
   best = out["report"]["best"]
   assert best["metrics"]["validation"]["accuracy"] > 0.9, out["report"]
   assert (tmp_path / "w" / "report.json").exists() and "best: epoch" in (tmp_path / "w" / "report.txt").read_text()
-  pred = finetune.predict_text(str(tmp_path / "w"), text="alpha river good city")
+  pred = predict.predict_text(str(tmp_path / "w"), text="alpha river good city")
   assert pred["label"] == "pos"
 
 
@@ -351,7 +351,7 @@ def test_stopped_finetuning_resumes_exactly(tmp_path, vocab, capsys, packed):
   c = config()
   c.init, c.data.tokenizer, c.train.learning_rate, c.train.num_epochs = str(tmp_path / "a"), "", 0.0, 1
   out = finetune.finetune(c, str(tmp_path / "c"))
-  _, _, _, best, _ = finetune.load_finetuned(str(tmp_path / "a"))
+  _, _, _, best, _ = predict.load_finetuned(str(tmp_path / "a"))
   import jax
   jax.tree_util.tree_map(np.testing.assert_array_equal, jax.device_get(out["state"].params["bert"]), best["bert"])
 

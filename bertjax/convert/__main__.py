@@ -14,14 +14,14 @@ import shutil
 
 from safetensors import SafetensorError
 
-from bertjax import errors
+from bertjax import checkpoint as checkpoint_lib, errors, objectives
 
 
 def export(workdir: str, out: str) -> str:
   """Writes the HF folder; returns the architecture written."""
   from bertjax import convert, finetune, predict
   if os.path.exists(os.path.join(workdir, "finetune.json")):
-    meta, task, module, params, _ = finetune.load_finetuned(workdir)
+    meta, task, module, params, _ = predict.load_finetuned(workdir)
     head = finetune.HF_HEADS[task.kind]
     convert.to_hf(module.cfg, params, out, head=head, labels=task.labels)
     tok_path, lower = os.path.join(workdir, meta["tokenizer"]), meta["do_lower_case"]
@@ -35,16 +35,12 @@ def export(workdir: str, out: str) -> str:
     if not tok_path:
       raise errors.TokenizerError(f"{workdir}: no tokenizer (neither WORKDIR/tokenizer/ nor its data dir "
                                   f"{run['data']['data_dir']} can be read)")
-    if run.get("objective", "mlm") == "electra":  # OUT/discriminator and OUT/generator, as HF publishes ELECTRA
-      from bertjax import checkpoint as checkpoint_lib, model as model_lib
-      from bertjax.model import electra
-      disc_cfg = model_lib.BertConfig.from_dict(run["model"])
-      gen_cfg = electra.generator_config(disc_cfg, run["electra"]["generator_hidden"],
-                                         run["electra"]["generator_layers"])
-      convert.electra_to_hf(disc_cfg, gen_cfg, checkpoint_lib.Checkpointer(workdir).restore_params(), out)
-      for sub in ("discriminator", "generator"):
+    objective = objectives.get(run)
+    if objective.export is not None:  # an objective whose checkpoints export as their own models (ELECTRA)
+      arch, folders = objective.export(run, checkpoint_lib.Checkpointer(workdir).restore_params(), out)
+      for sub in folders:
         _copy_tokenizer(tok_path, lower, os.path.join(out, sub))
-      return "ElectraForPreTraining + ElectraForMaskedLM"
+      return arch
     module, params, _ = predict.load(workdir)
     convert.to_hf(module.cfg, params, out)
     with open(os.path.join(out, "config.json"), encoding="utf-8") as f:

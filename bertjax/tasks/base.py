@@ -22,7 +22,7 @@ class EvalSet:
   meta: dict = dataclasses.field(default_factory=dict)
 
 
-def weighted_mean(values, weights):
+def example_mean(values, weights):
   """Σ values·weights / Σ weights (zero-weight rows fill partial batches and count for nothing)."""
   return jnp.sum(values * weights) / jnp.maximum(jnp.sum(weights), 1e-5)
 

@@ -6,7 +6,7 @@ import numpy as np
 
 from bertjax import losses, model as model_lib, scores
 from bertjax.data import tasks as task_data
-from bertjax.tasks.base import EvalSet, Kind, weighted_mean
+from bertjax.tasks.base import EvalSet, Kind, example_mean
 
 
 class Classification(Kind):
@@ -41,8 +41,8 @@ class Classification(Kind):
   def loss(self, task, out, batch):
     w = batch["example_weights"]
     if self.regression:
-      return weighted_mean((out["logits"][..., 0] - batch["labels"]) ** 2, w)
-    return weighted_mean(losses.cross_entropy(out["logits"], batch["labels"]), w)
+      return example_mean((out["logits"][..., 0] - batch["labels"]) ** 2, w)
+    return example_mean(losses.cross_entropy(out["logits"], batch["labels"]), w)
 
   def score(self, task, ev, preds, config):
     g = ev.feats["labels"]

@@ -6,7 +6,7 @@ import numpy as np
 
 from bertjax import losses, model as model_lib, scores
 from bertjax.data import squad
-from bertjax.tasks.base import EvalSet, Kind, weighted_mean
+from bertjax.tasks.base import EvalSet, Kind, example_mean
 
 
 class SpanQA(Kind):
@@ -39,7 +39,7 @@ class SpanQA(Kind):
   def loss(self, task, out, batch):
     ce = (losses.cross_entropy(out["start_logits"], batch["start_positions"]) +
           losses.cross_entropy(out["end_logits"], batch["end_positions"])) / 2
-    return weighted_mean(ce, batch["example_weights"])
+    return example_mean(ce, batch["example_weights"])
 
   def score(self, task, ev, preds, config):
     examples, windows = ev.meta["examples"], ev.meta["windows"]

@@ -6,7 +6,7 @@ import numpy as np
 
 from bertjax import losses, model as model_lib, scores
 from bertjax.data import conll
-from bertjax.tasks.base import EvalSet, Kind, weighted_mean
+from bertjax.tasks.base import EvalSet, Kind, example_mean
 
 
 class Tagging(Kind):
@@ -29,7 +29,7 @@ class Tagging(Kind):
     return train, evals, stats
 
   def loss(self, task, out, batch):
-    return weighted_mean(losses.cross_entropy(out["logits"], batch["labels"]),
+    return example_mean(losses.cross_entropy(out["logits"], batch["labels"]),
                          batch["label_weights"] * batch["example_weights"][:, None])
 
   def score(self, task, ev, preds, config):

@@ -1,0 +1,57 @@
+"""What every pre-training objective provides (`Objective`), and the optimizer update they all end with."""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from bertjax import trainer
+
+
+@dataclasses.dataclass(frozen=True)
+class Objective:
+  """A pre-training objective: functions of (config, model config, ...) that `bertjax.train` calls.
+
+  errors(config, mcfg) -> [problem]: its own config rules (mcfg may be None when the model config is invalid).
+  needs_special_ids: whether `module` needs the tokenizer's (cls, sep, mask) ids (in-graph masking).
+  module(config, mcfg, special_ids) -> the flax module trained.
+  train_step(module, tx, lr_fn, config) -> (state, batch) -> (state, metrics).
+  eval_step(module, config) -> (params, batch) -> sums; metrics(sums, config) -> {name: value}.
+  step_flops(config, mcfg, module) -> model FLOPs of one optimizer step (for MFU).
+  encoder(params) -> the params `weights.load` reads as the model (e.g. ELECTRA's discriminator).
+  has_mlm_head: whether its checkpoints hold an MLM head to continue pre-training from.
+  export(run, params, out) -> (architectures, sub-folders written): a checkpoint's own HF export (convert); None:
+  the family's MLM model.
+  """
+  name: str
+  errors: Callable[[Any, Any], list]
+  module: Callable
+  train_step: Callable
+  eval_step: Callable
+  metrics: Callable
+  step_flops: Callable
+  needs_special_ids: bool = False
+  encoder: Callable[[dict], dict] = lambda params: params
+  has_mlm_head: bool = True
+  export: Callable | None = None
+
+
+def dropout_key(config, step):
+  """The step's dropout key: the run's seed folded with 1 (the init's stream is 0) and the step."""
+  key = jax.random.key(config.seed, impl=config.train.prng_impl)
+  return jax.random.fold_in(jax.random.fold_in(key, 1), step)
+
+
+def apply_gradients(state, grads, metrics, tx, lr_fn, batch, hold=None):
+  """The optimizer update every pre-training objective ends with: (next state, metrics + grad norm, lr, tokens).
+  `hold(updates)`, when given, returns the updates with those of parameters held fixed this step zeroed."""
+  updates, opt_state = tx.update(grads, state.opt_state, state.params)
+  if hold is not None:
+    updates = hold(updates)
+  params = optax.apply_updates(state.params, updates)
+  metrics.update(grad_norm=optax.global_norm(grads), learning_rate=lr_fn(state.step),
+                 tokens=jnp.sum(batch["input_mask"].astype(jnp.float32)))
+  return trainer.TrainState(step=state.step + 1, params=params, opt_state=opt_state), metrics
