@@ -14,7 +14,7 @@ import time
 
 import numpy as np
 
-from bertjax.data import corpus, dataset, input_pipeline, pretraining, tokenizer
+from bertjax.data import dataset, demo_corpus, input_pipeline, pretraining, tokenizer
 
 
 def main():
@@ -31,7 +31,7 @@ def main():
   rows = []
   with tempfile.TemporaryDirectory() as d:
     text = os.path.join(d, "corpus.txt")
-    corpus.build_demo_corpus(text)
+    demo_corpus.build_demo_corpus(text)
     vocab = tokenizer.train([text], os.path.join(d, "tok"), vocab_size=8000)
     opts = pretraining.CreationOptions(max_seq_length=args.seq, dupe_factor=args.dupe_factor, buffer_documents=64,
                                        example_mode=args.example_mode, max_predictions_per_seq=0)

@@ -24,7 +24,7 @@ def main(argv=None) -> int:
   absl_logging.set_verbosity(absl_logging.WARNING)
   import jax
   from bertjax import predict, train
-  from bertjax.data import corpus, dataset, pretraining, tokenizer
+  from bertjax.data import dataset, demo_corpus, pretraining, tokenizer
   from configs import demo
 
   w = os.path.abspath(args.workdir)
@@ -32,7 +32,7 @@ def main(argv=None) -> int:
   t0 = time.time()
   text = os.path.join(w, "corpus.txt")
   if not os.path.exists(text):
-    s = corpus.build_demo_corpus(text)
+    s = demo_corpus.build_demo_corpus(text)
     print(f"[1/5] corpus: {s.documents} documents, {s.sentences} sentences from Python's docstrings and pydoc "
           f"topics -> {text}", flush=True)
   else:

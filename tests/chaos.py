@@ -22,9 +22,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def build_data(d: str) -> str:
-  from bertjax.data import corpus, dataset, pretraining, tokenizer
+  from bertjax.data import dataset, demo_corpus, pretraining, tokenizer
   text = os.path.join(d, "corpus.txt")
-  corpus.build_demo_corpus(text)
+  demo_corpus.build_demo_corpus(text)
   with open(text, encoding="utf-8") as f:
     small = f.read()[:200_000]
   small = small[: small.rfind("\n\n")] + "\n"

@@ -7,7 +7,7 @@ import shutil
 import numpy as np
 import pytest
 
-from bertjax.data import corpus, dataset, input_pipeline, pretraining, tokenizer
+from bertjax.data import corpus, dataset, demo_corpus, generation, input_pipeline, pretraining, tokenizer
 import original_create_pretraining_data as original
 
 HOSTILE_TEXTS = [
@@ -289,8 +289,8 @@ def test_paragraph_format_splits_sentences(tmp_path):
 
 
 def test_demo_corpus_is_deterministic(tmp_path):
-  s1 = corpus.build_demo_corpus(str(tmp_path / "a.txt"))
-  corpus.build_demo_corpus(str(tmp_path / "b.txt"))
+  s1 = demo_corpus.build_demo_corpus(str(tmp_path / "a.txt"))
+  demo_corpus.build_demo_corpus(str(tmp_path / "b.txt"))
   assert (tmp_path / "a.txt").read_bytes() == (tmp_path / "b.txt").read_bytes()
   assert s1.documents > 200 and os.path.getsize(tmp_path / "a.txt") > 1_000_000
 
@@ -319,8 +319,8 @@ def test_tfds_dataset_round_trip(built):
   ex = src[0]
   assert ex["input_ids"].shape == (32,) and ex["masked_lm_weights"].dtype == np.float32
   # The same examples as a 1-worker, in-process generation (order independent of the worker count).
-  docs = pretraining.split_documents(corpus.read_documents([d / "corpus.txt"]), 10, heldout=False)
-  direct = list(pretraining.generate_examples(docs, vocab, opts, num_workers=1))
+  docs = generation.split_documents(corpus.read_documents([d / "corpus.txt"]), 10, heldout=False)
+  direct = list(generation.generate_examples(docs, vocab, opts, num_workers=1))
   got = sorted(tuple(src[i]["input_ids"]) for i in range(len(src)))
   assert got == sorted(tuple(x["input_ids"]) for x in direct)
 
@@ -449,6 +449,7 @@ def test_tokenizer_refuses_to_overwrite_and_says_when_the_corpus_is_too_small(tm
   out = capsys.readouterr().out
   n = tokenizer.load(str(tmp_path / "t" / "vocab.txt")).vocab_size
   assert n < 500 and f"the corpus yields {n} pieces, fewer than the 500 asked for" in out and f"vocab={n}" in out
+  assert "tokenizer: read 20 lines" in out  # progress as the corpus is read
   before = (tmp_path / "t" / "vocab.txt").read_bytes()
   with pytest.raises(SystemExit):
     tokenizer.main(["--input", str(corpus), "--out", str(tmp_path / "t"), "--vocab_size", "60"])

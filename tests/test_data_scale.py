@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from bertjax import errors
-from bertjax.data import corpus, dataset, pretraining, tokenizer
+from bertjax.data import corpus, dataset, demo_corpus, pretraining, tokenizer, vocab_files
 
 OPTS = pretraining.CreationOptions(max_seq_length=64, max_predictions_per_seq=10, dupe_factor=2, buffer_documents=40)
 
@@ -20,7 +20,7 @@ def prose(tmp_path_factory):
   """Real prose (Python's own docs) as documents of paragraphs, a one-sentence-per-line corpus and a tokenizer."""
   d = tmp_path_factory.mktemp("prose")
   docs = []
-  for _, paragraphs in corpus._stdlib_docstrings():
+  for _, paragraphs in demo_corpus._stdlib_docstrings():
     text = "\n\n".join(paragraphs[:6])
     if len(corpus.text_to_sentences(text, corpus.ReadOptions())) >= 2:
       docs.append(text)
@@ -248,9 +248,9 @@ def test_tokenizer_files_are_what_load_reads(tmp_path):
   `tokenizer.load` prefers."""
   for name in ("vocab.json", "merges.txt", "vocab.txt", "spm.model"):
     (tmp_path / name).write_text("x")
-  assert tokenizer.files(str(tmp_path / "vocab.json")) == [str(tmp_path / n) for n in ("vocab.json", "merges.txt")]
+  assert vocab_files.files(str(tmp_path / "vocab.json")) == [str(tmp_path / n) for n in ("vocab.json", "merges.txt")]
   (tmp_path / "tokenizer.json").write_text("{}")
-  assert tokenizer.files(str(tmp_path / "vocab.json"))[-1] == str(tmp_path / "tokenizer.json")
-  assert tokenizer.files(str(tmp_path / "tokenizer.json")) == [str(tmp_path / "tokenizer.json")]
-  assert tokenizer.files(str(tmp_path / "vocab.txt")) == [str(tmp_path / "vocab.txt")]
-  assert tokenizer.files(str(tmp_path / "spm.model")) == [str(tmp_path / "spm.model")]
+  assert vocab_files.files(str(tmp_path / "vocab.json"))[-1] == str(tmp_path / "tokenizer.json")
+  assert vocab_files.files(str(tmp_path / "tokenizer.json")) == [str(tmp_path / "tokenizer.json")]
+  assert vocab_files.files(str(tmp_path / "vocab.txt")) == [str(tmp_path / "vocab.txt")]
+  assert vocab_files.files(str(tmp_path / "spm.model")) == [str(tmp_path / "spm.model")]

@@ -1,6 +1,6 @@
 """Pre-training example creation as an Apache Beam pipeline (DirectRunner locally, Dataflow/Flink/Spark at scale).
 
-The same examples as the local worker path (`pretraining.generate_examples`), made in parallel by Beam:
+The same examples as the local worker path (`generation.generate_examples`), made in parallel by Beam:
 
   shards --Read (one shard per element)--> (shard, document index in shard, sentences)
          --document counts per shard--> global document index (shards in the order given, as the local path reads them)
@@ -21,8 +21,8 @@ import tempfile
 import apache_beam as beam
 
 from bertjax.data import corpus as corpus_lib
-from bertjax.data import pretraining
-from bertjax.data import tokenizer as tokenizer_lib
+from bertjax.data import generation, pretraining
+from bertjax.data import vocab_files
 
 NAMESPACE = "bertjax"
 
@@ -31,7 +31,7 @@ def tokenizer_bundle(path: str) -> dict:
   """The tokenizer's files by name (`tokenizer.files`), so workers that cannot see the submitting machine's disk
   load the same tokenizer."""
   bundle = {}
-  for f in tokenizer_lib.files(path):
+  for f in vocab_files.files(path):
     with open(f, "rb") as fh:
       bundle[os.path.basename(f)] = fh.read()
   return {"main": os.path.basename(path), "files": bundle}
@@ -65,16 +65,16 @@ class MakeExamples(beam.DoFn):
     for name, data in self._bundle["files"].items():
       with open(os.path.join(self._dir, name), "wb") as f:
         f.write(data)
-    pretraining._init_worker(os.path.join(self._dir, self._bundle["main"]), self._lower)
+    generation.init_worker(os.path.join(self._dir, self._bundle["main"]), self._lower)
 
   def process(self, element):
     buffer_index, items = element
     documents = [doc for _, doc in sorted(items, key=lambda item: item[0])]
-    feats, empty = pretraining._process_buffer((buffer_index, documents, self._opts))
+    feats, empty = generation.process_buffer((buffer_index, documents, self._opts))
     beam.metrics.Metrics.counter(NAMESPACE, f"{self._split}.examples").inc(len(feats))
     beam.metrics.Metrics.counter(NAMESPACE, f"{self._split}.untokenizable_documents").inc(empty)
     for j, f in enumerate(feats):
-      yield pretraining.example_key(buffer_index, j), f
+      yield generation.example_key(buffer_index, j), f
 
 
 def _offsets(counts: dict, num_shards: int) -> dict:
@@ -87,7 +87,7 @@ def _offsets(counts: dict, num_shards: int) -> dict:
 
 def _to_buffer(item, offsets, heldout_every: int, heldout: bool, buffer_documents: int):
   """(global index, doc) -> (buffer, (position, doc)) for the documents of this split, numbered as
-  `pretraining.split_documents` numbers them."""
+  `generation.split_documents` numbers them."""
   shard, i, doc = item
   g = offsets[shard] + i
   is_heldout = heldout_every > 0 and g % heldout_every == heldout_every - 1

@@ -25,7 +25,7 @@ import tensorflow_datasets as tfds
 
 from bertjax import errors
 from bertjax.data import corpus as corpus_lib
-from bertjax.data import pretraining
+from bertjax.data import generation, pretraining
 from bertjax.data import tokenizer as tokenizer_lib
 
 NAME = "bert_pretraining"
@@ -75,15 +75,15 @@ class BertPretraining(tfds.core.GeneratorBasedBuilder):
     stats = corpus_lib.CorpusStats()
     docs = corpus_lib.read_documents(c["input"], stats=stats, opts=reader_options(c),
                                      tfds_data_dir=c.get("tfds_data_dir"))
-    docs = pretraining.split_documents(docs, c.get("heldout_every", 20), heldout)
+    docs = generation.split_documents(docs, c.get("heldout_every", 20), heldout)
     counts: dict = {}
-    examples = pretraining.generate_keyed_examples(
+    examples = generation.generate_keyed_examples(
         docs, c["tokenizer"], pretraining.CreationOptions(**c["options"]), do_lower_case=c.get("do_lower_case", True),
         num_workers=c.get("workers", 1), stats=counts)
     split = "validation" if heldout else "train"
     start = last = time.time()
     for n, ((b, j), ex) in enumerate(examples, 1):
-      yield pretraining.example_key(b, j), ex
+      yield generation.example_key(b, j), ex
       if PROGRESS["print"] and time.time() - last >= PROGRESS["every_s"]:
         last = time.time()
         print(f"{split}: {n:,} examples ({n / (last - start):,.0f}/s; {stats.documents:,} documents read)",

@@ -1,0 +1,89 @@
+"""A tokenizer's files on disk: which files one is made of, its content hash, copies of it, finding it in a folder,
+and a check that a serialised protobuf (a sentencepiece model) ends on a record boundary."""
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+
+
+def files(path: str) -> list[str]:
+  """Every file `load(path)` reads: the path itself, and for a byte-level BPE `vocab.json` the `merges.txt` and
+  `tokenizer.json` beside it when present (the latter wins, as in `load`)."""
+  path = os.fspath(path)
+  out = [path]
+  if path.endswith(".json") and os.path.basename(path) != "tokenizer.json":
+    folder = os.path.dirname(path)
+    out += [os.path.join(folder, n) for n in ("merges.txt", "tokenizer.json")
+            if os.path.isfile(os.path.join(folder, n))]
+  return out
+
+
+def fingerprint(path: str) -> str:
+  """sha256 over every file `load(path)` reads (names and bytes): what data dirs and workdirs record of their
+  tokenizer, to refuse one that changed."""
+  h = hashlib.sha256()
+  for f in files(path):
+    h.update(os.path.basename(f).encode() + b"\0")
+    with open(f, "rb") as fh:
+      for block in iter(lambda: fh.read(1 << 20), b""):
+        h.update(block)
+    h.update(b"\0")
+  return h.hexdigest()
+
+
+def copy_into(path: str, folder: str) -> str:
+  """Copies the tokenizer's files into `folder` (each written whole, then renamed); returns the copy's path."""
+  os.makedirs(folder, exist_ok=True)
+  for f in files(path):
+    target = os.path.join(folder, os.path.basename(f))
+    tmp = f"{target}.tmp-{os.getpid()}"
+    shutil.copyfile(f, tmp)
+    os.replace(tmp, target)
+  return os.path.join(folder, os.path.basename(os.fspath(path)))
+
+
+MAIN_FILES = ("vocab.txt", "spm.model", "vocab.json", "tokenizer.json")
+
+
+def find_in(folder: str) -> str | None:
+  """The tokenizer a folder holds (a workdir's or data dir's copy), or None."""
+  for name in MAIN_FILES:
+    if os.path.isfile(os.path.join(folder, name)):
+      return os.path.join(folder, name)
+  models = sorted(n for n in os.listdir(folder) if n.endswith(".model")) if os.path.isdir(folder) else []
+  return os.path.join(folder, models[0]) if models else None
+
+
+def proto_fields(raw: bytes) -> set[int] | None:
+  """The top-level field numbers of a serialised protobuf message, or None if it ends inside a record."""
+  def varint(i):
+    shift = value = 0
+    while True:
+      if i >= len(raw):
+        raise IndexError
+      b = raw[i]
+      value |= (b & 0x7F) << shift
+      i, shift = i + 1, shift + 7
+      if not b & 0x80:
+        return value, i
+  seen, i = set(), 0
+  try:
+    while i < len(raw):
+      key, i = varint(i)
+      wire = key & 7
+      if wire == 0:
+        _, i = varint(i)
+      elif wire == 1:
+        i += 8
+      elif wire == 2:
+        n, i = varint(i)
+        i += n
+      elif wire == 5:
+        i += 4
+      else:
+        return None
+      seen.add(key >> 3)
+  except IndexError:
+    return None
+  return seen if i == len(raw) else None
