@@ -61,3 +61,32 @@ def test_a_fine_tuned_workdir_from_before_predicts_and_resumes(tmp_path):
   assert step == 3 and saved["total_steps"] == 3 and isinstance(state, trainer.TrainState)
   for a, b in zip(jax.tree_util.tree_leaves(params), jax.tree_util.tree_leaves(jax.device_get(state.params))):
     assert a.shape == b.shape
+
+
+V1 = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "checkpoints_v1")
+
+
+def test_an_electra_workdir_from_before_the_objective_plugins_restores_loads_and_exports(tmp_path):
+  """tests/data/checkpoints_v1/electra: a 2-step ELECTRA pre-training workdir (hidden 16) with its tokenizer copy,
+  written by bertjax at commit 4763e1c, before objectives were plug-ins."""
+  from bertjax import objectives
+  from bertjax.convert import __main__ as convert_cli
+  w = os.path.join(V1, "electra")
+  with open(os.path.join(w, "config.json"), encoding="utf-8") as f:
+    config = ml_collections.ConfigDict(json.load(f))
+  assert objectives.get(config).name == "electra"
+  mcfg = model_lib.BertConfig.from_dict(config.model.to_dict())
+  run = train.build(config, mcfg, jax.devices()[:1])
+  state, data_state, step = checkpoint_lib.Checkpointer(w).restore(run.abstract)
+  assert step == 2 and int(state.step) == 2 and set(state.params) == {"discriminator", "generator", "embeddings"}
+  loaded = weights.load(w)  # the discriminator with the shared embeddings, the data folder long gone
+  assert loaded.tokenizer == os.path.join(w, "tokenizer", "vocab.txt") and "bert" in loaded.params
+  got = dict(jax.tree_util.tree_leaves_with_path(loaded.params["bert"]["encoder"]))
+  want = jax.device_get(state.params["discriminator"]["bert"]["encoder"])
+  for path, leaf in jax.tree_util.tree_leaves_with_path(want):
+    np.testing.assert_array_equal(got[path], leaf)
+  arch = convert_cli.write(w, str(tmp_path / "hf"))
+  assert arch == "ElectraForPreTraining + ElectraForMaskedLM"
+  for sub, name in (("discriminator", "ElectraForPreTraining"), ("generator", "ElectraForMaskedLM")):
+    hf = json.loads((tmp_path / "hf" / sub / "config.json").read_text())
+    assert hf["architectures"] == [name] and (tmp_path / "hf" / sub / "vocab.txt").exists()
