@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import ml_collections
 import optax
 
 from bertjax import errors
@@ -172,15 +173,25 @@ def fused_adamw(learning_rate, b1: float, b2: float, eps: float, weight_decay: f
   return optax.GradientTransformation(reference.init, update)
 
 
+# The optimizer's settings that a `config.train` may leave out (a config written before the setting existed), each
+# with its one default: the original BERT's choice. The recipes in configs/ state them for the reader.
+DEFAULTS = {"schedule": "linear", "decay_fraction": 0.1, "decay_shape": "linear", "final_lr_ratio": 0.0,
+            "adam_bias_correction": False, "fused_update": True}
+
+
+def settings(cfg_train):
+  """`config.train` with DEFAULTS under it: what `make` and the config checks read."""
+  return ml_collections.ConfigDict({**DEFAULTS, **cfg_train.to_dict()})
+
+
 def make(cfg_train) -> tuple[optax.GradientTransformation, callable]:
   """(optimizer, learning-rate schedule) from `config.train`."""
-  t = cfg_train
-  lr = schedule(t.learning_rate, t.warmup_steps, t.num_steps, t.get("schedule", "linear"),
-                decay_fraction=t.get("decay_fraction", 0.1), decay_shape=t.get("decay_shape", "linear"),
-                final_lr_ratio=t.get("final_lr_ratio", 0.0))
+  t = settings(cfg_train)
+  lr = schedule(t.learning_rate, t.warmup_steps, t.num_steps, t.schedule, decay_fraction=t.decay_fraction,
+                decay_shape=t.decay_shape, final_lr_ratio=t.final_lr_ratio)
   clip = t.grad_clip_norm if t.grad_clip_norm and t.grad_clip_norm > 0 else 0.0
-  bias_correction = t.get("adam_bias_correction", True)
-  if t.optimizer == "adamw" and t.get("fused_update", False):
+  bias_correction = t.adam_bias_correction
+  if t.optimizer == "adamw" and t.fused_update:
     return fused_adamw(lr, t.b1, t.b2, t.eps, t.weight_decay, decay_mask, clip, bias_correction), lr
   if t.optimizer == "adamw":
     opt = adamw(lr, t.b1, t.b2, t.eps, t.weight_decay, decay_mask, bias_correction)

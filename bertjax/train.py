@@ -196,7 +196,7 @@ def _train_and_evaluate(config, workdir: str) -> dict:
                                           "whole_word_mask": config.data.whole_word_mask})
     transform = input_pipeline.dynamic_masking(pretraining.Vocab.of(tok), opts, config.seed)
   train_source = dataset.load_source(config.data.data_dir, config.data.train_split)
-  if config.data.get("packing"):
+  if config.data.packing:
     cache = os.path.join(config.data.data_dir, f"packing_{config.data.train_split}_{seq}_{row_predictions(config)}_"
                          f"{config.data.pack_max_per_row}.npz") if "://" not in config.data.data_dir else None
     n_examples = len(train_source)
@@ -227,7 +227,7 @@ def _train_and_evaluate(config, workdir: str) -> dict:
     eval_source = dataset.load_source(config.data.data_dir, config.data.eval_split)
     if len(eval_source) == 0:
       eval_source = None
-    elif config.data.get("eval_masked_lm_prob", 0.0):  # e.g. ModernBERT: trains at 30%, evaluates at 15%
+    elif config.data.eval_masked_lm_prob:  # e.g. ModernBERT: trains at 30%, evaluates at 15%
       tok = tokenizer_lib.load(tok_path, do_lower_case=tok_lower)
       opts = pretraining.CreationOptions(**{**creation["options"], "masked_lm_prob": config.data.eval_masked_lm_prob,
                                             "max_predictions_per_seq": config.data.max_predictions_per_seq})

@@ -26,6 +26,7 @@ import optax
 from bertjax import checkpoint as checkpoint_lib
 from bertjax import errors
 from bertjax import metrics as metrics_lib
+from bertjax import optim
 from bertjax import sharding as sharding_lib
 
 PRNG_IMPLS = ("threefry2x32", "rbg", "unsafe_rbg")
@@ -34,22 +35,22 @@ every = metrics_lib.every  # the one rule for periodic actions: every `interval`
 
 def prng_impl_error(config) -> str | None:
   """What is wrong with `train.prng_impl` (pre-training and fine-tuning alike), or None."""
-  impl = config.train.get("prng_impl", "threefry2x32")
+  impl = config.train.prng_impl
   return None if impl in PRNG_IMPLS else f"train.prng_impl {impl!r} is not one of {PRNG_IMPLS}"
 
 
 def optimizer_errors(train_config) -> list[str]:
   """The optimizer and schedule settings both modes check before compiling."""
-  from bertjax import optim
   out = []
-  if train_config.get("schedule", "linear") not in optim.SCHEDULES:
-    out.append(f"train.schedule {train_config.schedule!r} is not one of {list(optim.SCHEDULES)}")
-  if train_config.get("decay_shape", "linear") not in optim.DECAY_SHAPES:
-    out.append(f"train.decay_shape {train_config.decay_shape!r} is not one of {list(optim.DECAY_SHAPES)}")
-  if not 0 < train_config.get("decay_fraction", 0.1) <= 1:
-    out.append(f"train.decay_fraction must be in (0, 1], got {train_config.decay_fraction}")
-  if not 0 <= train_config.get("final_lr_ratio", 0.0) <= 1:
-    out.append(f"train.final_lr_ratio must be in [0, 1], got {train_config.final_lr_ratio}")
+  t = optim.settings(train_config)
+  if t.schedule not in optim.SCHEDULES:
+    out.append(f"train.schedule {t.schedule!r} is not one of {list(optim.SCHEDULES)}")
+  if t.decay_shape not in optim.DECAY_SHAPES:
+    out.append(f"train.decay_shape {t.decay_shape!r} is not one of {list(optim.DECAY_SHAPES)}")
+  if not 0 < t.decay_fraction <= 1:
+    out.append(f"train.decay_fraction must be in (0, 1], got {t.decay_fraction}")
+  if not 0 <= t.final_lr_ratio <= 1:
+    out.append(f"train.final_lr_ratio must be in [0, 1], got {t.final_lr_ratio}")
   if train_config.optimizer not in ("adamw", "lamb"):
     out.append(f"train.optimizer {train_config.optimizer!r} is not one of ['adamw', 'lamb']")
   lr = train_config.learning_rate

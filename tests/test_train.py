@@ -7,6 +7,7 @@ import subprocess
 import time
 
 import flax.linen as nn
+import ml_collections
 import jax
 import numpy as np
 import optax
@@ -575,3 +576,23 @@ def test_bfloat16_keeps_logits_softmax_and_losses_in_float32():
   a = np.concatenate([np.ravel(x) for x in jax.tree_util.tree_leaves(g16)])
   b = np.concatenate([np.ravel(x) for x in jax.tree_util.tree_leaves(g32)])
   assert np.dot(a, b) / np.linalg.norm(a) / np.linalg.norm(b) > 0.99
+
+
+def test_optimizer_defaults_are_stated_once():
+  """optim.DEFAULTS (the original BERT's choices) is where a missing optimizer setting comes from; each recipe
+  states the same value or one of its listed deltas."""
+  from bertjax import optim
+  from configs import electra, finetune, modernbert, pretrain, roberta
+  hf_adam = {"adam_bias_correction": True}  # fairseq's, ModernBERT's and HF's AdamW correct the moments' bias
+  deltas = {"finetune": {**hf_adam, "schedule": "linear_from_warmup"},
+            "roberta": {**hf_adam, "schedule": "linear_from_warmup"},
+            "modernbert": {**hf_adam, "schedule": "wsd", "decay_shape": "sqrt"}, "pretrain": {}, "electra": {}}
+  for name, module in (("pretrain", pretrain), ("finetune", finetune), ("roberta", roberta),
+                       ("modernbert", modernbert), ("electra", electra)):
+    t = module.get_config().train
+    stated = {k: t[k] for k in optim.DEFAULTS if k in t}
+    differ = {k: v for k, v in stated.items() if v != optim.DEFAULTS[k]}
+    assert differ == {k: v for k, v in deltas[name].items() if k in stated}, name
+  bare = ml_collections.ConfigDict({"learning_rate": 1e-4, "warmup_steps": 1, "num_steps": 4, "grad_clip_norm": 1.0,
+                                    "optimizer": "adamw", "b1": 0.9, "b2": 0.999, "eps": 1e-6, "weight_decay": 0.01})
+  assert dict(optim.settings(bare)) == {**optim.DEFAULTS, **bare.to_dict()}
