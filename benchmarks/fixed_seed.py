@@ -57,6 +57,7 @@ def main() -> None:
     c.data.train_file = c.data.eval_file = os.path.join(tmp, "train.csv")
     c.data.text_a_column, c.data.label_column, c.data.labels = "sentence", "label", ("neg", "pos")
     c.data.tokenizer = vocab
+    c.log_every = 1
     finetune.finetune(c, os.path.join(tmp, "finetune"))
     out["finetune"] = [(r["step"], r["split"], r.get("loss")) for r in
                        metrics.read_jsonl(os.path.join(tmp, "finetune", "metrics.jsonl"))]
