@@ -30,8 +30,10 @@ from bertjax.tasks import EvalSet
 
 HF_HEADS = {k: v.hf_head for k, v in tasks_lib.KINDS.items()}
 # Model fields a fine-tuning config sets over the init's architecture.
-RUN_FIELDS = ("dropout_rate", "attention_dropout_rate", "dtype", "scan_layers", "scan_unroll", "remat",
-              "attention_impl", "embedding_lookup", "dropout_impl", "prune_final_layer", "initializer")
+# A fine-tuning config's model fields that describe the architecture: they apply only without an init; the rest
+# (dropout, dtype, kernels, the head's initializer) apply over the init's own architecture.
+ARCHITECTURE_FIELDS = ("variant", "num_layers", "hidden_size", "num_heads", "intermediate_size", "vocab_size",
+                       "max_position_embeddings")
 
 
 # ----------------------------------------------------------------------------- init: tokenizer, config, encoder
@@ -43,7 +45,8 @@ def load_init(config, task: tasks_lib.Task | None = None):
   tok_path, lower = config.data.tokenizer, config.data.do_lower_case
   if config.init:
     kind = tasks_lib.kind(task) if task is not None else None
-    w = weights.load(config.init, overrides={k: config.model[k] for k in RUN_FIELDS},
+    run_fields = {k: v for k, v in config.model.items() if k not in ARCHITECTURE_FIELDS}
+    w = weights.load(config.init, overrides=run_fields,
                      head=kind.hf_head if kind else "encoder", num_labels=task.num_labels if task else 0)
     mcfg, params = w.cfg, w.params
     if not tok_path:
@@ -95,7 +98,7 @@ def use_packing(config, task: tasks_lib.Task, train: dict) -> bool:
   be padding, and one row shape is one compiled program where length buckets make several)."""
   if config.data.packing:
     return True
-  if not config.data.get("auto_packing", False) or tasks_lib.kind(task).pack_keys is None:
+  if not config.data.auto_packing or tasks_lib.kind(task).pack_keys is None:
     return False
   lengths = np.sum(train["input_mask"], axis=1)
   return len(lengths) > 0 and float(np.mean(lengths)) <= config.data.max_seq_length / 2
@@ -157,7 +160,7 @@ def _check(config) -> None:
   problems = trainer.run_errors(config)
   if not isinstance(config.seed, int) or isinstance(config.seed, bool) or not 0 <= config.seed < 2 ** 32:
     problems.append(f"seed must be an integer in [0, 2**32), got {config.seed!r}")
-  if config.data.get("length_buckets", 0) < 0:
+  if config.data.length_buckets < 0:
     problems.append(f"data.length_buckets must be >= 0, got {config.data.length_buckets}")
   if problems:
     raise errors.ConfigError("invalid config: " + "; ".join(problems))
@@ -199,8 +202,8 @@ def _finetune(config, workdir: str) -> dict:
   n_rows = len(train["input_ids"])
   if n_rows == 0:
     raise tasks_lib.TaskDataError("no training examples")
-  bucket = bucket_multiple(config.data.max_seq_length, config.data.get("length_buckets", 0))
-  grouping = config.data.get("group_by_length", False) and bucket and not packed
+  bucket = bucket_multiple(config.data.max_seq_length, config.data.length_buckets)
+  grouping = config.data.group_by_length and bucket and not packed
   plan = Plan(n_rows, rows_per_step, config.train.num_epochs, config.seed, config.train.warmup_fraction,
               np.sum(train["input_mask"], axis=1) if grouping else None, bucket if grouping else 0)
   steps_per_epoch, total = plan.steps_per_epoch, plan.total_steps
@@ -213,7 +216,7 @@ def _finetune(config, workdir: str) -> dict:
   t = trainer.build(config, module, tx, lr_fn, dummy,
                     *make_steps(module, task, tx, lr_fn, config.train.prng_impl), mesh=mesh, train_scalars=2)
   seed, peak_lr = np.uint32(config.seed), np.float32(config.train.learning_rate)
-  eval_batch = config.train.get("eval_batch_size", 0) or gbs
+  eval_batch = config.train.eval_batch_size or gbs
   if eval_batch % dp:
     raise tasks_lib.TaskDataError(f"train.eval_batch_size {eval_batch} is not divisible by the data-parallel "
                                   f"size {dp}")

@@ -23,7 +23,7 @@ import shutil
 import jax
 import numpy as np
 
-from bertjax import convert, errors, finetune
+from bertjax import convert, errors, finetune, optim
 from bertjax.data import conll, tasks
 
 
@@ -160,8 +160,8 @@ def hf_loop(start_dir: str, task: tasks.Task, config, rows: list[dict], batches:
   """(losses, final HF state dict) of an HF PyTorch loop over `batches` (lists of row indices), with the
   config's dropout rates (0 for a step-by-step comparison)."""
   torch, _ = _torch()
-  t = config.train
-  if t.optimizer != "adamw" or not t.get("adam_bias_correction", True):
+  t = optim.settings(config.train)
+  if t.optimizer != "adamw" or not t.adam_bias_correction:
     raise errors.ConfigError("the HF loop steps torch.optim.AdamW: set train.optimizer=adamw with bias correction")
   torch.manual_seed(seed)
   model = hf_class(task.kind).from_pretrained(
@@ -173,7 +173,7 @@ def hf_loop(start_dir: str, task: tasks.Task, config, rows: list[dict], batches:
   opt = torch.optim.AdamW([{"params": decay, "weight_decay": t.weight_decay},
                            {"params": no_decay, "weight_decay": 0.0}],
                           lr=t.learning_rate, betas=(t.b1, t.b2), eps=t.eps)
-  make, fn = hf_lr_lambda(t.get("schedule", "linear"), warmup_steps, total_steps)
+  make, fn = hf_lr_lambda(t.schedule, warmup_steps, total_steps)
   sched = make(opt, warmup_steps, total_steps) if make else torch.optim.lr_scheduler.LambdaLR(opt, fn)
   losses = []
   for idx in batches:

@@ -1,7 +1,11 @@
 """Shared config pieces: the argument-string parser and the sharding presets (mesh axes + logical rules)."""
 from __future__ import annotations
 
+import dataclasses
+
 import ml_collections
+
+from bertjax.model.config import BertConfig
 
 MESH_AXES = ("data", "fsdp", "tensor")
 BATCH_AXES = ("data", "fsdp")
@@ -25,6 +29,23 @@ SHARDING_PRESETS = {
         ("heads", "tensor"), ("mlp", "tensor"),
         ("activation_heads", "tensor"), ("activation_mlp", "tensor"))),
 }
+
+
+SIZE_FIELDS = ("num_layers", "hidden_size", "num_heads", "intermediate_size")
+
+
+def model_section(variant: str, fields=None, **deltas) -> ml_collections.ConfigDict:
+  """A config's `model` section: `variant` (a row of model.VARIANTS; its size fields stay 0 = from the variant),
+  then each of `model.BertConfig`'s fields (or only `fields`) at the dataclass's default, where each is documented,
+  except the recipe's `deltas`. The defaults live in one place: the dataclass."""
+  defaults = {f.name: f.default for f in dataclasses.fields(BertConfig)}
+  names = [n for n in defaults if n not in SIZE_FIELDS and (fields is None or n in fields)]
+  unknown = set(deltas) - set(defaults)
+  if unknown:
+    raise ValueError(f"unknown model fields {sorted(unknown)}")
+  section = {"variant": variant, **{n: 0 for n in SIZE_FIELDS}, **{n: defaults[n] for n in names}}
+  section.update(deltas)
+  return ml_collections.ConfigDict(section)
 
 
 def parse_arg(arg: str | None, **defaults) -> ml_collections.ConfigDict:

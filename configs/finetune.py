@@ -10,6 +10,11 @@ import ml_collections
 from configs import common
 
 
+# The model fields a fine-tuning config sets on top of its init's architecture.
+RUN_FIELDS = ("dropout_rate", "attention_dropout_rate", "dtype", "scan_layers", "scan_unroll", "remat",
+              "attention_impl", "embedding_lookup", "dropout_impl", "prune_final_layer", "initializer")
+
+
 def get_config(arg=None):
   a = common.parse_arg(arg, task="glue/mrpc", init="", lr=2e-5, batch=32, epochs=3, seq=0, seed=0, shard="dp",
                        variant="base", vocab=30522, dtype="float32", scan=False)
@@ -19,27 +24,13 @@ def get_config(arg=None):
   c.init = a.init  # bertjax pre-training workdir or HF safetensors folder; "" = random init of `model` (tests)
   c.seed = a.seed  # head init, dropout and example order; sweeps vary it
 
-  c.model = ml_collections.ConfigDict()
-  c.model.variant = a.variant  # used only without init (the init's own architecture wins)
-  c.model.num_layers = 0  # 0 = from the variant (likewise the next three)
-  c.model.hidden_size = 0
-  c.model.num_heads = 0
-  c.model.intermediate_size = 0
-  c.model.vocab_size = a.vocab  # only without init
-  c.model.max_position_embeddings = 512  # only without init
-  c.model.dropout_rate = 0.1  # the paper's fine-tuning dropout
-  c.model.attention_dropout_rate = 0.1
-  c.model.dtype = a.dtype
-  c.model.scan_layers = a.scan
-  c.model.scan_unroll = 0  # with scan: layers per scan iteration; 0 = auto (all on CPU/GPU, 1 on TPU)
-  c.model.remat = "none"
-  c.model.attention_impl = "xla"
-  c.model.embedding_lookup = "auto"  # gather | one_hot | auto (one_hot on GPU)
-  c.model.dropout_impl = "hash"  # hash (counter hash, recomputed in the backward: faster) | rng (nn.Dropout)
-  c.model.prune_final_layer = True  # last layer only where the heads read it ([CLS], masked positions): exact
-  # The fresh task head: normal, N(0, 0.02²) as HF transformers draws it | truncated_normal (the original's
-  # run_classifier.py, cut at 2σ: 12% smaller spread); docs/finetuning.md has the measured difference.
-  c.model.initializer = "normal"
+  # The model's run settings (dropout, dtype, layer scan, kernels, the fresh head's initializer), applied over the
+  # init's own architecture; with no init, also the architecture (variant, vocab_size, max_position_embeddings).
+  # Each at model.BertConfig's default (bertjax/model/config.py documents each) but for these deltas; the fresh task
+  # head is drawn as HF transformers draws it, N(0, 0.02²) (the original's truncated normal is 12% narrower;
+  # docs/finetuning.md has the measured difference).
+  c.model = common.model_section(a.variant, fields=("vocab_size", "max_position_embeddings") + RUN_FIELDS,
+                                 vocab_size=a.vocab, dtype=a.dtype, scan_layers=a.scan, initializer="normal")
 
   c.data = ml_collections.ConfigDict()
   c.data.tfds_data_dir = ""  # where tfds keeps glue/squad ("" = tfds default)

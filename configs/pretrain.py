@@ -23,47 +23,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.objective = "mlm"  # mlm (MLM, + NSP with train.use_nsp) | electra (configs/electra.py)
   c.seed = 0  # parameter init, dropout and data order
 
-  c.model = ml_collections.ConfigDict()
-  c.model.variant = a.variant  # tiny|mini|small|medium|base|large: (layers, hidden, heads, ffn) in model.VARIANTS
-  c.model.num_layers = 0  # 0 = from the variant; any other value overrides it (likewise the next three)
-  c.model.hidden_size = 0
-  c.model.num_heads = 0
-  c.model.intermediate_size = 0
-  c.model.type_vocab_size = 2  # segment (token type) embeddings; 0 = none
-  c.model.vocab_size = a.vocab  # must equal the tokenizer's vocabulary size (checked before compiling)
-  c.model.max_position_embeddings = 512  # learned position table size; sequences may not be longer
-  c.model.hidden_act = a.act  # gelu (exact erf, BERT) | gelu_tanh | relu (seeds' FFN) | silu
-  c.model.ffn = "mlp"  # mlp (BERT) | glu (gated: GeGLU with gelu, SwiGLU with silu)
-  c.model.position_embedding = a.pos  # learned (BERT) | sinusoidal (seed 003) | rotary | alibi
-  c.model.position_offset = 0  # first learned position id (RoBERTa: 2)
-  c.model.rope_theta = 10000.0  # rotary base (global-attention layers)
-  c.model.rope_theta_local = 0.0  # rotary base of sliding-window layers; 0 = rope_theta
-  c.model.local_attention = 0  # sliding window (tokens) of local layers; 0 = every layer global
-  c.model.global_every = 3  # with local_attention: layers 0, N, 2N, ... attend globally
-  c.model.layer_norm = a.ln  # post (BERT) | pre (a final norm after the stack)
-  c.model.norm = "layernorm"  # layernorm | rmsnorm
-  c.model.layer_norm_eps = 1e-12  # every norm's epsilon
-  c.model.norm_bias = True  # LayerNorm bias (False for rmsnorm)
-  c.model.use_bias = True  # biases of the encoder's linear layers and the MLM transform
-  c.model.embedding_norm = True  # a norm over the summed embeddings
-  c.model.first_attention_norm = True  # pre-norm: layer 0 normalises its input (ModernBERT: False)
-  c.model.vocab_multiple = 1  # pad the embedding table to a multiple of this (64 for throughput)
-  c.model.nsp_head = a.nsp  # pooler + NSP head (False: an MLM-only model)
-  c.model.embedding_size = 0  # embedding width; 0 = hidden_size (ELECTRA-small: 128, projected to the hidden size)
-  c.model.dropout_rate = 0.1  # hidden dropout
-  c.model.attention_dropout_rate = 0.1  # attention-probability dropout
-  c.model.dtype = a.dtype  # computation dtype: float32 | bfloat16 (params stay float32; losses in float32)
-  c.model.scan_layers = a.scan  # nn.scan over layers: compile time flat in depth
-  # Layers per scan iteration: 1 (compile time flat in depth); >= num_layers: unrolled (same parameter layout);
-  # 0 = auto: all layers on CPU and GPU (a faster step), 1 on TPU (compile time flat in depth).
-  c.model.scan_unroll = 0
-  c.model.remat = a.remat  # none | full | dots: rematerialise activations in the backward pass
-  # xla | cudnn | auto (fused when dropout is off) | pallas (fused with dropout, GPU) | splash (TPU, no dropout)
-  c.model.attention_impl = "xla"
-  c.model.embedding_lookup = "auto"  # gather | one_hot | auto (one_hot on GPU: no scatter-add in the backward)
-  c.model.dropout_impl = "hash"  # hash (counter hash, recomputed in the backward: faster) | rng (nn.Dropout)
-  c.model.prune_final_layer = True  # last layer only where the heads read it ([CLS], masked positions): exact
-  c.model.initializer = "truncated_normal"  # fresh weights: the original's truncated normal | normal (HF's)
+  # Every model.BertConfig field, at the dataclass's default (bertjax/model/config.py documents each), but these:
+  # the argument keys above, and scanned layers (compile time flat in depth).
+  c.model = common.model_section(a.variant, vocab_size=a.vocab, hidden_act=a.act, position_embedding=a.pos,
+                                 layer_norm=a.ln, nsp_head=a.nsp, dtype=a.dtype, scan_layers=a.scan, remat=a.remat)
 
   c.data = ml_collections.ConfigDict()
   c.data.data_dir = ""  # output of `python -m bertjax.data.dataset` (has creation.json)

@@ -596,3 +596,30 @@ def test_optimizer_defaults_are_stated_once():
   bare = ml_collections.ConfigDict({"learning_rate": 1e-4, "warmup_steps": 1, "num_steps": 4, "grad_clip_norm": 1.0,
                                     "optimizer": "adamw", "b1": 0.9, "b2": 0.999, "eps": 1e-6, "weight_decay": 0.01})
   assert dict(optim.settings(bare)) == {**optim.DEFAULTS, **bare.to_dict()}
+
+
+def test_model_defaults_are_stated_once():
+  """Every recipe's model section is model.BertConfig's defaults except its listed deltas (the dataclass holds each
+  default once; a family recipe states only what differs from BERT's)."""
+  import dataclasses
+  from configs import demo, electra, finetune, modernbert, pretrain, roberta
+  defaults = {f.name: f.default for f in dataclasses.fields(model_lib.BertConfig)}
+  scanned = {"scan_layers": True}
+  deltas = {
+      "pretrain": scanned, "demo": {**scanned, "max_position_embeddings": 128, "vocab_size": 8000},
+      "finetune": {"initializer": "normal"},  # the fresh head drawn as HF draws it
+      "roberta": {**scanned, "initializer": "normal", "layer_norm_eps": 1e-05, "max_position_embeddings": 514,
+                  "nsp_head": False, "position_offset": 2, "type_vocab_size": 1, "vocab_size": 50265},
+      "modernbert": {**scanned, "attention_dropout_rate": 0.0, "dropout_rate": 0.0, "ffn": "glu",
+                     "first_attention_norm": False, "layer_norm": "pre", "layer_norm_eps": 1e-05,
+                     "local_attention": 128, "max_position_embeddings": 8192, "norm_bias": False, "nsp_head": False,
+                     "position_embedding": "rotary", "rope_theta": 160000.0, "rope_theta_local": 10000.0,
+                     "type_vocab_size": 0, "use_bias": False, "vocab_multiple": 64, "vocab_size": 50368},
+      "electra": {**scanned, "embedding_size": 128, "nsp_head": False}}
+  for name, module in (("pretrain", pretrain), ("demo", demo), ("finetune", finetune), ("roberta", roberta),
+                       ("modernbert", modernbert), ("electra", electra)):
+    model = module.get_config().model
+    sizes = ("num_layers", "hidden_size", "num_heads", "intermediate_size")
+    differ = {k: model[k] for k in model if k in defaults and k not in sizes and model[k] != defaults[k]}
+    assert differ == deltas[name], name
+    assert set(model) - set(defaults) == {"variant"}, name

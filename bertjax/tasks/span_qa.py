@@ -28,7 +28,7 @@ class SpanQA(Kind):
       train_ex = squad.tfds_examples(task.name, "train", tfds_dir)
       eval_ex = squad.tfds_examples(task.name, "validation", tfds_dir)
     kw = dict(max_seq_length=d.max_seq_length, doc_stride=d.doc_stride, max_query_length=d.max_query_length,
-              stride_is_overlap=d.get("doc_stride_is_overlap", False))
+              stride_is_overlap=d.doc_stride_is_overlap)
     train, _ = squad.featurize(train_ex, tok, training=True, stats=stats, **kw)
     evals = []
     if eval_ex:
@@ -53,7 +53,7 @@ class SpanQA(Kind):
   def predict_settings(self, config):  # a long context is cut into the windows the run trained on
     d = config.data
     return {"doc_stride": d.doc_stride, "max_query_length": d.max_query_length,
-            "doc_stride_is_overlap": d.get("doc_stride_is_overlap", False)}
+            "doc_stride_is_overlap": d.doc_stride_is_overlap}
 
   def predict_text(self, task, module, params, tok, seq, question="", context="", doc_stride=128,
                    max_query_length=64, doc_stride_is_overlap=False, **_):
