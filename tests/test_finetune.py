@@ -395,7 +395,7 @@ def test_squad_json_and_ner_end_to_end(tmp_path, vocab, monkeypatch):
   assert set(out["report"]["epochs"][0]["validation"]) == {"exact_match", "f1"}
   cut, real_featurize = [], squad.featurize
   monkeypatch.setattr(squad, "featurize", lambda *a, **kw: cut.append(kw) or real_featurize(*a, **kw))
-  ans = finetune.predict_text(str(tmp_path / "qa"), question=examples[0].question, context=examples[0].context)
+  ans = predict.predict_text(str(tmp_path / "qa"), question=examples[0].question, context=examples[0].context)
   monkeypatch.undo()
   assert isinstance(ans["answer"], str) and ans["answer"] in examples[0].context
   # prediction cuts the windows the run trained on
@@ -416,7 +416,7 @@ def test_squad_json_and_ner_end_to_end(tmp_path, vocab, monkeypatch):
   c.train.num_epochs = 1
   out = finetune.finetune(c, str(tmp_path / "ner"))
   assert set(out["report"]["epochs"][0]["validation"]) == {"f1", "precision", "recall"}
-  tags = finetune.predict_text(str(tmp_path / "ner"), text="John went to Paris")["tags"]
+  tags = predict.predict_text(str(tmp_path / "ner"), text="John went to Paris")["tags"]
   assert [w for w, _ in tags] == ["John", "went", "to", "Paris"]
 
 

@@ -13,7 +13,8 @@ import numpy as np
 import optax
 import pytest
 
-from bertjax import accounting, checkpoint as checkpoint_lib, losses, metrics, model as model_lib, optim, predict, train
+from bertjax import accounting, checkpoint as checkpoint_lib, errors, losses, metrics, model as model_lib, optim
+from bertjax import predict, train
 from bertjax.data import dataset
 from configs import common, pretrain
 
@@ -444,7 +445,7 @@ def test_nonfinite_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path, data_
   c = small_config(data_dir, stop_after_steps=3)
   run_loop(c, tmp_path / "w")
   c = small_config(data_dir, learning_rate=1e30)
-  with pytest.raises(train.NonFiniteError, match="non-finite loss or gradient at step [4-6]"):
+  with pytest.raises(errors.NonFiniteError, match="non-finite loss or gradient at step [4-6]"):
     run_loop(c, tmp_path / "w")
   assert checkpoint_lib.Checkpointer(str(tmp_path / "w")).steps() == [3]
 
