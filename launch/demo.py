@@ -48,6 +48,9 @@ def main(argv=None) -> int:
   print(f"[2/5] tokenizer: WordPiece, {tok.vocab_size} pieces -> {vocab}", flush=True)
   data_dir = os.path.join(w, "data")
   if not os.path.exists(os.path.join(data_dir, "creation.json")):
+    import tensorflow_datasets as tfds
+    tfds.disable_progress_bar()  # plain progress lines (dataset.PROGRESS) instead of terminal escape codes
+    dataset.PROGRESS["print"] = True
     opts = pretraining.CreationOptions(max_seq_length=config.data.max_seq_length,
                                        max_predictions_per_seq=config.data.max_predictions_per_seq,
                                        masked_lm_prob=config.data.masked_lm_prob, dupe_factor=5,
