@@ -81,6 +81,8 @@ def quiet_background_failures() -> None:
   names in a line. Those reports go to the `bertjax.background` logger at DEBUG level instead (absl's log file,
   when one is set); any other unraisable exception is reported as usual.
   """
+  if getattr(sys.unraisablehook, "bertjax", False):
+    return  # installed already (a tool's main called again in one process)
   log = logging.getLogger("bertjax.background")
   for name in ("asyncio", "concurrent.futures"):
     noisy = logging.getLogger(name)
@@ -96,6 +98,7 @@ def quiet_background_failures() -> None:
       log.debug("background failure: %s: %r", obj, exc)
     else:
       default(unraisable)
+  hook.bertjax = True
   sys.unraisablehook = hook
   default_thread = threading.excepthook
 
