@@ -155,3 +155,36 @@ def test_dataset_creation_on_a_full_disk_is_one_line(tmp_path, monkeypatch, caps
   err = capsys.readouterr().err
   lines = [line for line in err.splitlines() if line.startswith("error: ")]
   assert len(lines) == 1 and "writing the dataset in" in lines[0] and "No space left on device" in lines[0], err
+
+
+def test_background_checkpoint_failures_stay_out_of_the_terminal(monkeypatch, capsys):
+  """What orbax leaves behind after a failed read or write (abandoned coroutines, callbacks posted to a closed
+  event loop) goes to the bertjax.background logger; any other unraisable exception reaches the hook before."""
+  import logging
+  import sys
+  import types
+  seen = []
+  monkeypatch.setattr(sys, "unraisablehook", lambda u: seen.append(u.exc_value))
+  errors.quiet_background_failures()
+  errors.quiet_background_failures()  # once per process: the second call changes nothing
+  records = []
+  handler = logging.Handler()
+  handler.emit = records.append
+  logging.getLogger("bertjax.background").addHandler(handler)
+  logging.getLogger("bertjax.background").setLevel(logging.DEBUG)
+
+  async def pending():
+    return 1
+  coro = pending()
+  args = types.SimpleNamespace(exc_type=RuntimeError, exc_value=RuntimeError("Event loop is closed"),
+                               exc_traceback=None, err_msg=None, object=coro)
+  sys.unraisablehook(args)
+  coro.close()
+  other = ValueError("a bug elsewhere")
+  sys.unraisablehook(types.SimpleNamespace(exc_type=ValueError, exc_value=other, exc_traceback=None, err_msg=None,
+                                           object=object()))
+  logging.getLogger("asyncio").error("Future exception was never retrieved")
+  logging.getLogger("bertjax.background").removeHandler(handler)
+  assert seen == [other]
+  assert len(records) == 2 and "Event loop is closed" in records[0].getMessage()
+  assert "Future exception" not in capsys.readouterr().err
