@@ -247,60 +247,57 @@ def _finetune(config, workdir: str) -> dict:
     if pack_note:
       print(pack_note, flush=True)
   writer = metrics_lib.Writer(workdir, start_step=start)
-  step, t0, stopped = start, time.time(), None
+  t0 = time.time()
 
-  def save(step):
-    ckpt.save(step, state, {"report": report, "total_steps": total})
-
-  with trainer.StopFlag() as stop, sharding_lib.use_mesh(t.mesh, t.rules):
+  def batches():
     for epoch in range(1, config.train.num_epochs + 1):
-      if epoch * steps_per_epoch <= start and any(r["epoch"] == epoch for r in report["epochs"]):
-        continue  # finished (and evaluated) before the resume
       done = max(0, start - (epoch - 1) * steps_per_epoch)  # steps of this epoch run before the resume
       for idx in plan.batches(epoch)[done:]:
-        b = make_batch(train, idx, rows_per_step, bucket)
-        state, m = t.train_step(state, jax.device_put(b, t.batch_sharding), seed, peak_lr)
-        step += 1
-        if trainer.every(step, config.log_every, total):
-          m = {k: float(v) for k, v in trainer.check_finite([(step, m)])[0].items()}
-          writer.write(step, m)
-          if is_main:
-            eta = (time.time() - t0) / (step - start) * (total - step)
-            print(f"epoch {epoch} step {step}/{total} | loss {m['loss']:.4f} | lr {m['learning_rate']:.2e} | "
-                  f"ETA {metrics_lib.format_duration(eta)}", flush=True)
-        if config.train.stop_after_steps and step - start >= config.train.stop_after_steps and stop.signal is None:
-          stop.signal = "stop_after_steps"
-        stopping = stop.signal  # read once: a later signal is acted on at the next step, never half-way
-        if stopping is not None and step < epoch * steps_per_epoch:
-          save(step)
-          stopped = stopping
-          break
-        if config.checkpoint_every and step % config.checkpoint_every == 0 and step < epoch * steps_per_epoch:
-          save(step)
-      if stopped is not None:
-        break
-      row = {"epoch": epoch, "step": step}
-      for ev in evals:
-        if packed:  # packed like the training rows: one program for every batch, next to no padding
-          preds = predict_packed(t.eval_step, state.params, ev.feats, eval_batch, t.batch_sharding,
-                                 config.data.pack_max_per_row, kind.pack_keys, "token_keys" in kind.pack_keys)
-        else:
-          preds = predict_all(t.eval_step, state.params, ev.feats, eval_batch, t.batch_sharding, bucket)
-        row[ev.name] = kind.score(task, ev, preds, config)
-        writer.write(step, row[ev.name], f"eval_{ev.name}")
-      report["epochs"].append(row)
-      if evals:
-        main = row[evals[0].name][task.main_metric]
-        if is_main:
-          print(f"epoch {epoch}: " + "; ".join(
-              f"{ev.name} " + ", ".join(f"{k} {v:.4f}" for k, v in row[ev.name].items()) for ev in evals), flush=True)
-        if report["best"] is None or main > report["best"]["value"]:
-          report["best"] = {"epoch": epoch, "value": main, "metrics": {ev.name: row[ev.name] for ev in evals}}
-          weights.save_best(workdir, state.params)
-      save(step)  # after the epoch's evaluation: a resume starts the next epoch
-      if stop.signal is not None:
-        stopped = stop.signal
-        break
+        yield jax.device_put(make_batch(train, idx, rows_per_step, bucket), t.batch_sharding)
+
+  def log(step, host):
+    m = {k: float(v) for k, v in host[-1].items()}
+    writer.write(step, m)
+    if is_main:
+      eta = (time.time() - t0) / (step - start) * (total - step)
+      print(f"epoch {_epoch(step)} step {step}/{total} | loss {m['loss']:.4f} | lr {m['learning_rate']:.2e} | "
+            f"ETA {metrics_lib.format_duration(eta)}", flush=True)
+
+  def _epoch(step):
+    return -(-step // steps_per_epoch)
+
+  def end_of_epoch(step):
+    return step % steps_per_epoch == 0 or step == total
+
+  def evaluate(step, state):
+    epoch = _epoch(step)
+    row = {"epoch": epoch, "step": step}
+    for ev in evals:
+      if packed:  # packed like the training rows: one program for every batch, next to no padding
+        preds = predict_packed(t.eval_step, state.params, ev.feats, eval_batch, t.batch_sharding,
+                               config.data.pack_max_per_row, kind.pack_keys, "token_keys" in kind.pack_keys)
+      else:
+        preds = predict_all(t.eval_step, state.params, ev.feats, eval_batch, t.batch_sharding, bucket)
+      row[ev.name] = kind.score(task, ev, preds, config)
+      writer.write(step, row[ev.name], f"eval_{ev.name}")
+    report["epochs"].append(row)
+    if evals:
+      main = row[evals[0].name][task.main_metric]
+      if is_main:
+        print(f"epoch {epoch}: " + "; ".join(
+            f"{ev.name} " + ", ".join(f"{k} {v:.4f}" for k, v in row[ev.name].items()) for ev in evals), flush=True)
+      if report["best"] is None or main > report["best"]["value"]:
+        report["best"] = {"epoch": epoch, "value": main, "metrics": {ev.name: row[ev.name] for ev in evals}}
+        weights.save_best(workdir, state.params)
+
+  # Evaluation and a checkpoint close every epoch (a resume starts the next one); checkpoint_every adds some within.
+  hooks = trainer.Hooks(
+      log=log, save=lambda step, state: ckpt.save(step, state, {"report": report, "total_steps": total}),
+      log_due=lambda step: trainer.every(step, config.log_every, total),
+      save_due=lambda step: end_of_epoch(step) or trainer.every(step, config.checkpoint_every),
+      evaluate=evaluate, eval_due=end_of_epoch)
+  state, step, stopped = trainer.loop(t, state, batches(), start, total, hooks, config.train.stop_after_steps,
+                                      step_args=(seed, peak_lr))
   ckpt.close()
   writer.close()
   result = {"report": report, "state": state, "task": task, "preempted": stopped is not None, "step": step,

@@ -186,7 +186,7 @@ def _train_and_evaluate(config, workdir: str) -> dict:
     tok = tokenizer_lib.load(tok_path, do_lower_case=tok_lower)
     special = (tok.cls_id, tok.sep_id, tok.mask_id)
   run = build(config, mcfg, special_ids=special)
-  mesh, rules, batch_sharding = run.mesh, run.rules, run.batch_sharding
+  mesh, batch_sharding = run.mesh, run.batch_sharding
   gbs, seq = config.train.global_batch_size, config.data.max_seq_length
 
   transform = None
@@ -221,7 +221,6 @@ def _train_and_evaluate(config, workdir: str) -> dict:
     logging.info("resumed from %s at step %d", ckpt.directory, restored)
   trainer.write_config(workdir, config)
 
-  train_step, eval_step = run.train_step, run.eval_step
   eval_source = None
   try:
     eval_source = dataset.load_source(config.data.data_dir, config.data.eval_split)
@@ -246,54 +245,43 @@ def _train_and_evaluate(config, workdir: str) -> dict:
           f"{mcfg.hidden_size}); mesh {dict(mesh.shape)}; {jax.device_count()} {jax.devices()[0].platform} "
           f"device(s); steps {start}->{total}; peak {peak:.2f} TFLOP/s/device ({peak_source})", flush=True)
   summary = {"start_step": start, "preempted": False}
-  pending: list = []
-  last_log = (time.time(), start)
+  last_log = [time.time(), start]
   eval_metrics: dict = {}
-  with trainer.StopFlag() as stop, sharding_lib.use_mesh(mesh, rules):
+
+  def log(step, host):
+    now = time.time()
+    dt = (now - last_log[0]) / max(step - last_log[1], 1)
+    mean = {k: float(np.mean([h[k] for h in host])) for k in host[-1]}
+    mean.update(learning_rate=float(host[-1]["learning_rate"]), step_time_s=dt, tokens_per_s=mean.pop("tokens") / dt,
+                mfu=accounting.mfu(flops_per_step, dt, peak, jax.device_count()))
+    writer.write(step, mean)
+    progress.log(step, mean)
+    summary["train"] = mean
+    last_log[:] = [now, step]
+
+  def run_eval(step, state):
+    nonlocal eval_metrics
+    eval_metrics = evaluate(run.eval_step, state.params, eval_source, config, run.batch_sharding)
+    writer.write(step, eval_metrics, "eval")
+    if is_main:
+      print(f"eval at step {step}: {_fmt(eval_metrics)}", flush=True)
+
+  def begin(state):
     if start == 0 and eval_source is not None and config.eval_every > 0:
-      eval_metrics = evaluate(eval_step, state.params, eval_source, config, batch_sharding)
-      writer.write(0, eval_metrics, "eval")
+      run_eval(0, state)
       summary["initial_eval"] = eval_metrics
-      if is_main:
-        print(f"eval at step 0: {_fmt(eval_metrics)}", flush=True)
-    step = start
-    for step in range(start + 1, total + 1):
-      batch = next(pipeline)
-      state, m = train_step(state, batch)
-      pending.append((step, m))
-      log_now = trainer.every(step, config.log_every, total)
-      if config.train.stop_after_steps and step - start >= config.train.stop_after_steps and stop.signal is None:
-        stop.signal = "stop_after_steps"
-      # Read the flag once per step: a signal arriving later in this step is acted on after the next one, never
-      # between deciding to save and deciding to stop.
-      stopping = stop.signal
-      save_now = trainer.every(step, config.checkpoint_every, total) or stopping is not None
-      if log_now or save_now:
-        host = trainer.check_finite(pending)
-        now = time.time()
-        if log_now:
-          dt = (now - last_log[0]) / max(step - last_log[1], 1)
-          mean = {k: float(np.mean([h[k] for h in host])) for k in host[-1]}
-          mean.update(learning_rate=float(host[-1]["learning_rate"]), step_time_s=dt,
-                      tokens_per_s=mean.pop("tokens") / dt,
-                      mfu=accounting.mfu(flops_per_step, dt, peak, jax.device_count()))
-          writer.write(step, mean)
-          progress.log(step, mean)
-          summary["train"] = mean
-          last_log = (now, step)
-        pending = []
-      if eval_source is not None and trainer.every(step, config.eval_every, total):
-        eval_metrics = evaluate(eval_step, state.params, eval_source, config, batch_sharding)
-        writer.write(step, eval_metrics, "eval")
-        if is_main:
-          print(f"eval at step {step}: {_fmt(eval_metrics)}", flush=True)
-      if save_now:
-        ckpt.save(step, state, pipeline.get_state())
-      if stopping is not None:
-        if is_main:
-          print(f"{stopping}: saved a checkpoint at step {step}; exiting", flush=True)
-        summary["preempted"] = True
-        break
+
+  hooks = trainer.Hooks(
+      log=log, save=lambda step, state: ckpt.save(step, state, pipeline.get_state()),
+      log_due=lambda step: trainer.every(step, config.log_every, total),
+      save_due=lambda step: trainer.every(step, config.checkpoint_every, total),
+      evaluate=run_eval, begin=begin,
+      eval_due=lambda step: eval_source is not None and trainer.every(step, config.eval_every, total))
+  state, step, stopping = trainer.loop(run, state, pipeline, start, total, hooks, config.train.stop_after_steps)
+  if stopping is not None:
+    if is_main:
+      print(f"{stopping}: saved a checkpoint at step {step}; exiting", flush=True)
+    summary["preempted"] = True
   ckpt.close()
   pipeline.close()
   writer.close()

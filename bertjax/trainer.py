@@ -256,6 +256,56 @@ def check_finite(pending: list) -> list[dict]:
   return host
 
 
+@dataclasses.dataclass
+class Hooks:
+  """What a mode does at the points of a run's rhythm; `loop` decides when.
+
+  `log(step, host)` gets the host metrics of every step since the last log or save (already checked finite);
+  `evaluate(step, state)` runs where `eval_due(step)`; `save(step, state)` where `save_due(step)`, and at a stop;
+  `begin(state)` once before the first step.
+  Evaluation comes before saving, so a checkpoint taken after an evaluation carries what it found."""
+  log: Callable[[int, list], None]
+  save: Callable[[int, Any], None]
+  log_due: Callable[[int], bool]
+  save_due: Callable[[int], bool]
+  evaluate: Callable[[int, Any], None] = lambda step, state: None
+  eval_due: Callable[[int], bool] = lambda step: False
+  begin: Callable[[Any], None] = lambda state: None  # before the first step (under the stop flag and the mesh)
+
+
+def loop(t: Trainer, state, batches, start: int, total: int, hooks: Hooks, stop_after_steps: int = 0,
+         step_args: tuple = ()):
+  """The training loop of every mode: steps start+1..total over `batches` (an iterator of the batches of exactly
+  those steps), the stop signals (SIGTERM/SIGINT, `stop_after_steps`) answered with a checkpoint, the
+  non-finite check before anything is logged or saved. Returns (state, last step run, the stop's reason or None).
+  The train step donates its state, so only the returned state is valid afterwards."""
+  pending: list = []
+  step = start
+  with StopFlag() as stop, sharding_lib.use_mesh(t.mesh, t.rules):
+    hooks.begin(state)
+    for step in range(start + 1, total + 1):
+      state, m = t.train_step(state, next(batches), *step_args)
+      pending.append((step, m))
+      if stop_after_steps and step - start >= stop_after_steps and stop.signal is None:
+        stop.signal = "stop_after_steps"
+      # Read the flag once per step: a signal arriving later in this step is acted on after the next one, never
+      # between deciding to save and deciding to stop.
+      stopping = stop.signal
+      log_now, save_now = hooks.log_due(step), hooks.save_due(step) or stopping is not None
+      if log_now or save_now:
+        host = check_finite(pending)
+        if log_now:
+          hooks.log(step, host)
+        pending = []
+      if hooks.eval_due(step):
+        hooks.evaluate(step, state)
+      if save_now:
+        hooks.save(step, state)
+      if stopping is not None:
+        return state, step, stopping
+  return state, step, None
+
+
 def check_workdir_mode(workdir: str, mode: str) -> None:
   """Refuses a workdir that holds a run of the other mode (pre-training vs fine-tuning): its checkpoints are of
   another model, and this run would write over its config."""
