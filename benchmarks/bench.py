@@ -304,7 +304,7 @@ def run_hf_family(family, variant, seq, batch, steps, examples, dtype="float32",
   from bertjax import convert, model as model_lib
   c = family_config(family, variant, seq, 0, batch, "dp", "float32")
   cfg = model_lib.BertConfig.from_dict(c.model.to_dict())
-  make = convert.families.roberta_hf_config if family == "roberta" else convert.families.modernbert_hf_config
+  make = convert.FAMILIES[family].config_to_hf
   hf_cfg = transformers.AutoConfig.for_model(**make(cfg))
   m = transformers.AutoModelForMaskedLM.from_config(hf_cfg).train()
   lr = c.train.learning_rate
@@ -323,7 +323,7 @@ def run_hf_electra(variant, seq, batch, steps, examples, dtype="float32", warmup
   c = family_config("electra", variant, seq, 0, batch, "dp", "float32")
   dcfg = model_lib.BertConfig.from_dict(c.model.to_dict())
   gcfg = electra.generator_config(dcfg, c.electra.generator_hidden, c.electra.generator_layers)
-  make = convert.families.electra_hf_config
+  make = convert.FAMILIES["electra"].config_to_hf
   disc = transformers.ElectraForPreTraining(transformers.ElectraConfig(**make(dcfg)))
   gen = transformers.ElectraForMaskedLM(transformers.ElectraConfig(**make(gcfg, "ElectraForMaskedLM")))
   gen.electra.embeddings = disc.electra.embeddings  # tied, as the paper trains them

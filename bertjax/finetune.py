@@ -32,6 +32,9 @@ HF_HEADS = {k: v.hf_head for k, v in tasks_lib.KINDS.items()}
 # Model fields a fine-tuning config sets over the init's architecture.
 # A fine-tuning config's model fields that describe the architecture: they apply only without an init; the rest
 # (dropout, dtype, kernels, the head's initializer) apply over the init's own architecture.
+# Dropout rates a fine-tuning config leaves negative are the init's own, as HF's from_pretrained keeps the
+# checkpoint's config (0.1 for BERT, RoBERTa and ELECTRA; 0.0 for ModernBERT); BertConfig's without an init.
+INIT_RATES = ("dropout_rate", "attention_dropout_rate", "classifier_dropout")
 ARCHITECTURE_FIELDS = ("variant", "num_layers", "hidden_size", "num_heads", "intermediate_size", "vocab_size",
                        "max_position_embeddings")
 
@@ -45,14 +48,14 @@ def load_init(config, task: tasks_lib.Task | None = None):
   tok_path, lower = config.data.tokenizer, config.data.do_lower_case
   if config.init:
     kind = tasks_lib.kind(task) if task is not None else None
-    run_fields = {k: v for k, v in config.model.items() if k not in ARCHITECTURE_FIELDS}
+    run_fields = {k: v for k, v in config.model.items() if k not in ARCHITECTURE_FIELDS and not _init_rate(k, v)}
     w = weights.load(config.init, overrides=run_fields,
                      head=kind.hf_head if kind else "encoder", num_labels=task.num_labels if task else 0)
     mcfg, params = w.cfg, w.params
     if not tok_path:
       tok_path, lower = w.tokenizer, w.do_lower_case
   else:
-    mcfg, params = model_lib.BertConfig.from_dict(config.model.to_dict()), None
+    mcfg, params = model_config(config), None
   if not tok_path:
     raise tasks_lib.TaskDataError("no tokenizer: set config.data.tokenizer (vocab.txt or .model) or an init with one")
   tok = tokenizer_lib.load(tok_path, do_lower_case=lower)
@@ -60,6 +63,18 @@ def load_init(config, task: tasks_lib.Task | None = None):
     raise tasks_lib.TaskDataError(f"tokenizer {tok_path} has {tok.vocab_size} pieces, the model {mcfg.vocab_size}"
                                   + ("" if config.init else f": pass vocab={tok.vocab_size} in --config=...:ARGS"))
   return tok, mcfg, params, tok_path, lower
+
+
+def _init_rate(field: str, value) -> bool:
+  """Whether a fine-tuning config's model field defers to the init's (a dropout rate left negative)."""
+  return field in INIT_RATES and value < 0
+
+
+def model_config(config, **overrides) -> model_lib.BertConfig:
+  """The model a fine-tuning config describes without an init: its rates left to the init take BertConfig's
+  defaults."""
+  fields = {k: v for k, v in config.model.items() if not (_init_rate(k, v) and k != "classifier_dropout")}
+  return model_lib.BertConfig.from_dict({**fields, **overrides})
 
 
 def head_module(task: tasks_lib.Task, mcfg):

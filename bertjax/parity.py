@@ -50,7 +50,7 @@ def _torch():
 def hf_class(kind: str):
   _, transformers = _torch()
   head = finetune.HF_HEADS[kind]
-  return getattr(transformers, convert.TASK_HEADS[head][0])
+  return getattr(transformers, convert.FAMILIES["bert"].architectures[head])
 
 
 def make_start(config, task: tasks.Task, out_dir: str, seed: int = 0) -> str:

@@ -82,33 +82,57 @@ def load(path: str, *, overrides: Mapping[str, Any] | None = None, head: str = "
   else:
     meta, state = convert.read_hf_dir(path)
     cfg = convert.config_from_hf(meta, **overrides)
-    flat = cfg.replace(scan_layers=False)
+    params = _hf_params(path, meta, state, cfg, head, num_labels)
     saved_scan = False
-    arch = convert.head_of_architecture(meta)
-    family = meta.get("model_type", "bert")
-    if family != "bert":  # roberta / modernbert: the MLM model or its encoder (task heads start fresh)
-      want = "pretraining" if head == "pretraining" else "auto" if head == "all" else "encoder"
-      params = convert.families.from_state_dict(family, flat, state, head=want)
-      params = params if "bert" in params else {"bert": params}
-    elif head == "all":
-      params = convert.from_state_dict(flat, state, head=arch or "auto")[1]
-      params = params if "bert" in params or "mlm_bias" in params else {"bert": params}
-    elif head == "pretraining":
-      params = convert.from_state_dict(flat, state, head="pretraining")[1]
-    else:
-      params = None
-      if head in convert.TASK_HEADS and arch == head:
-        full = convert.from_state_dict(flat, state, head=head)[1]
-        head_name = convert.TASK_HEADS[head][2]
-        if head == "question_answering" or full[head_name]["kernel"].shape[-1] == num_labels:
-          params = full
-      if params is None:
-        params = {"bert": convert.from_state_dict(flat, state, head="encoder")[1]}
     tok, lower = _hf_tokenizer(path)
   if head == "encoder" or (head in convert.TASK_HEADS and kind != "hf"):  # an HF task head was handled above
-    params = {"bert": params["bert"]}
+    params = {"bert": params["bert"], **_shared_head(cfg, params)}
   params["bert"] = to_layout(params["bert"], cfg, saved_scan)
   return Weights(kind, cfg, params, tok, lower, meta)
+
+
+def _hf_params(path: str, meta: dict, state: dict, cfg, head: str, num_labels: int) -> dict:
+  """The params of an HF folder for `head` (see `load`): its own head where it holds the one asked for (a task
+  head with `num_labels` labels; HF's `from_pretrained` keeps it too), else its encoder (and the MLM head where
+  the folder's model has one, for a family whose task heads start from it)."""
+  flat = cfg.replace(scan_layers=False)
+  family = meta.get("model_type", "bert")
+  arch = convert.head_of_architecture(meta)
+
+  def read(h):
+    try:
+      return convert.from_state_dict(flat, state, head=h, family_name=family)[1]
+    except convert.ConversionError as e:
+      raise convert.ConversionError(f"{path}: {e}") from None
+  if head == "all":
+    params = read(arch or "auto")
+  elif head == "pretraining":
+    params = read("pretraining" if family != "electra" else "generator")
+  elif head in convert.TASK_HEADS and arch == head:
+    params = read(head)
+    out = params.get("qa_outputs", params.get("classifier"))
+    if head != "question_answering" and out["kernel"].shape[-1] != num_labels:
+      print(f"note: {path} holds a {head} head with {out['kernel'].shape[-1]} labels; the task has {num_labels}: "
+            "the head starts fresh", flush=True)
+      params = {"bert": params["bert"]}
+  else:
+    shares = head in convert.TASK_HEADS and arch in (None, "pretraining") and cfg.classifier_head == "prediction"
+    params = read("auto" if shares else "encoder")
+    if head in convert.TASK_HEADS and "bert" in params:
+      params = {"bert": params["bert"], **_shared_head(cfg, params)}
+  return params if "bert" in params else {"bert": params}
+
+
+def _shared_head(cfg, params: dict) -> dict:
+  """The task head's params a pre-trained model already holds: ModernBERT's task heads and its MLM head are one
+  `ModernBertPredictionHead` (HF's task models load it from an MLM checkpoint by name)."""
+  if cfg.classifier_head != "prediction":
+    return {}
+  if "head" in params:
+    return {"head": params["head"]}
+  if "mlm_transform" in params:
+    return {"head": {"dense": params["mlm_transform"], "norm": params["mlm_ln"]}}
+  return {}
 
 
 def to_layout(bert: dict, cfg: model_lib.BertConfig, saved_scan: bool | None = None) -> dict:

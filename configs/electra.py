@@ -51,6 +51,7 @@ def get_config(arg=None):
     c.electra = e
   for k, v in sizes.items():
     c.model[k] = v
+  c.model.classifier_head = "dense_gelu"  # what fine-tuning puts on the discriminator (ElectraClassificationHead)
   c.data.example_mode = "full_sentences"
   c.train.learning_rate = lr
   c.train.warmup_steps = 10_000 if variant != "tiny" else 150

@@ -7,12 +7,14 @@ ner | local), init, lr, batch, epochs, seq (0 = 128, or 384 for SQuAD), seed, sh
 """
 import ml_collections
 
+from bertjax.finetune import INIT_RATES
 from configs import common
 
 
 # The model fields a fine-tuning config sets on top of its init's architecture.
-RUN_FIELDS = ("dropout_rate", "attention_dropout_rate", "dtype", "scan_layers", "scan_unroll", "remat",
-              "attention_impl", "embedding_lookup", "dropout_impl", "prune_final_layer", "initializer")
+RUN_FIELDS = ("dropout_rate", "attention_dropout_rate", "classifier_dropout", "dtype", "scan_layers", "scan_unroll",
+              "remat", "attention_impl", "embedding_lookup", "dropout_impl", "prune_final_layer", "initializer")
+# Rates left negative (INIT_RATES) are the init's own.
 
 
 def get_config(arg=None):
@@ -26,11 +28,13 @@ def get_config(arg=None):
 
   # The model's run settings (dropout, dtype, layer scan, kernels, the fresh head's initializer), applied over the
   # init's own architecture; with no init, also the architecture (variant, vocab_size, max_position_embeddings).
+  # The dropout rates stay the init's unless set (INIT_RATES).
   # Each at model.BertConfig's default (bertjax/model/config.py documents each) but for these deltas; the fresh task
   # head is drawn as HF transformers draws it, N(0, 0.02²) (the original's truncated normal is 12% narrower;
   # docs/finetuning.md has the measured difference).
   c.model = common.model_section(a.variant, fields=("vocab_size", "max_position_embeddings") + RUN_FIELDS,
-                                 vocab_size=a.vocab, dtype=a.dtype, scan_layers=a.scan, initializer="normal")
+                                 vocab_size=a.vocab, dtype=a.dtype, scan_layers=a.scan, initializer="normal",
+                                 **{k: -1.0 for k in INIT_RATES})
 
   c.data = ml_collections.ConfigDict()
   c.data.tfds_data_dir = ""  # where tfds keeps glue/squad ("" = tfds default)

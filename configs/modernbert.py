@@ -41,6 +41,7 @@ def get_config(arg=None):
   c.model.max_position_embeddings = max(c.data.max_seq_length, 8192)
   c.model.dropout_rate = 0.0
   c.model.attention_dropout_rate = 0.0
+  c.model.classifier_head = "prediction"  # the fine-tuning heads share the MLM head's dense + norm
   c.data.eval_masked_lm_prob = 0.15
   c.data.example_mode = "full_sentences"
   c.train.learning_rate = lr

@@ -26,6 +26,7 @@ def get_config(arg=None):
   c.model.max_position_embeddings = c.data.max_seq_length + 2
   c.model.layer_norm_eps = 1e-5
   c.model.initializer = "normal"  # fairseq's init_bert_params: N(0, 0.02²)
+  c.model.classifier_head = "dense_tanh"  # RobertaClassificationHead when fine-tuned
   c.data.example_mode = "full_sentences"  # what the data must have been made with (checked)
   c.train.learning_rate = recipe["lr"]
   c.train.warmup_steps = recipe["warmup"]

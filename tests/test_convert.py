@@ -274,7 +274,7 @@ def test_task_heads_match_hf_both_directions(tmp_path, head, cls, labels):
   hm.save_pretrained(tmp_path / "hf")
   cfg, params = convert.from_hf(tmp_path / "hf")  # the head found from config.json's architectures
   batch = batch_for(1000)
-  module = convert.task_module(cfg, head, labels)
+  module = model.for_task(cfg, head, labels)
   if "pooler" not in params["bert"]:  # HF builds none for these heads; no head reads it
     fresh = nn.meta.unbox(module.init(jax.random.key(0), batch)["params"])
     params["bert"]["pooler"] = fresh["bert"]["pooler"]

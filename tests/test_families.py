@@ -181,3 +181,23 @@ def test_finetuning_starts_from_a_family_checkpoint(tmp_path, family):
     shutil.copy(tmp_path / "tok" / name, tmp_path / "hf" / name)
   out = helpers.finetune_sentiment(tmp_path, tmp_path / "hf")
   assert out["report"]["best"]["metrics"]["validation"]["accuracy"] > 0.9, out["report"]
+  # The family's own head (RobertaClassificationHead; ModernBERT's prediction head, started from the MLM head as
+  # HF's from_pretrained starts it), and the workdir exports as the family's classifier with equal probabilities.
+  from bertjax import predict
+  from bertjax.convert import __main__ as convert_cli
+  params = out["state"].params
+  if family == "roberta":
+    assert set(params) == {"bert", "head", "classifier"} and "pooler" not in params["bert"]
+  else:
+    assert set(params["head"]) == {"dense", "norm"}
+  arch = convert_cli.write(str(tmp_path / "w"), str(tmp_path / "exported"))
+  assert arch == {"roberta": "RobertaForSequenceClassification",
+                  "modernbert": "ModernBertForSequenceClassification"}[family]
+  hf_tok = transformers.AutoTokenizer.from_pretrained(tmp_path / "exported")
+  hf_clf = transformers.AutoModelForSequenceClassification.from_pretrained(tmp_path / "exported").eval()
+  assert hf_clf.config.id2label == {0: "neg", 1: "pos"}
+  for text in ("a good river", "the bad bridge was long"):
+    with torch.no_grad():
+      probs = torch.softmax(hf_clf(**hf_tok(text, return_tensors="pt")).logits[0], -1).numpy()
+    ours = predict.predict_text(str(tmp_path / "w"), text)["probabilities"]
+    np.testing.assert_allclose([ours["neg"], ours["pos"]], probs, atol=1e-4)

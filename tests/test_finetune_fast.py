@@ -80,10 +80,9 @@ def test_a_finetuning_start_draws_the_head_a_whole_model_init_draws(tmp_path):
   import jax
   import ml_collections
   from bertjax import checkpoint as checkpoint_lib
-  from bertjax import model as model_lib
   c = finetune_config.get_config("task=ner,seq=32,variant=tiny,vocab=101")
   task = tasks_lib.Task("ner", "tagging", labels=("O", "B-X", "I-X"))
-  cfg = model_lib.BertConfig.from_dict({**c.model.to_dict(), "max_position_embeddings": 64})
+  cfg = finetune.model_config(c, max_position_embeddings=64)
   module = finetune.head_module(task, cfg)
   tcfg = ml_collections.ConfigDict(c.train.to_dict())
   tcfg.num_steps, tcfg.warmup_steps = 10, 1

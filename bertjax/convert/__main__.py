@@ -25,7 +25,6 @@ def export(workdir: str, out: str) -> str:
     head = finetune.HF_HEADS[task.kind]
     convert.to_hf(module.cfg, params, out, head=head, labels=task.labels)
     tok_path, lower = os.path.join(workdir, meta["tokenizer"]), meta["do_lower_case"]
-    arch = convert.TASK_HEADS[head][0]
   else:
     with open(os.path.join(workdir, "config.json"), encoding="utf-8") as f:
       run = json.load(f)
@@ -43,8 +42,8 @@ def export(workdir: str, out: str) -> str:
       return arch
     module, params, _ = predict.load(workdir)
     convert.to_hf(module.cfg, params, out)
-    with open(os.path.join(out, "config.json"), encoding="utf-8") as f:
-      arch = json.load(f)["architectures"][0]
+  with open(os.path.join(out, "config.json"), encoding="utf-8") as f:
+    arch = json.load(f)["architectures"][0]
   _copy_tokenizer(tok_path, lower, out)
   return arch
 
@@ -59,6 +58,17 @@ def _copy_tokenizer(tok_path: str, lower: bool, out: str) -> None:
     for name in ("vocab.json", "merges.txt", "tokenizer.json"):
       if os.path.isfile(os.path.join(folder, name)):
         shutil.copyfile(os.path.join(folder, name), os.path.join(out, name))
+    try:  # an optional dependency: with it, tokenizer.json, which AutoTokenizer reads for every family
+      import transformers
+    except ImportError:
+      transformers = None
+    if transformers is not None and not os.path.isfile(os.path.join(folder, "tokenizer.json")):
+      # RoBERTa's byte-level BPE over these files, special tokens and all, whatever the model's family (without
+      # tokenizer.json, ModernBERT's AutoTokenizer has no reader for vocab.json + merges.txt).
+      transformers.RobertaTokenizer.from_pretrained(out).save_pretrained(out)
+    elif not os.path.isfile(os.path.join(out, "tokenizer_config.json")):
+      with open(os.path.join(out, "tokenizer_config.json"), "w", encoding="utf-8") as f:
+        json.dump({"tokenizer_class": "RobertaTokenizer"}, f, indent=2)
 
 
 def check_out(workdir: str, out: str, overwrite: bool) -> None:

@@ -35,6 +35,7 @@ def gelu(x):
   return x * 0.5 * (1.0 + jax.lax.erf(x * (1.0 / math.sqrt(2.0))))
 
 
+CLASSIFIER_HEADS = ("pooler", "dense_tanh", "dense_gelu", "prediction")
 ACTIVATIONS = {
     "gelu": gelu,  # exact erf form: BERT's and HF's "gelu"
     "gelu_tanh": functools.partial(jax.nn.gelu, approximate=True),
@@ -77,6 +78,12 @@ class BertConfig:
   first_attention_norm: bool = True  # pre-norm: layer 0 normalises its input (ModernBERT: no, the embedding norm does)
   vocab_multiple: int = 1  # the embedding table padded to a multiple of this (64 for throughput); never predicted
   nsp_head: bool = True  # BertForPreTraining builds the pooler and NSP head (RoBERTa/ModernBERT recipes: MLM only)
+  # The fine-tuning heads' transform, as each family's HF models build it: pooler (BERT: dropout over the tanh
+  # pooler) | dense_tanh (RoBERTa: dropout, dense, tanh, dropout at [CLS]) | dense_gelu (ELECTRA: the same with
+  # GELU) | prediction (ModernBERT: dense, activation, norm, dropout; before the token and span heads too).
+  classifier_head: str = "pooler"
+  classifier_pooling: str = "cls"  # cls | mean (over real tokens): what the prediction head reads per sequence
+  classifier_dropout: float = -1.0  # the heads' dropout rate; < 0: dropout_rate
   # Width of the token/position/segment embeddings; 0 = hidden_size. Otherwise a linear layer projects them to
   # hidden_size (ELECTRA-small: 128 -> 256), and the tied MLM decoder works at this width.
   embedding_size: int = 0
@@ -133,14 +140,20 @@ class BertConfig:
                "layer_norm": ("post", "pre"), "dtype": DTYPES, "param_dtype": DTYPES,
                "remat": ("none", "full", "dots"), "attention_impl": ("xla", "cudnn", "auto", "pallas", "splash"),
                "embedding_lookup": ("gather", "one_hot", "auto"), "dropout_impl": ("rng", "hash"),
-               "prune_final_layer": (False, True), "initializer": ("truncated_normal", "normal")}
+               "prune_final_layer": (False, True), "initializer": ("truncated_normal", "normal"),
+               "classifier_head": CLASSIFIER_HEADS, "classifier_pooling": ("cls", "mean")}
     for name, allowed in choices.items():
       if getattr(self, name) not in allowed:
         raise errors.ConfigError(f"BertConfig.{name}={getattr(self, name)!r}; choose one of {sorted(allowed)}")
     if self.position_embedding == "sinusoidal" and self.embed_dim % 2:
       raise errors.ConfigError("BertConfig: sinusoidal positions need an even hidden_size")
     self._check_combinations()
-    for name in ("dropout_rate", "attention_dropout_rate"):
+    if self.classifier_pooling == "mean" and self.classifier_head != "prediction":
+      raise errors.ConfigError("BertConfig.classifier_pooling='mean' is read by the 'prediction' head (ModernBERT's); "
+                               f"classifier_head is {self.classifier_head!r}")
+    for name in ("dropout_rate", "attention_dropout_rate", "classifier_dropout"):
+      if name == "classifier_dropout" and self.classifier_dropout < 0:
+        continue
       if not 0.0 <= getattr(self, name) < 1.0:
         raise errors.ConfigError(f"BertConfig.{name} must be in [0, 1), got {getattr(self, name)}")
 
@@ -225,6 +238,10 @@ class BertConfig:
     if self.scan_unroll:
       return self
     return self.replace(scan_unroll=self.num_layers if platform in ("cpu", "gpu", "cuda", "rocm") else 1)
+
+  @property
+  def head_dropout_rate(self) -> float:
+    return self.dropout_rate if self.classifier_dropout < 0 else self.classifier_dropout
 
   def replace(self, **kw) -> "BertConfig":
     return dataclasses.replace(self, **kw)

@@ -156,10 +156,11 @@ class BertModel(nn.Module):
     self.encoder = Encoder(cfg)
     self.pooler = Dense((cfg.hidden_size,), ("embed", "mlp"), cfg)
 
-  def __call__(self, batch, deterministic: bool = True, positions=None, pool: bool = True):
+  def __call__(self, batch, deterministic: bool = True, positions=None, pool: bool | str = True):
     """With `positions` [B, Q] (prune_final_layer): "hidden" is [B, Q, d] at those positions only, the last layer
     computed at them and at [CLS] alone; "pooled" is the same as without. `pool=False`: no pooler (nor [CLS]
-    row), as an MLM-only model has none."""
+    row), as an MLM-only model has none; `pool="cls"`: "cls_hidden", the [CLS] rows' final states, and no
+    pooler (the heads of families without one read them)."""
     check_batch(self.cfg, batch)
     ids = batch["input_ids"]
     ctx = context(self.cfg, batch)
@@ -171,13 +172,17 @@ class BertModel(nn.Module):
       h = self.encoder(x, ctx, deterministic)
       if not pool:
         return {"hidden": h}
-      return {"hidden": h, "pooled": self.pool(h[:, 0] if cls_positions is None else take_rows(h, cls_positions))}
-    if not pool:
-      return {"hidden": self.encoder(x, ctx, deterministic, positions.astype(jnp.int32))}
-    cls = jnp.zeros((ids.shape[0], 1), jnp.int32) if cls_positions is None else cls_positions.astype(jnp.int32)
-    h = self.encoder(x, ctx, deterministic, jnp.concatenate([cls, positions.astype(jnp.int32)], axis=1))
-    k = cls.shape[1]
-    return {"hidden": h[:, k:], "pooled": self.pool(h[:, 0] if cls_positions is None else h[:, :k])}
+      cls_hidden = h[:, 0] if cls_positions is None else take_rows(h, cls_positions)
+    else:
+      if not pool:
+        return {"hidden": self.encoder(x, ctx, deterministic, positions.astype(jnp.int32))}
+      cls = jnp.zeros((ids.shape[0], 1), jnp.int32) if cls_positions is None else cls_positions.astype(jnp.int32)
+      h = self.encoder(x, ctx, deterministic, jnp.concatenate([cls, positions.astype(jnp.int32)], axis=1))
+      k = cls.shape[1]
+      h, cls_hidden = h[:, k:], (h[:, 0] if cls_positions is None else h[:, :k])
+    if pool == "cls":
+      return {"hidden": h, "cls_hidden": cls_hidden}
+    return {"hidden": h, "pooled": self.pool(cls_hidden)}
 
   def pool(self, cls_hidden):
     """tanh(Dense(h_[CLS])) of the [CLS] states: [B, d], or [B, K, d] for packed rows (one per example)."""

@@ -11,6 +11,7 @@ from typing import Any
 
 import jax.numpy as jnp
 
+from bertjax import model as model_lib
 from bertjax.data import tasks as task_data
 
 
@@ -35,8 +36,8 @@ class Kind:
   outputs: tuple[str, ...] = ("logits",)  # what predictions keep of the model's outputs
 
   def head(self, task: task_data.Task, cfg):
-    """The flax module: the encoder with this kind's head."""
-    raise NotImplementedError
+    """The flax module: the encoder with this kind's head, the family's own (`model.for_task`)."""
+    return model_lib.for_task(cfg, self.hf_head, task.num_labels)
 
   def load(self, task: task_data.Task, config, tok) -> tuple[dict, list[EvalSet], dict]:
     """(training features, eval sets, featurisation statistics to report) from the config's data settings."""

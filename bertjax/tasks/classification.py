@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from bertjax import losses, model as model_lib, scores
+from bertjax import losses, scores
 from bertjax.data import tasks as task_data
 from bertjax.tasks.base import EvalSet, Kind, example_mean
 
@@ -17,9 +17,6 @@ class Classification(Kind):
   def __init__(self, regression: bool = False):
     self.regression = regression
     self.name = "regression" if regression else "classification"
-
-  def head(self, task, cfg):
-    return model_lib.BertForSequenceClassification(cfg, task.num_labels)
 
   def load(self, task, config, tok):
     d, seq = config.data, config.data.max_seq_length

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from bertjax import losses, model as model_lib, scores
+from bertjax import losses, scores
 from bertjax.data import squad
 from bertjax.tasks.base import EvalSet, Kind, example_mean
 
@@ -14,9 +14,6 @@ class SpanQA(Kind):
   hf_head = "question_answering"
   pack_keys = None  # SQuAD windows are already full (doc_stride)
   outputs = ("start_logits", "end_logits")
-
-  def head(self, task, cfg):
-    return model_lib.BertForQuestionAnswering(cfg)
 
   def load(self, task, config, tok):
     d, stats = config.data, {}

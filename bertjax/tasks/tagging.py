@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from bertjax import losses, model as model_lib, scores
+from bertjax import losses, scores
 from bertjax.data import conll
 from bertjax.tasks.base import EvalSet, Kind, example_mean
 
@@ -14,9 +14,6 @@ class Tagging(Kind):
   hf_head = "token_classification"
   # Labels are laid end to end in a packed row; the loss is per token, so no per-example slot weights.
   pack_keys: dict | None = dict(token_keys=("labels", "label_weights"), example_keys=())
-
-  def head(self, task, cfg):
-    return model_lib.BertForTokenClassification(cfg, task.num_labels)
 
   def load(self, task, config, tok):
     d, seq, stats = config.data, config.data.max_seq_length, {}

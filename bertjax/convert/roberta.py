@@ -1,0 +1,64 @@
+"""RoBERTa (HF model type `roberta`): BERT's layer maths, learned positions counted from padding_idx + 1
+(`position_offset`), one segment type, MLM only (no pooler, no NSP head), LayerNorm eps 1e-5. Its
+sequence head is `RobertaClassificationHead` at <s>: dropout, dense, tanh, dropout, out_proj."""
+from __future__ import annotations
+
+from typing import Mapping
+
+from bertjax import model as model_lib
+from bertjax.convert import bert, table
+from bertjax.convert.table import ConversionError
+
+
+def config_from_hf(hf: Mapping, **overrides) -> model_lib.BertConfig:
+  if hf.get("position_embedding_type", "absolute") != "absolute":
+    raise ConversionError(f"position_embedding_type {hf['position_embedding_type']!r} is not supported")
+  fields = dict(
+      vocab_size=hf["vocab_size"], hidden_size=hf["hidden_size"], num_layers=hf["num_hidden_layers"],
+      num_heads=hf["num_attention_heads"], intermediate_size=hf["intermediate_size"],
+      max_position_embeddings=hf.get("max_position_embeddings", 514), type_vocab_size=hf.get("type_vocab_size", 1),
+      hidden_act=table.activation(hf.get("hidden_act", "gelu")), layer_norm_eps=hf.get("layer_norm_eps", 1e-5),
+      dropout_rate=hf.get("hidden_dropout_prob", 0.1),
+      attention_dropout_rate=hf.get("attention_probs_dropout_prob", 0.1),
+      initializer_range=hf.get("initializer_range", 0.02), position_offset=hf.get("pad_token_id", 1) + 1,
+      nsp_head=False, initializer="normal", classifier_head="dense_tanh",
+      classifier_dropout=table.classifier_dropout(hf))
+  fields.update(overrides)
+  return model_lib.BertConfig(**fields)
+
+
+def config_to_hf(cfg: model_lib.BertConfig, architecture: str = "RobertaForMaskedLM") -> dict:
+  out = bert.config_to_hf(cfg, architecture)
+  out.update(model_type="roberta", pad_token_id=cfg.position_offset - 1, bos_token_id=0, eos_token_id=2,
+             type_vocab_size=cfg.type_vocab_size)
+  return out
+
+
+def _rows(cfg: model_lib.BertConfig, head: str):
+  flat = cfg.replace(position_offset=0)  # the BERT table's check wants plain positions
+  enc = [(p, "roberta." + hf, kind) for p, hf, _, kind in bert.NAME_TABLE(flat, pretraining=False)
+         if p[0] != "pooler" and (cfg.type_vocab_size or "token_type_embeddings" not in p)]
+  if head == "encoder":
+    return enc
+  if head == "pretraining":
+    return table.under(enc, ("bert",)) + [
+        (("mlm_transform", "kernel"), "lm_head.dense.weight", "dense"),
+        (("mlm_transform", "bias"), "lm_head.dense.bias", "copy"),
+        (("mlm_ln", "scale"), "lm_head.layer_norm.weight", "copy"),
+        (("mlm_ln", "bias"), "lm_head.layer_norm.bias", "copy"),
+        (("mlm_bias",), "lm_head.bias", "copy")]
+  if head not in table.TASK_HEADS:
+    raise ConversionError(f"roberta checkpoints load as pretraining, encoder or one of {list(table.TASK_HEADS)}, "
+                          f"not {head!r}")
+  if head == "sequence_classification":
+    return table.task_rows(cfg, head, enc, "classifier.out_proj", dense="classifier.dense")
+  return table.task_rows(cfg, head, enc, "qa_outputs" if head == "question_answering" else "classifier")
+
+
+FAMILY = table.Family(
+    name="roberta", config_from_hf=config_from_hf, config_to_hf=config_to_hf, rows=_rows, prefix="roberta.",
+    heads=("lm_head.", "classifier.", "qa_outputs."), tied=("lm_head.decoder.weight", "lm_head.decoder.bias"),
+    architectures={"pretraining": "RobertaForMaskedLM", "encoder": "RobertaModel",
+                   "sequence_classification": "RobertaForSequenceClassification",
+                   "token_classification": "RobertaForTokenClassification",
+                   "question_answering": "RobertaForQuestionAnswering"})
