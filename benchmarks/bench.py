@@ -108,6 +108,7 @@ def run_bertjax(variant, seq, batch, preds, dtype, shard, steps, regime, example
                 warmup=2, family="bert"):
   import jax
   from bertjax import accounting, sharding as sharding_lib, train
+  from bertjax.objectives import electra as electra_objective
   from configs import common
   pack = regime != "fixed"
   c = family_config(family, variant, seq, preds, batch, shard, dtype)
@@ -127,7 +128,7 @@ def run_bertjax(variant, seq, batch, preds, dtype, shard, steps, regime, example
     compile_s, times, timed = _timed(run.train_step, state, [b for b, _ in batches], warmup, steps,
                                      run.batch_sharding, profile)
   if family == "electra":
-    flops = [accounting.electra_step_flops(mcfg, run.module.gen_cfg, seq, preds, batch)] * steps
+    flops = [electra_objective.step_flops_of(mcfg, run.module.gen_cfg, seq, preds, batch)] * steps
   else:
     flops = [accounting.batch_flops(mcfg, b) for b, _ in batches[warmup:warmup + steps]]
   step = statistics.median(times)

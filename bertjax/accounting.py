@@ -62,16 +62,6 @@ def pretraining_step_flops(cfg, seq_len: int, num_predictions: int, global_batch
   return model_flops_per_sequence(cfg, seq_len, num_predictions, final_layer_rows=rows) * global_batch
 
 
-def electra_step_flops(disc_cfg, gen_cfg, seq_len: int, num_predictions: int, global_batch: int) -> float:
-  """Model FLOPs of one ELECTRA step: the generator's MLM step (at the embedding width for the decoder) and the
-  discriminator over every position with its 1-unit head (no MLM decoder)."""
-  gen = model_flops_per_sequence(gen_cfg, seq_len, 0)
-  gen += 3.0 * 2 * num_predictions * (gen_cfg.hidden_size * gen_cfg.embed_dim + gen_cfg.embed_dim * gen_cfg.vocab_size)
-  disc = (model_flops_per_sequence(disc_cfg, seq_len, 0)
-          + 3.0 * 2 * seq_len * (disc_cfg.hidden_size ** 2 + disc_cfg.hidden_size))
-  return (gen + disc) * global_batch
-
-
 def batch_flops(cfg, batch, mlm: bool = True) -> float:
   """Model FLOPs of one training step on a concrete batch (padded or packed), counted conservatively: tokens
   are the rows' full length, attention Σ nᵢ² over each row's examples, the MLM head at real predictions only,

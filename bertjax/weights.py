@@ -107,7 +107,7 @@ def _hf_params(path: str, meta: dict, state: dict, cfg, head: str, num_labels: i
   if head == "all":
     params = read(arch or "auto")
   elif head == "pretraining":
-    params = read("pretraining" if family != "electra" else "generator")
+    params = read(convert.family(family).mlm[1])
   elif head in convert.TASK_HEADS and arch == head:
     params = read(head)
     out = params.get("qa_outputs", params.get("classifier"))

@@ -71,16 +71,6 @@ def supported_architectures() -> list[str]:
   return sorted(a for f in FAMILIES.values() for a in f.architectures.values())
 
 
-def _auto_head(fam: table.Family, state: Mapping) -> str:
-  """The head a bare state dict holds: the MLM model (ELECTRA: its generator or discriminator) or the encoder."""
-  has = lambda prefix: any(k.startswith(prefix) for k in state)  # noqa: E731
-  if fam.name == "electra":
-    return "generator" if has("generator_predictions.") else "discriminator" \
-        if has("discriminator_predictions.") else "encoder"
-  mlm = {"bert": "cls.", "roberta": "lm_head.", "modernbert": "head."}[fam.name]
-  return "pretraining" if has(mlm) else "encoder"
-
-
 def from_state_dict(cfg: model_lib.BertConfig, state: Mapping[str, np.ndarray], *, head: str = "auto",
                     family_name: str = "bert") -> tuple[model_lib.BertConfig, dict]:
   """(cfg, bertjax params) of `head` from an HF state dict of the family: "pretraining" (the MLM model's tree),
@@ -89,7 +79,7 @@ def from_state_dict(cfg: model_lib.BertConfig, state: Mapping[str, np.ndarray], 
   its tensors are present, else the encoder)."""
   fam = family(family_name)
   if head == "auto":
-    head = _auto_head(fam, state)
+    head = fam.auto_head(state)
   return cfg, table.load(fam, cfg, state, head)
 
 
@@ -98,15 +88,13 @@ def to_state_dict(cfg: model_lib.BertConfig, params: Mapping, head: str | None =
   """The HF state dict of bertjax params: with `head` that model, else the MLM model when the params hold its
   head (an ELECTRA discriminator when they hold that), else the encoder."""
   family_name = family_name or family_of(cfg, params)
-  return table.dump(family(family_name), cfg, params, head or _head_of_params(family_name, params))
+  return table.dump(family(family_name), cfg, params, head or _head_of_params(FAMILIES[family_name], params))
 
 
-def _head_of_params(family_name: str, params: Mapping) -> str:
+def _head_of_params(fam: table.Family, params: Mapping) -> str:
   if "head_dense" in params:
     return "discriminator"
-  if "mlm_bias" in params:
-    return "generator" if family_name == "electra" else "pretraining"
-  return "encoder"
+  return fam.mlm[1] if "mlm_bias" in params else "encoder"
 
 
 def from_hf(path: str, *, head: str = "auto", **overrides) -> tuple[model_lib.BertConfig, dict]:
@@ -134,7 +122,7 @@ def to_hf(cfg: model_lib.BertConfig, params: Mapping, out_dir: str, *, head: str
   `labels` as config.json's id2label), else its MLM model when the params hold one, else its encoder."""
   name = family or family_of(cfg, params)
   fam = FAMILIES[name]
-  head = head or _head_of_params(name, params)
+  head = head or _head_of_params(fam, params)
   if head not in fam.architectures:
     raise ConversionError(f"{name} models export as {sorted(fam.architectures)}, not {head!r}")
   state = table.dump(fam, cfg, params, head)

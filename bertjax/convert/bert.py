@@ -126,7 +126,8 @@ def config_to_hf(cfg: model_lib.BertConfig, architecture: str = "BertForPreTrain
 
 
 FAMILY = table.Family(
-    name="bert", config_from_hf=config_from_hf, config_to_hf=config_to_hf, rows=_rows, prefix="bert.",
+    name="bert", mlm=("cls.", "pretraining"),
+    config_from_hf=config_from_hf, config_to_hf=config_to_hf, rows=_rows, prefix="bert.",
     heads=("cls.", "classifier.", "qa_outputs."),
     architectures={"pretraining": "BertForPreTraining", "encoder": "BertModel",
                    "sequence_classification": "BertForSequenceClassification",

@@ -69,7 +69,9 @@ def _rows(cfg: model_lib.BertConfig, head: str):
 
 
 FAMILY = table.Family(
-    name="electra", config_from_hf=config_from_hf, config_to_hf=config_to_hf, rows=_rows, prefix="electra.",
+    name="electra", mlm=("generator_predictions.", "generator"),
+    discriminator="discriminator_predictions.",
+    config_from_hf=config_from_hf, config_to_hf=config_to_hf, rows=_rows, prefix="electra.",
     heads=("generator_predictions.", "generator_lm_head.", "discriminator_predictions.", "classifier.",
            "qa_outputs."),
     tied=("generator_lm_head.weight",),

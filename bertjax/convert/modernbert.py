@@ -184,7 +184,8 @@ def _pad_bias(params: dict, cfg: model_lib.BertConfig) -> dict:
 
 
 FAMILY = table.Family(
-    name="modernbert", config_from_hf=config_from_hf, config_to_hf=config_to_hf, rows=_rows, prefix="model.",
+    name="modernbert", mlm=("head.", "pretraining"),
+    config_from_hf=config_from_hf, config_to_hf=config_to_hf, rows=_rows, prefix="model.",
     heads=("head.", "decoder.", "classifier.", "dense."), tied=("decoder.weight",), read=split_fused,
     write=join_fused, finish=_identity_first_norm, export_params=_pad_bias,
     architectures={"pretraining": "ModernBertForMaskedLM", "encoder": "ModernBertModel",

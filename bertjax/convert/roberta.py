@@ -56,7 +56,8 @@ def _rows(cfg: model_lib.BertConfig, head: str):
 
 
 FAMILY = table.Family(
-    name="roberta", config_from_hf=config_from_hf, config_to_hf=config_to_hf, rows=_rows, prefix="roberta.",
+    name="roberta", mlm=("lm_head.", "pretraining"),
+    config_from_hf=config_from_hf, config_to_hf=config_to_hf, rows=_rows, prefix="roberta.",
     heads=("lm_head.", "classifier.", "qa_outputs."), tied=("lm_head.decoder.weight", "lm_head.decoder.bias"),
     architectures={"pretraining": "RobertaForMaskedLM", "encoder": "RobertaModel",
                    "sequence_classification": "RobertaForSequenceClassification",

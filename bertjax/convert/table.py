@@ -49,6 +49,8 @@ class Family:
   prefix: the encoder's name prefix ("bert."); heads: name prefixes of the tensors of its heads (what an encoder
   import passes over).
   tied: tensor names equal to others the rows read (the tied decoder), skipped on import.
+  mlm: the prefix of its MLM head's tensors and that head's name (ELECTRA: its generator); discriminator: the
+  prefix of a replaced-token head's tensors (ELECTRA), "" for none.
   read(state, cfg) / write(state): a state dict's own layout (e.g. fused projections) <-> the rows' names.
   finish(params, cfg): fills what the checkpoint does not hold (in place) after import.
   export_params(params, cfg): the params as the HF model stores them (e.g. a padded decoder bias).
@@ -60,11 +62,21 @@ class Family:
   architectures: Mapping[str, str]
   prefix: str
   heads: tuple
+  mlm: tuple = ("", "pretraining")
+  discriminator: str = ""
   tied: tuple = ()
   read: Callable = lambda state, cfg: state
   write: Callable = lambda state: state
   finish: Callable = lambda params, cfg: None
   export_params: Callable = lambda params, cfg: params
+
+  def auto_head(self, state: Mapping) -> str:
+    """The head a bare state dict holds: its MLM model, its replaced-token discriminator or the encoder."""
+    if any(k.startswith(self.mlm[0]) for k in state):
+      return self.mlm[1]
+    if self.discriminator and any(k.startswith(self.discriminator) for k in state):
+      return "discriminator"
+    return "encoder"
 
   def head_of(self, hf_cfg: Mapping) -> str | None:
     """The head config.json's `architectures` names, or None."""

@@ -76,7 +76,7 @@ def metrics(sums, config) -> dict:
 
 
 def step_flops(config, mcfg, module_) -> float:
-  return accounting.electra_step_flops(mcfg, module_.gen_cfg, config.data.max_seq_length,
+  return step_flops_of(mcfg, module_.gen_cfg, config.data.max_seq_length,
                                        config.data.max_predictions_per_seq, config.train.global_batch_size)
 
 
@@ -93,3 +93,13 @@ def export(run: dict, params: dict, out: str) -> tuple[str, tuple[str, ...]]:
 OBJECTIVE = base.Objective("electra", errors, module, train_step, eval_step, metrics, step_flops,
                            needs_special_ids=True, encoder=lambda params: electra_lib.split(params)[0],
                            has_mlm_head=False, export=export)
+
+
+def step_flops_of(disc_cfg, gen_cfg, seq_len: int, num_predictions: int, global_batch: int) -> float:
+  """Model FLOPs of one ELECTRA step: the generator's MLM step (at the embedding width for the decoder) and the
+  discriminator over every position with its 1-unit head (no MLM decoder)."""
+  gen = accounting.model_flops_per_sequence(gen_cfg, seq_len, 0)
+  gen += 3.0 * 2 * num_predictions * (gen_cfg.hidden_size * gen_cfg.embed_dim + gen_cfg.embed_dim * gen_cfg.vocab_size)
+  disc = (accounting.model_flops_per_sequence(disc_cfg, seq_len, 0)
+          + 3.0 * 2 * seq_len * (disc_cfg.hidden_size ** 2 + disc_cfg.hidden_size))
+  return (gen + disc) * global_batch
