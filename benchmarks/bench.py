@@ -166,7 +166,7 @@ def run_bertjax_finetune(variant, seq, batch, dtype, shard, steps, examples, ove
   import ml_collections
   from bertjax import accounting, finetune, model as model_lib, trainer
   from bertjax import sharding as sharding_lib
-  from bertjax.data import batching, packing, tasks
+  from bertjax.data import batching, packing, task_data as tasks
   from configs import common, finetune as ft_config
   c = ft_config.get_config(f"task=local,variant={variant},batch={batch},seq={seq},dtype={dtype}")
   c.sharding = common.sharding(shard)

@@ -24,7 +24,7 @@ import jax
 import numpy as np
 
 from bertjax import convert, errors, finetune, optim
-from bertjax.data import conll, tasks
+from bertjax.data import conll, task_data as tasks
 
 
 @dataclasses.dataclass

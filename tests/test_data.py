@@ -473,7 +473,7 @@ def test_a_data_dir_keeps_its_tokenizer_and_refuses_a_changed_one(tmp_path, data
 
 
 def test_task_files_with_a_byte_order_mark_and_long_fields(tmp_path):
-  from bertjax.data import tasks
+  from bertjax.data import task_data as tasks
   task = tasks.get("local", ("neg", "pos"))
   long_text = "word " * 40_000  # 200,000 characters: over the csv module's default field cap
   (tmp_path / "a.csv").write_text("\ufeffsentence,label\n" + f"{long_text},pos\nshort,neg\n", encoding="utf-8")

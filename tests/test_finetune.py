@@ -12,7 +12,7 @@ import helpers
 
 from bertjax import finetune, predict, scores
 from bertjax import tasks as tasks_lib
-from bertjax.data import batching, conll, squad, tasks, tokenizer
+from bertjax.data import batching, conll, squad, task_data as tasks, tokenizer
 from configs import common, finetune as finetune_config
 
 from helpers import ROOT, assert_one_line_error, run_cmd

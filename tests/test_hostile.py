@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 import helpers
 import hostile
 from bertjax import errors
-from bertjax.data import conll, corpus, tasks
+from bertjax.data import conll, corpus, task_data as tasks
 from configs import common
 
 

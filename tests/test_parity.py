@@ -142,7 +142,7 @@ def test_the_harness_catches_a_different_recipe(tmp_path, hf_init):
 def test_start_folder_loads_the_head_in_both(tmp_path, hf_init):
   """The start folder holds HF's head; bertjax's fine-tuning init takes it (HF's from_pretrained does too)."""
   from bertjax import finetune
-  from bertjax.data import tasks
+  from bertjax.data import task_data as tasks
   c = config_for("ner", hf_init, labels=("O", "B-X", "I-X"))
   task = tasks.get("ner", ("O", "B-X", "I-X"))
   start = parity.make_start(c, task, str(tmp_path / "start"))

@@ -13,7 +13,7 @@ import pytest
 
 from bertjax import scores
 from bertjax.kernels import dropout
-from bertjax.data import squad, tasks, tokenizer
+from bertjax.data import squad, task_data as tasks, tokenizer
 
 transformers = pytest.importorskip("transformers")
 

@@ -10,7 +10,7 @@ from typing import Sequence
 
 import numpy as np
 
-from bertjax.data.tasks import TaskDataError
+from bertjax.data.task_data import TaskDataError
 
 
 def read(path: str) -> list[tuple[list[str], list[str]]]:

@@ -15,7 +15,7 @@ import os
 
 import numpy as np
 
-from bertjax.data.tasks import TaskDataError, _text, tfds_source
+from bertjax.data.task_data import TaskDataError, _text, tfds_source
 
 
 @dataclasses.dataclass

@@ -1,6 +1,6 @@
 """Fine-tuning task kinds as plug-ins: each module owns its head, featurisation, loss, predictions, scoring and
-inference (`base.Kind`); `kind(task)` picks the one for a `bertjax.data.tasks.Task`."""
-from bertjax.data.tasks import Task, TaskDataError, get
+inference (`base.Kind`); `kind(task)` picks the one for a `bertjax.data.task_data.Task`."""
+from bertjax.data.task_data import Task, TaskDataError, get
 from bertjax.tasks.base import EvalSet, Kind
 from bertjax.tasks.classification import Classification
 from bertjax.tasks.span_qa import SpanQA

@@ -12,7 +12,7 @@ from typing import Any
 import jax.numpy as jnp
 
 from bertjax import model as model_lib
-from bertjax.data import tasks as task_data
+from bertjax.data import task_data
 
 
 @dataclasses.dataclass
@@ -29,7 +29,7 @@ def example_mean(values, weights):
 
 
 class Kind:
-  """The interface; each method is the kind's own. `task` is the `bertjax.data.tasks.Task` being run."""
+  """The interface; each method is the kind's own. `task` is the `bertjax.data.task_data.Task` being run."""
   name = ""
   hf_head = ""  # the HF architecture family (convert.TASK_HEADS) that holds this kind's head
   pack_keys: dict | None = None  # packing.pack_features keyword arguments; None: the kind cannot be packed

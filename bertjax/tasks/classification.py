@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from bertjax import losses, scores
-from bertjax.data import tasks as task_data
+from bertjax.data import task_data
 from bertjax.tasks.base import EvalSet, Kind, example_mean
 
 
