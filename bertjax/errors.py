@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import argparse
 import ast
+import difflib
 import functools
+import importlib.util
 import logging
 import sys
 import threading
@@ -164,8 +166,6 @@ def _innermost(e: BaseException) -> str:
 def _unknown_config_field(argv) -> str | None:
   """'no such config field ...' with the nearest names, for the first `--config.a.b=v` that names no field of the
   config that `--config=FILE[:ARGS]` builds (None when all exist or the config itself does not build)."""
-  import difflib
-  import importlib.util
   argv = list(argv or ())
   spec = next((a.split("=", 1)[1] for a in argv if a.startswith("--config=")), None)
   if spec is None:

@@ -24,10 +24,10 @@ import numpy as np
 import optax
 
 from bertjax import checkpoint as checkpoint_lib
-from bertjax import errors
+from bertjax import errors, optim
 from bertjax import metrics as metrics_lib
-from bertjax import optim
 from bertjax import sharding as sharding_lib
+from bertjax.data import tokenizer as tokenizer_lib
 
 PRNG_IMPLS = ("threefry2x32", "rbg", "unsafe_rbg")
 every = metrics_lib.every  # the one rule for periodic actions: every `interval` steps, and at the last step
@@ -327,7 +327,6 @@ def check_workdir_mode(workdir: str, mode: str) -> None:
 def keep_tokenizer(workdir: str, path: str, do_lower_case: bool) -> tuple[str, bool]:
   """Copies the run's tokenizer into WORKDIR/tokenizer/ (so that prediction, conversion and `init=` need nothing
   outside the workdir) and returns the copy's path; a workdir that already holds another tokenizer is refused."""
-  from bertjax.data import tokenizer as tokenizer_lib
   if not path or "://" in workdir:
     return path, do_lower_case
   folder = os.path.join(workdir, "tokenizer")

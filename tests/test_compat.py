@@ -9,6 +9,7 @@ import shutil
 
 import jax
 import ml_collections
+import pytest
 import numpy as np
 
 from bertjax import checkpoint as checkpoint_lib, finetune, model as model_lib, predict, train, weights
@@ -45,7 +46,17 @@ def test_a_fine_tuned_workdir_from_before_predicts_and_resumes(tmp_path):
   meta["tokenizer"] = os.path.join(V0, "vocab.txt")  # the path it was written with is gone
   (ft / "finetune.json").write_text(json.dumps(meta))
   pred = predict.predict_text(str(ft), text="the model reads text")
-  assert pred["label"] in ("a", "b") and abs(sum(pred["probabilities"].values()) - 1) < 1e-3
+  # Exported, HF's own model of the old checkpoint gives the same probabilities and label.
+  transformers = pytest.importorskip("transformers")
+  torch = pytest.importorskip("torch")
+  from bertjax.convert import __main__ as convert_cli
+  convert_cli.write(str(ft), str(tmp_path / "hf"))
+  hf_tok = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")
+  hf_clf = transformers.AutoModelForSequenceClassification.from_pretrained(tmp_path / "hf").eval()
+  with torch.no_grad():
+    probs = torch.softmax(hf_clf(**hf_tok("the model reads text", return_tensors="pt")).logits[0], -1).numpy()
+  np.testing.assert_allclose([pred["probabilities"]["a"], pred["probabilities"]["b"]], probs, atol=1e-4)
+  assert pred["label"] == ("a", "b")[int(np.argmax(probs))]
   # Its training checkpoint restores into the state the fine-tuning loop builds today.
   _, task, module, params, _ = predict.load_finetuned(str(ft))
   from bertjax import optim, trainer

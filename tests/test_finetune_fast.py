@@ -114,19 +114,31 @@ def _runs_ok_in_a_fresh_process(code: str) -> None:
 
 
 def test_cpu_allocator_setting_is_applied_before_jax_starts():
-  """In a fresh process: on a CPU run the setting is applied (glibc), and large blocks freed by XLA are then
-  reused rather than mapped anew: no mmap of the 64 MB buffer happens after the first step."""
+  """In a fresh process: on a CPU run the setting is applied (glibc), and XLA's 64 MB step buffers then come from
+  the heap, where a freed block is reused, rather than from mmap, which maps and zeroes every one anew. glibc
+  marks a chunk mmap'ed by bit 2 of the size word before it; a process without the setting is the control."""
   if not sys.platform.startswith("linux"):
     pytest.skip("glibc only")
-  code = (
-      "import os; os.environ['JAX_PLATFORMS']='cpu'\n"
-      "from bertjax import hostmem; assert hostmem.runs_on_cpu(); assert hostmem.tune_for_cpu(16 * 128)\n"
-      "import jax, jax.numpy as jnp\n"
-      "f = jax.jit(lambda a: a * 2.0 + 1.0)\n"
-      "x = jnp.ones(16 * 2**20)\n"
-      "for _ in range(3): f(x).block_until_ready()\n"
-      "print('ok')\n")
-  _runs_ok_in_a_fresh_process(code)
+
+  def mmapped(tune: bool) -> list[int]:
+    code = (
+        "import ctypes, os; os.environ['JAX_PLATFORMS']='cpu'\n"
+        "from bertjax import hostmem\n"
+        f"if {tune}: assert hostmem.runs_on_cpu() and hostmem.tune_for_cpu(16 * 128)\n"
+        "import jax, jax.numpy as jnp\n"
+        "f = jax.jit(lambda a: a * 2.0 + 1.0)\n"
+        "x = jnp.ones(16 * 2**20)\n"
+        "for _ in range(3):\n"
+        "  y = f(x); y.block_until_ready(); p = y.unsafe_buffer_pointer()\n"
+        "  size = ctypes.c_size_t.from_address(p - 8).value\n"
+        "  assert size >= 64 * 2**20, hex(size)\n"
+        "  print(size & 2)\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False, timeout=120,
+                          env={**__import__("os").environ, "JAX_PLATFORMS": "cpu"})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return [int(v) for v in proc.stdout.split()]
+  assert mmapped(True) == [0, 0, 0]
+  assert mmapped(False) == [2, 2, 2]
 
 
 def test_runs_on_cpu_reads_jax_platforms(monkeypatch):

@@ -71,7 +71,6 @@ def test_bench_writes_the_agreed_fields(tmp_path):
   for key in ("config", "tokens_per_s", "step_time_s", "compile_s", "model_tflops_per_s", "matmul_peak_tflops_per_s",
               "mfu", "peer", "peer_tokens_per_s", "ratio"):
     assert key in row, key
-  assert row["ratio"] == pytest.approx(row["tokens_per_s"] / row["peer_tokens_per_s"])
   (peer,) = row["peers"]
   assert peer["name"] == "hf" and "eager" in peer["peer"] and peer["ratio"] == row["ratio"]
 

@@ -12,14 +12,15 @@ import json
 import os
 import shutil
 
+import ml_collections
 from safetensors import SafetensorError
 
-from bertjax import checkpoint as checkpoint_lib, errors, objectives
+from bertjax import checkpoint as checkpoint_lib
+from bertjax import convert, errors, finetune, objectives, predict, weights
 
 
 def export(workdir: str, out: str) -> str:
   """Writes the HF folder; returns the architecture written."""
-  from bertjax import convert, finetune, predict
   if os.path.exists(os.path.join(workdir, "finetune.json")):
     meta, task, module, params, _ = predict.load_finetuned(workdir)
     head = finetune.HF_HEADS[task.kind]
@@ -28,8 +29,6 @@ def export(workdir: str, out: str) -> str:
   else:
     with open(os.path.join(workdir, "config.json"), encoding="utf-8") as f:
       run = json.load(f)
-    import ml_collections
-    from bertjax import weights
     tok_path, lower = weights.run_tokenizer(workdir, ml_collections.ConfigDict(run))
     if not tok_path:
       raise errors.TokenizerError(f"{workdir}: no tokenizer (neither WORKDIR/tokenizer/ nor its data dir "
@@ -69,6 +68,11 @@ def _copy_tokenizer(tok_path: str, lower: bool, out: str) -> None:
     elif not os.path.isfile(os.path.join(out, "tokenizer_config.json")):
       with open(os.path.join(out, "tokenizer_config.json"), "w", encoding="utf-8") as f:
         json.dump({"tokenizer_class": "RobertaTokenizer"}, f, indent=2)
+  else:  # a sentencepiece model: its ids are bertjax's layout, which no HF tokenizer class reads as it is
+    shutil.copyfile(tok_path, os.path.join(out, "spiece.model"))
+    print(f"note: {out}/spiece.model is the run's sentencepiece model ([PAD] 0, [UNK] 1, [CLS] [SEP] [MASK] as "
+          "control pieces); AutoTokenizer does not read it: tokenize with sentencepiece and add [CLS]/[SEP]",
+          flush=True)
 
 
 def check_out(workdir: str, out: str, overwrite: bool) -> None:

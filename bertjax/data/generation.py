@@ -5,6 +5,7 @@ how many workers make them."""
 from __future__ import annotations
 
 import collections
+import ctypes
 import multiprocessing as mp
 import signal
 import sys
@@ -28,7 +29,6 @@ def _init_pool_worker(tokenizer_path: str, do_lower_case: bool):
   signal.signal(signal.SIGINT, signal.SIG_IGN)
   if sys.platform.startswith("linux"):
     try:
-      import ctypes
       ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):
       pass

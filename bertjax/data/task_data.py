@@ -13,7 +13,7 @@ from typing import Sequence
 
 import numpy as np
 
-from bertjax import errors
+from bertjax import errors, scores
 
 
 class TaskDataError(errors.DataError):
@@ -65,7 +65,6 @@ def get(name: str, labels: Sequence[str] = (), regression: bool = False) -> Task
   if name == "ner":
     if not labels:
       raise TaskDataError("task ner needs its tag set declared: --config.data.labels='(\"O\",\"B-PER\",\"I-PER\")'")
-    from bertjax import scores
     for t in labels:
       try:
         scores.split_tag(t)

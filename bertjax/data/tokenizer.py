@@ -22,6 +22,8 @@ CLI: python -m bertjax.data.tokenizer --input a.txt b.txt --kind wordpiece|unigr
 from __future__ import annotations
 
 import dataclasses
+import io
+import json
 import os
 import shutil
 import sys
@@ -32,7 +34,7 @@ from typing import Iterable, Sequence
 import numpy as np
 
 from bertjax import errors
-from bertjax.data import vocab_files
+from bertjax.data import corpus, vocab_files
 from bertjax.data.vocab_files import MAIN_FILES, copy_into, find_in, fingerprint  # noqa: F401
 
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
@@ -110,7 +112,8 @@ REFERENCES = {"hf": 100, "original": 200}  # -> characters a word at most before
 
 
 def _load_wordpiece(path: str, do_lower_case: bool, reference: str = "hf") -> Tokenizer:
-  from tokenizers import Tokenizer as HFTokenizer, decoders, models, normalizers, pre_tokenizers
+  from tokenizers import Tokenizer as HFTokenizer
+  from tokenizers import decoders, models, normalizers, pre_tokenizers
   pieces = _read_vocab(path)
   vocab = {}
   for i, p in enumerate(pieces):
@@ -172,8 +175,8 @@ def _load_byte_bpe(path: str) -> Tokenizer:
   """Byte-level BPE: RoBERTa's `vocab.json` with `merges.txt` beside it (built as RobertaTokenizerFast builds
   itself), or a saved HF `tokenizer.json` (given, or beside vocab.json; its own added-token rules, e.g.
   roberta-base's strip before <mask>, ModernBERT's BERT-named special tokens)."""
-  import json
-  from tokenizers import AddedToken, Tokenizer as HFTokenizer, decoders, models, pre_tokenizers, processors
+  from tokenizers import AddedToken, decoders, models, pre_tokenizers, processors
+  from tokenizers import Tokenizer as HFTokenizer
   folder = os.path.dirname(path)
   full = path if os.path.basename(path) == "tokenizer.json" else os.path.join(folder, "tokenizer.json")
   if os.path.isfile(full):
@@ -246,7 +249,6 @@ def train(files: Sequence[str], out_dir: str, kind: str = "wordpiece", vocab_siz
   The same input and arguments give the same files, byte for byte. The files are written in a temporary folder and
   moved into `out_dir` at the end; with `overwrite` False, tokenizer files already there are an error.
   `progress(lines)`, when given, is called as the corpus is read."""
-  from bertjax.data import corpus
   if kind not in OUTPUTS:
     raise errors.ConfigError(f"unknown tokenizer kind {kind!r}; choose wordpiece, unigram, bpe or byte_bpe")
   files = corpus.expand(files)
@@ -301,7 +303,6 @@ def _train_into(texts, out_dir: str, kind: str, vocab_size: int, do_lower_case: 
     tok.save_model(out_dir)
     return "vocab.json"
   import sentencepiece as spm
-  import io
   spm.set_random_generator_seed(seed)
   model = io.BytesIO()  # written by us: with a model_prefix the model records the (temporary) path it was given
   spm.SentencePieceTrainer.Train(
@@ -336,7 +337,6 @@ class _Texts:
 
 def _clean_texts(files, reader=None):
   """Sentences decoded robustly (bad bytes replaced, NULs dropped), as the data pipeline reads them."""
-  from bertjax.data import corpus
   for line in corpus.iter_texts(files, reader):
     line = line.strip()
     if line:
@@ -357,7 +357,6 @@ def main(argv: Iterable[str] | None = None) -> None:
   p.add_argument("--cased", action="store_true", help="keep case and accents")
   p.add_argument("--overwrite", action="store_true", help="replace the tokenizer files already in --out")
   args = p.parse_args(argv)
-  from bertjax.data import corpus
   start = time.time()
 
   def progress(lines):

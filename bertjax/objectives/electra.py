@@ -5,7 +5,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from bertjax import accounting
+from bertjax import accounting, convert
+from bertjax import model as model_lib
 from bertjax.model import electra as electra_lib
 from bertjax.objectives import base
 
@@ -82,7 +83,6 @@ def step_flops(config, mcfg, module_) -> float:
 
 def export(run: dict, params: dict, out: str) -> tuple[str, tuple[str, ...]]:
   """OUT/discriminator and OUT/generator, as HF publishes ELECTRA: (architectures, the folders written)."""
-  from bertjax import convert, model as model_lib
   disc_cfg = model_lib.BertConfig.from_dict(run["model"])
   gen_cfg = electra_lib.generator_config(disc_cfg, run["electra"]["generator_hidden"],
                                          run["electra"]["generator_layers"])
