@@ -731,3 +731,16 @@ def test_runs_of_a_seed_and_learning_rate_sweep_share_their_compiled_programs(tm
   assert any("train_step" in e for e in entries[0]), entries[0]
   assert entries[1] == entries[0]
   assert losses[0] != losses[1]
+
+
+def test_a_workdir_holding_a_run_of_another_length_is_refused(tmp_path, vocab):
+  helpers.write_sentiment(tmp_path / "train.csv", 64, 0)
+
+  def config(epochs, stop):
+    c = tiny_config("local", vocab, train_file=str(tmp_path / "train.csv"), text_a_column="sentence",
+                    label_column="sentiment", labels=("neg", "pos"), auto_packing=False)
+    c.train.num_epochs, c.train.stop_after_steps = epochs, stop
+    return c
+  assert finetune.finetune(config(1, 1), str(tmp_path / "w"))["preempted"]
+  with pytest.raises(tasks.TaskDataError, match="holds a fine-tuning run of 4 steps; this config makes 8"):
+    finetune.finetune(config(2, 0), str(tmp_path / "w"))
