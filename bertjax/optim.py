@@ -81,12 +81,13 @@ def schedule(learning_rate: float, warmup_steps: int, num_steps: int, kind: str 
 
 
 def decay_mask(params):
-  """True where weight decay applies: not LayerNorm parameters (`*ln*`), not biases (the original's exclusions)."""
+  """True where weight decay applies: not norm parameters (`ln`, `*_ln`, a task head's `norm`), not biases (the
+  original's exclusions, and HF Trainer's)."""
   def decide(path, _):
     names = [str(getattr(k, "key", getattr(k, "name", k))) for k in path]
     names = [n for n in names if n != "value"]  # through LogicallyPartitioned boxes
     leaf = names[-1]
-    is_ln = any(n == "ln" or n.endswith("_ln") for n in names[:-1])
+    is_ln = any(n in ("ln", "norm") or n.endswith("_ln") for n in names[:-1])
     return not (is_ln or leaf in ("bias", "mlm_bias"))
   return jax.tree_util.tree_map_with_path(decide, params)
 

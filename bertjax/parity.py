@@ -15,6 +15,7 @@ the start/end softmax as bertjax does (HF's own QA loss includes the padding pos
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import json
 import math
 import os
@@ -24,6 +25,7 @@ import jax
 import numpy as np
 
 from bertjax import convert, errors, finetune, optim
+from bertjax.convert import __main__ as convert_cli
 from bertjax.data import conll, task_data as tasks
 
 
@@ -47,10 +49,10 @@ def _torch():
   return torch, transformers
 
 
-def hf_class(kind: str):
+def hf_class(kind: str, family: str = "bert"):
+  """HF's model class of a task kind for the family (e.g. RobertaForTokenClassification)."""
   _, transformers = _torch()
-  head = finetune.HF_HEADS[kind]
-  return getattr(transformers, convert.FAMILIES["bert"].architectures[head])
+  return getattr(transformers, convert.FAMILIES[family].architectures[finetune.HF_HEADS[kind]])
 
 
 def make_start(config, task: tasks.Task, out_dir: str, seed: int = 0) -> str:
@@ -61,17 +63,14 @@ def make_start(config, task: tasks.Task, out_dir: str, seed: int = 0) -> str:
   if params is None:
     raise tasks.TaskDataError("parity needs config.init (an HF folder or a bertjax workdir)")
   enc_dir = out_dir + ".encoder"
-  convert.to_hf(mcfg.replace(scan_layers=False), _unstacked(mcfg, params["bert"]), enc_dir)
+  family = convert.family_of(mcfg)
+  convert.to_hf(mcfg.replace(scan_layers=False), _unstacked(mcfg, params["bert"]), enc_dir, head="encoder")
   torch.manual_seed(seed)
   kw = {} if task.kind == "qa" else {"num_labels": task.num_labels}
-  model = hf_class(task.kind).from_pretrained(enc_dir, **kw)
+  model = hf_class(task.kind, family).from_pretrained(enc_dir, **kw)
   model.save_pretrained(out_dir, safe_serialization=True)
   shutil.rmtree(enc_dir)
-  if os.path.isdir(tok_path):
-    raise tasks.TaskDataError(f"{tok_path}: expected a vocab.txt file")
-  shutil.copy(tok_path, os.path.join(out_dir, "vocab.txt"))
-  with open(os.path.join(out_dir, "tokenizer_config.json"), "w", encoding="utf-8") as f:
-    json.dump({"do_lower_case": bool(lower), "tokenizer_class": "BertTokenizer"}, f)
+  convert_cli.copy_tokenizer(tok_path, lower, out_dir)
   return out_dir
 
 
@@ -91,7 +90,8 @@ def hf_features(task: tasks.Task, config, tok) -> list[dict]:
     out = []
     for ex in examples:
       enc = tok(ex["text_a"], ex["text_b"] or None, truncation=True, max_length=seq)
-      out.append({"input_ids": enc["input_ids"], "token_type_ids": enc["token_type_ids"], "labels": ex["label"]})
+      types = enc.get("token_type_ids") or [0] * len(enc["input_ids"])
+      out.append({"input_ids": enc["input_ids"], "token_type_ids": types, "labels": ex["label"]})
     return out
   if task.kind == "tagging":
     sentences = conll.read(d.train_file)
@@ -156,20 +156,26 @@ def hf_lr_lambda(schedule: str, warmup: int, total: int):
 
 
 def hf_loop(start_dir: str, task: tasks.Task, config, rows: list[dict], batches: list[np.ndarray],
-            total_steps: int, warmup_steps: int, seed: int = 0):
-  """(losses, final HF state dict) of an HF PyTorch loop over `batches` (lists of row indices), with the
-  config's dropout rates (0 for a step-by-step comparison)."""
+            total_steps: int, warmup_steps: int, seed: int = 0, rates=(0.0, 0.0, 0.0), family: str = "bert"):
+  """(losses, final HF state dict) of an HF PyTorch loop over `batches` (lists of row indices), with dropout
+  `rates` (hidden, attention, classifier; 0 for a step-by-step comparison) under each family's config names.
+  Weight decay skips biases and every LayerNorm's parameters, as HF's Trainer groups them."""
   torch, _ = _torch()
   t = optim.settings(config.train)
   if t.optimizer != "adamw" or not t.adam_bias_correction:
     raise errors.ConfigError("the HF loop steps torch.optim.AdamW: set train.optimizer=adamw with bias correction")
   torch.manual_seed(seed)
-  model = hf_class(task.kind).from_pretrained(
-      start_dir, hidden_dropout_prob=config.model.dropout_rate, classifier_dropout=config.model.dropout_rate,
-      attention_probs_dropout_prob=config.model.attention_dropout_rate, attn_implementation="eager")
+  hidden, attention, classifier = rates
+  names = ({"embedding_dropout": hidden, "mlp_dropout": hidden, "attention_dropout": attention}
+           if family == "modernbert" else {"hidden_dropout_prob": hidden, "attention_probs_dropout_prob": attention})
+  model = hf_class(task.kind, family).from_pretrained(start_dir, classifier_dropout=classifier,
+                                                      attn_implementation="eager", **names)
   model.train()
-  decay = [p for n, p in model.named_parameters() if not ("LayerNorm" in n or n.endswith("bias"))]
-  no_decay = [p for n, p in model.named_parameters() if "LayerNorm" in n or n.endswith("bias")]
+  norms = {id(p) for m in model.modules() if isinstance(m, torch.nn.LayerNorm) for p in m.parameters()}
+  skip = lambda n, p: id(p) in norms or n.endswith("bias")  # noqa: E731
+  decay = [p for n, p in model.named_parameters() if not skip(n, p)]
+  no_decay = [p for n, p in model.named_parameters() if skip(n, p)]
+  takes_types = "token_type_ids" in inspect.signature(model.forward).parameters
   opt = torch.optim.AdamW([{"params": decay, "weight_decay": t.weight_decay},
                            {"params": no_decay, "weight_decay": 0.0}],
                           lr=t.learning_rate, betas=(t.b1, t.b2), eps=t.eps)
@@ -178,10 +184,11 @@ def hf_loop(start_dir: str, task: tasks.Task, config, rows: list[dict], batches:
   losses = []
   for idx in batches:
     batch = _pad([rows[i] for i in idx])
+    if not takes_types:
+      del batch["token_type_ids"]
     if task.kind == "qa":
       mask = batch["attention_mask"].bool()
-      out = model(input_ids=batch["input_ids"], token_type_ids=batch["token_type_ids"],
-                  attention_mask=batch["attention_mask"])
+      out = model(**{k: v for k, v in batch.items() if k not in ("start_positions", "end_positions")})
       neg = torch.finfo(torch.float32).min
       ce = torch.nn.functional.cross_entropy
       loss = (ce(out.start_logits.masked_fill(~mask, neg), batch["start_positions"]) +
@@ -214,7 +221,7 @@ def compare(config, workdir: str, steps: int = 0, dropout: bool = False) -> Repo
   start = make_start(config, task, os.path.join(workdir, "start"), seed=config.seed)
   config.init = start
   if not dropout:
-    config.model.dropout_rate = config.model.attention_dropout_rate = 0.0
+    config.model.dropout_rate = config.model.attention_dropout_rate = config.model.classifier_dropout = 0.0
   config.log_every = 1
   config.data.auto_packing = False  # the HF loop takes one example per row: compare the loop on the same batches
   config.data.eval_file = ""
@@ -228,19 +235,21 @@ def compare(config, workdir: str, steps: int = 0, dropout: bool = False) -> Repo
   plan = result["plan"]
   batches = [b for epoch in plan.epoch_batches() for b in epoch][:len(bj_losses)]
 
-  tok = transformers.BertTokenizerFast.from_pretrained(start)
+  tok = transformers.AutoTokenizer.from_pretrained(start)
   if task.kind == "qa":
     hf_rows = _qa_features(result["train_features"])
   else:
     hf_rows = hf_features(task, config, tok)
+  mcfg = result["model_config"]
+  family = convert.family_of(mcfg)
+  rates = (mcfg.dropout_rate, mcfg.attention_dropout_rate, mcfg.head_dropout_rate)
   hf_losses, hf_state = hf_loop(start, task, config, hf_rows, batches, plan.total_steps, plan.warmup_steps,
-                                config.seed)
+                                config.seed, rates, family)
 
   head = finetune.HF_HEADS[task.kind]
-  mcfg = result["model_config"]
   flat = mcfg.replace(scan_layers=False)
   _, start_params = convert.from_hf(start, head=head)
-  _, hf_params = convert.from_state_dict(flat, hf_state, head=head)
+  _, hf_params = convert.from_state_dict(flat, hf_state, head=head, family_name=family)
   ours = jax.tree_util.tree_map(np.asarray, jax.device_get(result["state"].params))
   ours["bert"] = _unstacked(mcfg, ours["bert"])
   diffs, num, den, ours_sq = [], 0.0, 0.0, 0.0

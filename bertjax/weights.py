@@ -84,7 +84,7 @@ def load(path: str, *, overrides: Mapping[str, Any] | None = None, head: str = "
     cfg = convert.config_from_hf(meta, **overrides)
     params = _hf_params(path, meta, state, cfg, head, num_labels)
     saved_scan = False
-    tok, lower = _hf_tokenizer(path)
+    tok, lower = hf_tokenizer(path)
   if head == "encoder" or (head in convert.TASK_HEADS and kind != "hf"):  # an HF task head was handled above
     params = {"bert": params["bert"], **_shared_head(cfg, params)}
   params["bert"] = to_layout(params["bert"], cfg, saved_scan)
@@ -194,7 +194,7 @@ def run_tokenizer(workdir: str, run) -> tuple[str, bool]:
   return dataset.tokenizer_of(data_dir, creation)
 
 
-def _hf_tokenizer(path: str) -> tuple[str, bool]:
+def hf_tokenizer(path: str) -> tuple[str, bool]:
   """The folder's tokenizer file: BERT's vocab.txt, else a byte-level BPE's vocab.json or tokenizer.json."""
   vocab = os.path.join(path, "vocab.txt")
   for name in ("vocab.json", "tokenizer.json"):

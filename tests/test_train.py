@@ -627,15 +627,17 @@ def test_model_defaults_are_stated_once():
   scanned = {"scan_layers": True}
   deltas = {
       "pretrain": scanned, "demo": {**scanned, "max_position_embeddings": 128, "vocab_size": 8000},
-      "finetune": {"initializer": "normal"},  # the fresh head drawn as HF draws it
-      "roberta": {**scanned, "initializer": "normal", "layer_norm_eps": 1e-05, "max_position_embeddings": 514,
+      # the fresh head drawn as HF draws it; the dropout rates the init's own
+      "finetune": {"initializer": "normal", "dropout_rate": -1.0, "attention_dropout_rate": -1.0},
+      "roberta": {**scanned, "classifier_head": "dense_tanh", "initializer": "normal", "layer_norm_eps": 1e-05, "max_position_embeddings": 514,
                   "nsp_head": False, "position_offset": 2, "type_vocab_size": 1, "vocab_size": 50265},
-      "modernbert": {**scanned, "attention_dropout_rate": 0.0, "dropout_rate": 0.0, "ffn": "glu",
+      "modernbert": {**scanned, "attention_dropout_rate": 0.0, "classifier_head": "prediction", "dropout_rate": 0.0,
+                     "ffn": "glu",
                      "first_attention_norm": False, "layer_norm": "pre", "layer_norm_eps": 1e-05,
                      "local_attention": 128, "max_position_embeddings": 8192, "norm_bias": False, "nsp_head": False,
                      "position_embedding": "rotary", "rope_theta": 160000.0, "rope_theta_local": 10000.0,
                      "type_vocab_size": 0, "use_bias": False, "vocab_multiple": 64, "vocab_size": 50368},
-      "electra": {**scanned, "embedding_size": 128, "nsp_head": False}}
+      "electra": {**scanned, "classifier_head": "dense_gelu", "embedding_size": 128, "nsp_head": False}}
   for name, module in (("pretrain", pretrain), ("demo", demo), ("finetune", finetune), ("roberta", roberta),
                        ("modernbert", modernbert), ("electra", electra)):
     model = module.get_config().model

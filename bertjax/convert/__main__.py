@@ -17,6 +17,7 @@ from safetensors import SafetensorError
 
 from bertjax import checkpoint as checkpoint_lib
 from bertjax import convert, errors, finetune, objectives, predict, weights
+from bertjax.data import tokenizer as tokenizer_lib
 
 
 def export(workdir: str, out: str) -> str:
@@ -37,17 +38,20 @@ def export(workdir: str, out: str) -> str:
     if objective.export is not None:  # an objective whose checkpoints export as their own models (ELECTRA)
       arch, folders = objective.export(run, checkpoint_lib.Checkpointer(workdir).restore_params(), out)
       for sub in folders:
-        _copy_tokenizer(tok_path, lower, os.path.join(out, sub))
+        copy_tokenizer(tok_path, lower, os.path.join(out, sub))
       return arch
     module, params, _ = predict.load(workdir)
     convert.to_hf(module.cfg, params, out)
   with open(os.path.join(out, "config.json"), encoding="utf-8") as f:
     arch = json.load(f)["architectures"][0]
-  _copy_tokenizer(tok_path, lower, out)
+  copy_tokenizer(tok_path, lower, out)
   return arch
 
 
-def _copy_tokenizer(tok_path: str, lower: bool, out: str) -> None:
+def copy_tokenizer(tok_path: str, lower: bool, out: str) -> None:
+  """The run's tokenizer as files HF's AutoTokenizer reads, in the HF folder `out`, and its special ids in
+  config.json (HF's embeddings keep the pad id's row out of training: it must be the tokenizer's)."""
+  _write_special_ids(tokenizer_lib.load(tok_path, do_lower_case=lower), out)
   if os.path.basename(tok_path) == "vocab.txt":
     shutil.copyfile(tok_path, os.path.join(out, "vocab.txt"))
     with open(os.path.join(out, "tokenizer_config.json"), "w", encoding="utf-8") as f:
@@ -73,6 +77,20 @@ def _copy_tokenizer(tok_path: str, lower: bool, out: str) -> None:
     print(f"note: {out}/spiece.model is the run's sentencepiece model ([PAD] 0, [UNK] 1, [CLS] [SEP] [MASK] as "
           "control pieces); AutoTokenizer does not read it: tokenize with sentencepiece and add [CLS]/[SEP]",
           flush=True)
+
+
+def _write_special_ids(tok, out: str) -> None:
+  path = os.path.join(out, "config.json")
+  with open(path, encoding="utf-8") as f:
+    cfg = json.load(f)
+  if cfg.get("model_type") != "roberta":  # RoBERTa's positions count from its pad id: the config already has it
+    cfg["pad_token_id"] = tok.pad_id
+  for key, value in (("bos_token_id", tok.cls_id), ("cls_token_id", tok.cls_id), ("eos_token_id", tok.sep_id),
+                     ("sep_token_id", tok.sep_id)):
+    if key in cfg:
+      cfg[key] = value
+  with open(path, "w", encoding="utf-8") as f:
+    json.dump(cfg, f, indent=2)
 
 
 def check_out(workdir: str, out: str, overwrite: bool) -> None:

@@ -246,7 +246,8 @@ def load(family: Family, cfg: model_lib.BertConfig, state: Mapping[str, np.ndarr
     set_path(params, path, value.astype(np.float32))
   family.finish(params, cfg)
   passed = (family.prefix + "pooler" + sep,)
-  if head == "encoder":
+  if head == "encoder":  # a bare encoder's pooler (HF's RobertaModel keeps one) and any head's tensors
+    passed += ("pooler" + sep,)
     passed += family.heads + tuple(family.prefix + h for h in family.heads)
   unexpected = sorted(k for k in state if k not in used and not k.startswith(passed))
   problems = [f"{what} {len(names)}: {names[:20]}" for what, names in

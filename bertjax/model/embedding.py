@@ -1,0 +1,84 @@
+"""Sentence embedding models: any bertjax encoder, a pooling of its last hidden states, an optional dense
+projection and an optional L2 normalisation, as sentence-transformers' Transformer -> Pooling -> Dense ->
+Normalize stacks compute them; Matryoshka truncation of the result."""
+from __future__ import annotations
+
+import dataclasses
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from bertjax import errors
+from bertjax.model.config import BertConfig
+from bertjax.model.encoder import BertModel
+from bertjax.model.layers import Dense
+
+POOLINGS = ("cls", "mean", "max")
+DENSE_ACTIVATIONS = {"identity": lambda x: x, "tanh": jnp.tanh}
+
+
+@dataclasses.dataclass(frozen=True)
+class Pooling:
+  """How token states become one vector: `mode` (cls | mean over real tokens | max over real tokens), a dense
+  projection to `dense` features (0: none; with `dense_bias` and `dense_activation`), `normalize` to unit length.
+  Stored with the model (sentence-transformers folders: 1_Pooling, 2_Dense, Normalize)."""
+  mode: str = "mean"
+  dense: int = 0
+  dense_bias: bool = True
+  dense_activation: str = "identity"
+  normalize: bool = True
+
+  def __post_init__(self):
+    if self.mode not in POOLINGS:
+      raise errors.ConfigError(f"pooling {self.mode!r} is not one of {list(POOLINGS)}")
+    if self.dense_activation not in DENSE_ACTIVATIONS:
+      raise errors.ConfigError(f"dense_activation {self.dense_activation!r} is not one of {list(DENSE_ACTIVATIONS)}")
+    if not isinstance(self.dense, int) or self.dense < 0:
+      raise errors.ConfigError(f"pooling dense must be an integer >= 0, got {self.dense!r}")
+
+
+def pool(hidden, mask, mode: str):
+  """[B, d] from token states [B, L, d] and the real-token mask [B, L], in float32: [CLS]'s state, the mean of the
+  real tokens' (a row without any gives zeros), or their elementwise max (padding at -1e9, as
+  sentence-transformers sets it)."""
+  h = hidden.astype(jnp.float32)
+  m = mask.astype(jnp.float32)[..., None]
+  if mode == "cls":
+    return h[:, 0]
+  if mode == "mean":
+    return jnp.sum(h * m, axis=1) / jnp.maximum(jnp.sum(m, axis=1), 1e-9)
+  return jnp.max(jnp.where(m > 0, h, -1e9), axis=1)
+
+
+def normalize(x, eps: float = 1e-12):
+  """x / max(‖x‖, eps) along the last axis (torch.nn.functional.normalize)."""
+  return x / jnp.maximum(jnp.linalg.norm(x, axis=-1, keepdims=True), eps)
+
+
+def matryoshka(embeddings, dims: int):
+  """The first `dims` features, renormalised to unit length (Matryoshka truncation)."""
+  return normalize(embeddings[..., :dims])
+
+
+class EmbeddingModel(nn.Module):
+  """{"embedding": [B, D] float32} of a batch of sequences (`input_ids`, `input_mask`, `segment_ids`)."""
+  cfg: BertConfig
+  pooling: Pooling = Pooling()
+
+  @nn.compact
+  def __call__(self, batch, deterministic: bool = True):
+    out = BertModel(self.cfg, name="bert")(batch, deterministic, pool=False)
+    x = pool(out["hidden"], batch["input_mask"], self.pooling.mode)
+    p = self.pooling
+    if p.dense:
+      x = Dense((p.dense,), ("embed", "mlp"), self.cfg.replace(dtype="float32"), use_bias=p.dense_bias,
+                name="dense")(x)
+      x = DENSE_ACTIVATIONS[p.dense_activation](x)
+    if p.normalize:
+      x = normalize(x)
+    return {"embedding": x.astype(jnp.float32)}
+
+
+def embed(module: EmbeddingModel, params, batch) -> jax.Array:
+  return module.apply({"params": params}, batch)["embedding"]

