@@ -24,16 +24,28 @@ def cosine_scores(a, b):
   return normalize(a) @ normalize(b).T
 
 
-def ranking_loss(queries, documents, scale: float = 20.0, symmetric: bool = False, weights=None):
+def ranking_loss(queries, documents, scale: float = 20.0, symmetric: bool = False, weights=None, doc_keys=None,
+                 query_keys=None):
   """InfoNCE over the batch: `queries` [B, d]; `documents` [B·(1+n), d], the B positives first and then n blocks
   of B hard negatives (row i's negatives at i + B, i + 2B, ...). `weights` [B] (0 for padding rows) leave rows out
   as queries and as documents. The mean over the weighted queries; `symmetric` averages it with positives ->
-  queries (over the queries only, as sentence-transformers' per-direction form)."""
+  queries (over the queries only, as sentence-transformers' per-direction form).
+
+  False negatives: with `doc_keys` [B·(1+n)] and `query_keys` [B] (a hash of each text), a document is left out of
+  row i's candidates when its text is row i's positive, or it is the positive of another row with row i's query:
+  sentence-transformers keeps such rows out of a batch (its no-duplicates sampler); here they are masked."""
   b = queries.shape[0]
   w = jnp.ones((b,), jnp.float32) if weights is None else weights.astype(jnp.float32)
   scores = scale * cosine_scores(queries, documents)
   doc_w = jnp.tile(w, documents.shape[0] // b)
   scores = jnp.where(doc_w[None, :] > 0, scores, -jnp.inf)
+  if doc_keys is not None:
+    own = jnp.arange(documents.shape[0])[None, :] == jnp.arange(b)[:, None]
+    dup = doc_keys[None, :] == doc_keys[:b][:, None]
+    if query_keys is not None:
+      same_query = jnp.zeros((b, documents.shape[0]), bool).at[:, :b].set(query_keys[None, :] == query_keys[:, None])
+      dup = dup | same_query
+    scores = jnp.where(dup & ~own, -jnp.inf, scores)
   target = jnp.arange(b)
   forward = jax.nn.logsumexp(scores, axis=1) - scores[target, target]
   loss = jnp.sum(forward * w) / jnp.maximum(jnp.sum(w), 1.0)

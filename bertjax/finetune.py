@@ -70,6 +70,15 @@ def _init_rate(field: str, value) -> bool:
   return field in INIT_RATES and value < 0
 
 
+def task_options(config) -> tuple:
+  """The options of an embedding task (`task=pairs`) from the config's `embedding` section."""
+  if config.task != "pairs":
+    return ()
+  e = config.embedding
+  return (("pooling", e.pooling), ("normalize", bool(e.normalize)), ("scale", float(e.scale)),
+          ("symmetric", bool(e.symmetric)))
+
+
 def model_config(config, **overrides) -> model_lib.BertConfig:
   """The model a fine-tuning config describes without an init: its rates left to the init take BertConfig's
   defaults."""
@@ -194,7 +203,7 @@ def _finetune(config, workdir: str) -> dict:
   is_main = jax.process_index() == 0
   _check(config)
   trainer.check_workdir_mode(workdir, "finetune")
-  task = tasks_lib.get(config.task, tuple(config.data.labels), config.data.regression)
+  task = tasks_lib.get(config.task, tuple(config.data.labels), config.data.regression, task_options(config))
   kind = tasks_lib.kind(task)
   tok, mcfg, init_params, tok_path, lower = load_init(config, task)
   if config.data.max_seq_length > mcfg.max_position_embeddings:
@@ -252,7 +261,7 @@ def _finetune(config, workdir: str) -> dict:
       else os.path.abspath(kept)
   meta = {"task": task.name, "kind": task.kind, "labels": list(task.labels), "tokenizer": kept,
           "do_lower_case": lower, "model": mcfg.to_dict(), "max_seq_length": config.data.max_seq_length,
-          "predict_settings": kind.predict_settings(config)}
+          "predict_settings": kind.predict_settings(config), "task_options": dict(task.options)}
   os.makedirs(workdir, exist_ok=True)
   trainer.write_config(workdir, config, finetune=meta)
   if is_main:
@@ -292,7 +301,8 @@ def _finetune(config, workdir: str) -> dict:
         preds = predict_packed(t.eval_step, state.params, ev.feats, eval_batch, t.batch_sharding,
                                config.data.pack_max_per_row, kind.pack_keys, "token_keys" in kind.pack_keys)
       else:
-        preds = predict_all(t.eval_step, state.params, ev.feats, eval_batch, t.batch_sharding, bucket)
+        preds = predict_all(t.eval_step, state.params, ev.feats, eval_batch, t.batch_sharding, bucket,
+                            kind.token_outputs)
       row[ev.name] = kind.score(task, ev, preds, config)
       writer.write(step, row[ev.name], f"eval_{ev.name}")
     report["epochs"].append(row)

@@ -69,7 +69,8 @@ def load_finetuned(workdir: str):
   """(finetune.json, task, module, best params, tokenizer) of a fine-tuned workdir."""
   w = weights.load(workdir)
   meta = w.meta
-  task = tasks_lib.Task(meta["task"], meta["kind"], labels=tuple(meta["labels"]))
+  task = tasks_lib.Task(meta["task"], meta["kind"], labels=tuple(meta["labels"]),
+                        options=tuple(meta.get("task_options", {}).items()))
   tok = tokenizer_lib.load(w.tokenizer, do_lower_case=w.do_lower_case)
   return meta, task, tasks_lib.kind(task).head(task, w.cfg), w.params, tok
 

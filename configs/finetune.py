@@ -3,7 +3,8 @@
   python -m bertjax.main --config=configs/finetune.py:task=glue/mrpc,init=PRETRAIN_WORKDIR_OR_HF_DIR,lr=2e-5 --workdir=W
 
 Argument keys: task (glue/{cola,sst2,mrpc,qqp,stsb,mnli,qnli,rte,wnli} | squad/v1.1 | squad/v2.0 | squad_json |
-ner | local), init, lr, batch, epochs, seq (0 = 128, or 384 for SQuAD), seed, shard, variant (only without init).
+ner | local | pairs), init, lr, batch, epochs, seq (0 = 128, or 384 for SQuAD), seed, shard, variant (only without
+init).
 """
 import ml_collections
 
@@ -67,6 +68,15 @@ def get_config(arg=None):
   # unless `packing` says so.
   c.data.auto_packing = True
   c.data.pack_max_per_row = 8  # examples per packed row at most
+
+  # task=pairs (embedding training; anchor / positive columns: data.text_a_column / data.text_b_column, scored
+  # pairs: data.regression=True with data.label_column)
+  c.embedding = ml_collections.ConfigDict()
+  c.embedding.pooling = "mean"  # cls | mean | max over the real tokens
+  c.embedding.normalize = True  # unit-length embeddings
+  c.embedding.scale = 20.0  # similarity scale in the loss (1 / temperature), sentence-transformers' default
+  c.embedding.symmetric = False  # also positives -> anchors (symmetric InfoNCE)
+  c.embedding.negative_columns = ("",)  # hard-negative columns, e.g. ("negative",)
 
   c.train = ml_collections.ConfigDict()
   c.train.learning_rate = a.lr  # 2e-5, 3e-5 or 5e-5

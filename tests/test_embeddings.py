@@ -188,3 +188,66 @@ def test_matryoshka_truncation_renormalises():
   t = np.asarray(matryoshka(e, 4))
   np.testing.assert_allclose(t, np.asarray(e)[:, :4] / np.linalg.norm(np.asarray(e)[:, :4], axis=1, keepdims=True),
                              rtol=1e-6)
+
+
+# ----------------------------------------------------------------------------- training on the fine-tuning loop
+def _write_pairs(path, n, seed, negatives=True):
+  """Anchors and positives that share a topic word (learnable), hard negatives that share none."""
+  import csv
+  import random
+  rng = random.Random(seed)
+  topics = [f"topic{i}" for i in range(40)]
+  filler = "the a of river city north south old new great small good".split()
+  with open(path, "w", newline="") as f:
+    w = csv.writer(f)
+    w.writerow(["anchor", "positive", "negative"] if negatives else ["anchor", "positive"])
+    for i in range(n):
+      t, other = topics[i % 40], topics[(i + 7) % 40]
+      row = [f"{t} " + " ".join(rng.sample(filler, 3)), " ".join(rng.sample(filler, 4)) + f" {t}"]
+      w.writerow(row + ([" ".join(rng.sample(filler, 4)) + f" {other}"] if negatives else []))
+
+
+def test_contrastive_training_on_the_loop_with_retrieval_scores_from_ir_measures(tmp_path, make_vocab):
+  ir_measures = pytest.importorskip("ir_measures")
+  from bertjax import finetune, predict
+  from bertjax.data import task_data
+  from bertjax.tasks.contrastive import featurize, read_pairs
+  from configs import finetune as finetune_config
+  _write_pairs(tmp_path / "train.csv", 160, 0)
+  _write_pairs(tmp_path / "dev.csv", 40, 1)
+  vocab = make_vocab([f"topic{i}" for i in range(40)] + "the a of river city north south old new great small good"
+                     .split(), 120)
+  c = finetune_config.get_config("task=pairs,variant=tiny,lr=1e-3,batch=16,epochs=3,seq=16")
+  c.model.num_layers, c.model.hidden_size, c.model.num_heads, c.model.intermediate_size = 2, 48, 4, 96
+  c.model.vocab_size, c.model.max_position_embeddings = sum(1 for _ in open(vocab)), 32
+  c.data.tokenizer, c.data.train_file, c.data.eval_file = str(vocab), str(tmp_path / "train.csv"), str(
+      tmp_path / "dev.csv")
+  c.data.text_a_column, c.data.text_b_column = "anchor", "positive"
+  c.embedding.negative_columns, c.embedding.symmetric, c.log_every = ("negative",), True, 1
+  out = finetune.finetune(c, str(tmp_path / "w"))
+  losses = [r["loss"] for r in finetune.read_train_metrics(str(tmp_path / "w"))]
+  assert np.mean(losses[-5:]) < 0.7 * np.mean(losses[:5]), losses
+  # The report's retrieval scores are ir-measures' on the final model's own embeddings of the dev file.
+  rows = read_pairs(str(tmp_path / "dev.csv"), "anchor", "positive", ("negative",))
+  tok = __import__("bertjax.data.tokenizer", fromlist=["load"]).load(str(vocab))
+  feats = featurize(rows, tok, 16)
+  module = finetune.head_module(out["task"], out["model_config"])
+  emb = module.apply({"params": out["state"].params}, {k: feats[k] for k in (
+      "input_ids", "input_mask", "segment_ids", "doc_input_ids", "doc_input_mask")})
+  corpus = sorted({t for r in rows for t in r["docs"]})
+  vec = {t: np.asarray(emb["doc_embedding"])[i, j] for i, r in enumerate(rows) for j, t in enumerate(r["docs"])}
+  q = np.asarray(emb["embedding"])
+  run = [ir_measures.ScoredDoc(f"q{i}", f"d{corpus.index(t)}", float(q[i] @ vec[t] / np.linalg.norm(vec[t])))
+         for i in range(len(rows)) for t in corpus]
+  qrels = [ir_measures.Qrel(f"q{i}", f"d{corpus.index(r['docs'][0])}", 1) for i, r in enumerate(rows)]
+  want = ir_measures.calc_aggregate([ir_measures.nDCG @ 10, ir_measures.RR @ 10, ir_measures.R @ 1,
+                                     ir_measures.R @ 10], qrels, run)
+  got = out["report"]["epochs"][-1]["validation"]
+  np.testing.assert_allclose([got["ndcg@10"], got["mrr@10"], got["recall@1"], got["recall@10"]],
+                             [want[ir_measures.nDCG @ 10], want[ir_measures.RR @ 10], want[ir_measures.R @ 1],
+                              want[ir_measures.R @ 10]], atol=1e-6)
+  assert got["recall@10"] > 0.5
+  # The workdir embeds raw text (predict) as the model does.
+  vec0 = predict.predict_text(str(tmp_path / "w"), text=rows[0]["anchor"])["embedding"]
+  np.testing.assert_allclose(vec0, q[0], atol=1e-5)
+  assert task_data.get("pairs").main_metric == "ndcg@10"

@@ -107,9 +107,10 @@ def _fill(key: str):
   return np.finfo(np.float32).min if key.endswith("logits") else 0
 
 
-def predict_all(predict_step, params, feats, batch_size, batch_sharding, bucket=0):
+def predict_all(predict_step, params, feats, batch_size, batch_sharding, bucket=0, token_outputs=None):
   """Outputs for every row of `feats` in order. Rows are batched by length (shortest first) so that each batch
-  is padded only to its own bucket; per-token outputs come back at the features' full length."""
+  is padded only to its own bucket; per-token outputs (`token_outputs`, or by default those whose axis 1 is the
+  batch's length) come back at the features' full length."""
   n = len(feats["input_ids"])
   if n == 0:
     return {}
@@ -125,7 +126,8 @@ def predict_all(predict_step, params, feats, batch_size, batch_sharding, bucket=
     # Per-token outputs (axis 1 the batch's length) are padded back to the full length; per-example ones
     # (a classifier's [B, C] logits) are not. Padded logits are the lowest float: never an argmax.
     length = b["input_ids"].shape[1]
-    outs.append({k: _pad_tokens(v, full, _fill(k)) if v.ndim >= 2 and v.shape[1] == length else v
+    outs.append({k: _pad_tokens(v, full, _fill(k)) if (k in token_outputs if token_outputs is not None else
+                                                       v.ndim >= 2 and v.shape[1] == length) else v
                  for k, v in out.items()})
   merged = {k: np.concatenate([o[k] for o in outs])[:n] for k in outs[0]}
   inverse = np.empty(n, np.int64)

@@ -30,6 +30,10 @@ class Task:
   main_metric: str = "accuracy"
   train_split: str = "train"
   eval_splits: tuple[str, ...] = ("validation",)
+  options: tuple = ()  # (name, value) pairs a kind reads (e.g. an embedding task's pooling and loss scale)
+
+  def option(self, name: str, default=None):
+    return dict(self.options).get(name, default)
 
   @property
   def num_labels(self) -> int:
@@ -53,8 +57,9 @@ GLUE = {
 }
 
 
-def get(name: str, labels: Sequence[str] = (), regression: bool = False) -> Task:
-  """The task by name; `local` and `ner` take their label set from the config."""
+def get(name: str, labels: Sequence[str] = (), regression: bool = False, options: tuple = ()) -> Task:
+  """The task by name; `local` and `ner` take their label set from the config, `pairs` (embedding training) its
+  options."""
   labels = tuple(t for t in labels if str(t).strip())  # the config's placeholder ("",) declares nothing
   if len(set(labels)) != len(labels):
     raise TaskDataError(f"config.data.labels {list(labels)} names a label twice")
@@ -79,7 +84,13 @@ def get(name: str, labels: Sequence[str] = (), regression: bool = False) -> Task
                           "--config.data.regression=True for scores)")
     metrics = ("accuracy", "f1") if len(labels) == 2 else ("accuracy",)
     return Task(name, "classification", ("text_a", "text_b"), tuple(labels), metrics)
-  known = [f"glue/{k}" for k in GLUE] + ["squad/v1.1", "squad/v2.0", "squad_json", "ner", "local"]
+  if name == "pairs":
+    if regression:  # scored pairs: CoSENT, evaluated by the rank correlation of cosine and gold scores
+      return Task(name, "contrastive", ("text_a", "text_b"), (), ("spearman", "pearson"), "spearman",
+                  options=options + (("scored", True),))
+    return Task(name, "contrastive", ("text_a", "text_b"), (), ("ndcg@10", "mrr@10", "recall@1", "recall@10"),
+                "ndcg@10", options=options)
+  known = [f"glue/{k}" for k in GLUE] + ["squad/v1.1", "squad/v2.0", "squad_json", "ner", "local", "pairs"]
   raise TaskDataError(f"unknown task {name!r}; choose one of {known}")
 
 
@@ -137,7 +148,7 @@ def local_examples(path: str, task: Task, text_a: str, text_b: str = "", label: 
   path = os.fspath(path)
   if not os.path.isfile(path):
     raise TaskDataError(f"{path}: file not found")
-  rows = list(_read_rows(path))
+  rows = list(read_rows(path))
   if not rows:
     raise TaskDataError(f"{path}: no rows")
   needed = [c for c in (text_a, text_b, label) if c]
@@ -169,7 +180,7 @@ def local_examples(path: str, task: Task, text_a: str, text_b: str = "", label: 
   return out
 
 
-def _read_rows(path: str):
+def read_rows(path: str):
   if path.endswith(".jsonl"):
     with open(path, encoding="utf-8-sig", errors="replace") as f:
       for n, line in enumerate(f, 1):

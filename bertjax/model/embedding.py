@@ -62,22 +62,34 @@ def matryoshka(embeddings, dims: int):
 
 
 class EmbeddingModel(nn.Module):
-  """{"embedding": [B, D] float32} of a batch of sequences (`input_ids`, `input_mask`, `segment_ids`)."""
+  """{"embedding": [B, D] float32} of a batch of sequences (`input_ids`, `input_mask`, `segment_ids`); with
+  `doc_input_ids` / `doc_input_mask` [B, K, L] (a row's positive and K - 1 hard negatives) also
+  {"doc_embedding": [B, K, D]}, from the same encoder."""
   cfg: BertConfig
   pooling: Pooling = Pooling()
 
-  @nn.compact
-  def __call__(self, batch, deterministic: bool = True):
-    out = BertModel(self.cfg, name="bert")(batch, deterministic, pool=False)
+  def setup(self):
+    self.bert = BertModel(self.cfg)
+    if self.pooling.dense:
+      self.dense = Dense((self.pooling.dense,), ("embed", "mlp"), self.cfg.replace(dtype="float32"),
+                         use_bias=self.pooling.dense_bias)
+
+  def embed(self, batch, deterministic: bool = True):
+    out = self.bert(batch, deterministic, pool=False)
     x = pool(out["hidden"], batch["input_mask"], self.pooling.mode)
-    p = self.pooling
-    if p.dense:
-      x = Dense((p.dense,), ("embed", "mlp"), self.cfg.replace(dtype="float32"), use_bias=p.dense_bias,
-                name="dense")(x)
-      x = DENSE_ACTIVATIONS[p.dense_activation](x)
-    if p.normalize:
-      x = normalize(x)
-    return {"embedding": x.astype(jnp.float32)}
+    if self.pooling.dense:
+      x = DENSE_ACTIVATIONS[self.pooling.dense_activation](self.dense(x))
+    return normalize(x) if self.pooling.normalize else x
+
+  def __call__(self, batch, deterministic: bool = True):
+    out = {"embedding": self.embed(batch, deterministic).astype(jnp.float32)}
+    if "doc_input_ids" in batch:
+      b, k, length = batch["doc_input_ids"].shape
+      flat = lambda x: x.reshape(b * k, length)  # noqa: E731
+      docs = {"input_ids": flat(batch["doc_input_ids"]), "input_mask": flat(batch["doc_input_mask"]),
+              "segment_ids": jnp.zeros((b * k, length), jnp.int32)}
+      out["doc_embedding"] = self.embed(docs, deterministic).astype(jnp.float32).reshape(b, k, -1)
+    return out
 
 
 def embed(module: EmbeddingModel, params, batch) -> jax.Array:

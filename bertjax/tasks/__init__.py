@@ -3,11 +3,12 @@ inference (`base.Kind`); `kind(task)` picks the one for a `bertjax.data.task_dat
 from bertjax.data.task_data import Task, TaskDataError, get
 from bertjax.tasks.base import EvalSet, Kind
 from bertjax.tasks.classification import Classification
+from bertjax.tasks.contrastive import Contrastive
 from bertjax.tasks.span_qa import SpanQA
 from bertjax.tasks.tagging import Tagging
 
 KINDS: dict[str, Kind] = {"classification": Classification(), "regression": Classification(regression=True),
-                          "tagging": Tagging(), "qa": SpanQA()}
+                          "tagging": Tagging(), "qa": SpanQA(), "contrastive": Contrastive()}
 
 
 def kind(task: Task) -> Kind:
@@ -16,5 +17,5 @@ def kind(task: Task) -> Kind:
   return KINDS[task.kind]
 
 
-__all__ = ["Task", "TaskDataError", "get", "EvalSet", "Kind", "KINDS", "kind", "Classification", "SpanQA",
-           "Tagging"]
+__all__ = ["Task", "TaskDataError", "get", "EvalSet", "Kind", "KINDS", "kind", "Classification", "Contrastive",
+           "SpanQA", "Tagging"]

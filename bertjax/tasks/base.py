@@ -34,6 +34,7 @@ class Kind:
   hf_head = ""  # the HF architecture family (convert.TASK_HEADS) that holds this kind's head
   pack_keys: dict | None = None  # packing.pack_features keyword arguments; None: the kind cannot be packed
   outputs: tuple[str, ...] = ("logits",)  # what predictions keep of the model's outputs
+  token_outputs: tuple[str, ...] | None = None  # those of them per token (None: those as long as the batch)
 
   def head(self, task: task_data.Task, cfg):
     """The flax module: the encoder with this kind's head, the family's own (`model.for_task`)."""

@@ -1,0 +1,128 @@
+"""Embedding training (`task=pairs`): (anchor, positive[, hard negatives...]) rows with in-batch negatives from
+the whole global batch (sentence-transformers' MultipleNegativesRankingLoss), or scored pairs (CoSENT) with
+`data.regression=True`. Evaluated as retrieval (each eval anchor against every distinct positive and negative
+text of the eval file: nDCG@10, MRR@10, Recall@1/10) or, for scored pairs, by the rank correlation of cosine
+similarity and gold score.
+"""
+from __future__ import annotations
+
+import zlib
+
+import numpy as np
+
+from bertjax import contrastive, scores
+from bertjax.data import task_data
+from bertjax.model.embedding import EmbeddingModel, Pooling
+from bertjax.tasks.base import EvalSet, Kind
+
+
+def _key(text: str) -> int:
+  return zlib.crc32(text.encode("utf-8")) & 0x7FFFFFFF
+
+
+def _encode(texts, tok, seq):
+  f = task_data.encode_pairs([{"text_a": t, "text_b": "", "label": 0} for t in texts], tok, seq)
+  return f["input_ids"], f["input_mask"]
+
+
+def read_pairs(path: str, text_a: str, text_b: str, negatives=(), score: str = "") -> list[dict]:
+  """Rows {"anchor", "docs": [positive, negatives...], "score"} of a .csv / .tsv / .jsonl file."""
+  if not path:
+    raise task_data.TaskDataError("task pairs needs config.data.train_file (columns: anchor, positive[, negatives])")
+  rows = list(task_data.read_rows(path))
+  if not rows:
+    raise task_data.TaskDataError(f"{path}: no rows")
+  needed = [c for c in (text_a, text_b, *negatives, score) if c]
+  missing = [c for c in needed if c not in rows[0][1]]
+  if missing:
+    raise task_data.TaskDataError(f"{path}: missing column(s) {missing}; the file has {sorted(rows[0][1])}")
+  out = []
+  for line, row in rows:
+    texts = [str(row.get(c) or "") for c in (text_a, text_b, *negatives)]
+    empty = [c for c, t in zip((text_a, text_b, *negatives), texts) if not t.strip()]
+    if empty:
+      raise task_data.TaskDataError(f"{path}:{line}: empty text in column(s) {empty}; remove the row or fill it in")
+    try:
+      value = float(row[score]) if score else 0.0
+    except (TypeError, ValueError):
+      raise task_data.TaskDataError(f"{path}:{line}: score {row[score]!r} is not a number") from None
+    out.append({"anchor": texts[0], "docs": texts[1:], "score": value})
+  return out
+
+
+def featurize(rows: list[dict], tok, seq: int) -> dict:
+  q_ids, q_mask = _encode([r["anchor"] for r in rows], tok, seq)
+  k = len(rows[0]["docs"])
+  d_ids, d_mask = _encode([d for r in rows for d in r["docs"]], tok, seq)
+  return {"input_ids": q_ids, "input_mask": q_mask, "segment_ids": np.zeros_like(q_ids),
+          "doc_input_ids": d_ids.reshape(len(rows), k, seq), "doc_input_mask": d_mask.reshape(len(rows), k, seq),
+          "query_keys": np.array([_key(r["anchor"]) for r in rows], np.int32),
+          "doc_keys": np.array([[_key(d) for d in r["docs"]] for r in rows], np.int32),
+          "labels": np.array([r["score"] for r in rows], np.float32)}
+
+
+def retrieval_scores(queries, corpus, relevant) -> dict[str, float]:
+  """nDCG@10, MRR@10, Recall@1 and Recall@10 of cosine ranking, one relevant corpus row per query."""
+  q = queries / np.linalg.norm(queries, axis=1, keepdims=True)
+  c = corpus / np.linalg.norm(corpus, axis=1, keepdims=True)
+  sims = q @ c.T
+  rank = 1 + np.sum(sims > sims[np.arange(len(q)), relevant][:, None], axis=1)  # 1 = first
+  top10 = rank <= 10
+  return {"ndcg@10": float(np.mean(np.where(top10, 1.0 / np.log2(rank + 1), 0.0))),
+          "mrr@10": float(np.mean(np.where(top10, 1.0 / rank, 0.0))),
+          "recall@1": float(np.mean(rank == 1)), "recall@10": float(np.mean(top10))}
+
+
+class Contrastive(Kind):
+  name = "contrastive"
+  hf_head = "encoder"
+  outputs = ("embedding", "doc_embedding")
+  token_outputs = ()
+
+  def head(self, task, cfg):
+    return EmbeddingModel(cfg, Pooling(mode=task.option("pooling", "mean"), normalize=task.option("normalize", True)))
+
+  def load(self, task, config, tok):
+    d, seq = config.data, config.data.max_seq_length
+    negatives = tuple(c for c in config.embedding.negative_columns if c)
+    score = d.label_column if task.option("scored") else ""
+
+    def read(p):
+      return read_pairs(p, d.text_a_column, d.text_b_column, () if score else negatives, score)
+    train_rows = read(d.train_file)
+    evals = []
+    if d.eval_file:
+      rows = read(d.eval_file)
+      corpus = sorted({t for r in rows for t in r["docs"]})
+      evals.append(EvalSet("validation", featurize(rows, tok, seq), {"rows": rows, "corpus": corpus}))
+    return featurize(train_rows, tok, seq), evals, {"hard negatives per row": len(negatives)}
+
+  def loss(self, task, out, batch):
+    w = batch["example_weights"]
+    q, d = out["embedding"], out["doc_embedding"]
+    scale = task.option("scale", 20.0)
+    if task.option("scored"):
+      return contrastive.cosent_loss(q, d[:, 0], batch["labels"], scale, weights=w)
+    docs = d.transpose(1, 0, 2).reshape(-1, d.shape[-1])  # positives first, then each block of negatives
+    keys = batch["doc_keys"].T.reshape(-1)
+    return contrastive.ranking_loss(q, docs, scale, task.option("symmetric", False), weights=w, doc_keys=keys,
+                                    query_keys=batch["query_keys"])
+
+  def score(self, task, ev, preds, config):
+    q, d = preds["embedding"], preds["doc_embedding"]
+    if task.option("scored"):
+      cos = np.sum(q * d[:, 0], -1) / (np.linalg.norm(q, axis=-1) * np.linalg.norm(d[:, 0], axis=-1))
+      g = ev.feats["labels"]
+      return {"spearman": scores.spearman(cos, g), "pearson": scores.pearson(cos, g)}
+    rows, corpus = ev.meta["rows"], ev.meta["corpus"]
+    index = {t: i for i, t in enumerate(corpus)}
+    vectors = np.zeros((len(corpus), d.shape[-1]), np.float32)
+    for r, row in enumerate(rows):
+      for j, text in enumerate(row["docs"]):
+        vectors[index[text]] = d[r, j]
+    return retrieval_scores(q, vectors, np.array([index[row["docs"][0]] for row in rows]))
+
+  def predict_text(self, task, module, params, tok, seq, text="", **_):
+    ids, mask = _encode([text], tok, seq)
+    out = module.apply({"params": params}, {"input_ids": ids, "input_mask": mask, "segment_ids": np.zeros_like(ids)})
+    return {"embedding": np.asarray(out["embedding"][0]).round(6).tolist()}
