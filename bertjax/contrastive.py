@@ -47,13 +47,16 @@ def ranking_loss(queries, documents, scale: float = 20.0, symmetric: bool = Fals
       dup = dup | same_query
     scores = jnp.where(dup & ~own, -jnp.inf, scores)
   target = jnp.arange(b)
-  forward = jax.nn.logsumexp(scores, axis=1) - scores[target, target]
+  # A padding row (weight 0) has no candidates: its -inf - -inf is kept out of the sum (and of the gradient).
+  forward = jnp.where(w > 0, jax.nn.logsumexp(jnp.where(w[:, None] > 0, scores, 0.0), axis=1)
+                      - jnp.where(w > 0, scores[target, target], 0.0), 0.0)
   loss = jnp.sum(forward * w) / jnp.maximum(jnp.sum(w), 1.0)
   if not symmetric:
     return loss
   back = scale * cosine_scores(documents[:b], queries)
   back = jnp.where(w[None, :] > 0, back, -jnp.inf)
-  backward = jax.nn.logsumexp(back, axis=1) - back[target, target]
+  backward = jnp.where(w > 0, jax.nn.logsumexp(jnp.where(w[:, None] > 0, back, 0.0), axis=1)
+                       - jnp.where(w > 0, back[target, target], 0.0), 0.0)
   return (loss + jnp.sum(backward * w) / jnp.maximum(jnp.sum(w), 1.0)) / 2
 
 
@@ -85,15 +88,16 @@ def cached_value_and_grad(embed_fn: Callable, loss_fn: Callable, params, inputs:
     n = jax.tree_util.tree_leaves(x)[0].shape[0]
     return [jax.tree_util.tree_map(lambda a, s=s: a[s:s + chunk], x) for s in range(0, n, chunk)]
   parts = [chunks(x) for x in inputs]
-  embeddings = [jnp.concatenate([jax.lax.stop_gradient(embed_fn(params, c)) for c in cs]) for cs in parts]
+  # One compiled program per chunk shape (inside an outer jit these are inlined).
+  embed = jax.jit(lambda p, c: jax.lax.stop_gradient(embed_fn(p, c)))
+  chunk_grad = jax.jit(lambda p, c, g: jax.vjp(lambda q: embed_fn(q, c), p)[1](g)[0])
+  embeddings = [jnp.concatenate([embed(params, c) for c in cs]) for cs in parts]
   loss, emb_grads = jax.value_and_grad(lambda es: loss_fn(*es))(embeddings)
   grads = jax.tree_util.tree_map(jnp.zeros_like, params)
   for cs, g in zip(parts, emb_grads):
     start = 0
     for c in cs:
       n = jax.tree_util.tree_leaves(c)[0].shape[0]
-      _, vjp = jax.vjp(lambda p, c=c: embed_fn(p, c), params)
-      (gc,) = vjp(g[start:start + n])
-      grads = jax.tree_util.tree_map(jnp.add, grads, gc)
+      grads = jax.tree_util.tree_map(jnp.add, grads, chunk_grad(params, c, g[start:start + n]))
       start += n
   return loss, grads

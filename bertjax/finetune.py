@@ -11,6 +11,7 @@ hold the results. Evaluation sees every example once: the last batch is padded w
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import time
@@ -20,12 +21,17 @@ import ml_collections
 import numpy as np
 import optax
 
-from bertjax import checkpoint as checkpoint_lib, errors, metrics as metrics_lib, model as model_lib, optim
+from bertjax import checkpoint as checkpoint_lib
+from bertjax import errors, optim, trainer, weights
+from bertjax import metrics as metrics_lib
+from bertjax import model as model_lib
 from bertjax import sharding as sharding_lib
 from bertjax import tasks as tasks_lib
-from bertjax import trainer, weights
-from bertjax.data import packing, tokenizer as tokenizer_lib
+from bertjax.convert import sentence_transformers as st_lib
+from bertjax.data import packing
+from bertjax.data import tokenizer as tokenizer_lib
 from bertjax.data.batching import Plan, bucket_multiple, make_batch, predict_all, predict_packed
+from bertjax.model.embedding import Pooling
 from bertjax.tasks import EvalSet
 
 HF_HEADS = {k: v.hf_head for k, v in tasks_lib.KINDS.items()}
@@ -49,11 +55,16 @@ def load_init(config, task: tasks_lib.Task | None = None):
   if config.init:
     kind = tasks_lib.kind(task) if task is not None else None
     run_fields = {k: v for k, v in config.model.items() if k not in ARCHITECTURE_FIELDS and not _init_rate(k, v)}
-    w = weights.load(config.init, overrides=run_fields,
-                     head=kind.hf_head if kind else "encoder", num_labels=task.num_labels if task else 0)
-    mcfg, params = w.cfg, w.params
-    if not tok_path:
-      tok_path, lower = w.tokenizer, w.do_lower_case
+    if st_lib.is_folder(config.init):  # a sentence-transformers folder: its encoder and dense layer
+      mcfg, params, _, folder = st_lib.read(config.init, **run_fields)
+      if not tok_path:
+        tok_path, lower = weights.hf_tokenizer(folder)
+    else:
+      w = weights.load(config.init, overrides=run_fields,
+                       head=kind.hf_head if kind else "encoder", num_labels=task.num_labels if task else 0)
+      mcfg, params = w.cfg, w.params
+      if not tok_path:
+        tok_path, lower = w.tokenizer, w.do_lower_case
   else:
     mcfg, params = model_config(config), None
   if not tok_path:
@@ -71,12 +82,16 @@ def _init_rate(field: str, value) -> bool:
 
 
 def task_options(config) -> tuple:
-  """The options of an embedding task (`task=pairs`) from the config's `embedding` section."""
+  """The options of an embedding task (`task=pairs`) from the config's `embedding` section; an init that is a
+  sentence-transformers folder gives its pooling, dense layer and normalisation unless `embedding.pooling` is set."""
   if config.task != "pairs":
     return ()
   e = config.embedding
-  return (("pooling", e.pooling), ("normalize", bool(e.normalize)), ("scale", float(e.scale)),
-          ("symmetric", bool(e.symmetric)))
+  if config.init and st_lib.is_folder(config.init) and not e.pooling:
+    pooling = st_lib.read_pooling(config.init)
+  else:
+    pooling = Pooling(mode=e.pooling or "mean", normalize=bool(e.normalize))
+  return tuple(dataclasses.asdict(pooling).items()) + (("scale", float(e.scale)), ("symmetric", bool(e.symmetric)))
 
 
 def model_config(config, **overrides) -> model_lib.BertConfig:
@@ -239,6 +254,9 @@ def _finetune(config, workdir: str) -> dict:
   dummy = make_batch(train, np.arange(min(rows_per_step, n_rows)), rows_per_step)
   t = trainer.build(config, module, tx, lr_fn, dummy,
                     *make_steps(module, task, tx, lr_fn, config.train.prng_impl), mesh=mesh, train_scalars=2)
+  if init_params is not None and "pooler" in init_params.get("bert", {}) and "pooler" not in t.abstract.params["bert"]:
+    # The init's pooler is read by no head of this model (an embedding model; a family head without one).
+    init_params = {**init_params, "bert": {k: v for k, v in init_params["bert"].items() if k != "pooler"}}
   seed, peak_lr = np.uint32(config.seed), np.float32(config.train.learning_rate)
   eval_batch = config.train.eval_batch_size or gbs
   if eval_batch % dp:

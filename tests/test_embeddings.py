@@ -60,7 +60,11 @@ def _st_folder(tmp_path, family, mode, dense, make_vocab):
       if name.endswith("bias") or "norm" in name.lower():
         p.add_(torch.randn_like(p) * 0.1)
   hf.save_pretrained(tmp_path / "hf")
-  transformers.BertTokenizerFast(vocab_file=vocab, do_lower_case=True).save_pretrained(tmp_path / "hf")
+  (tmp_path / "hf" / "vocab.txt").write_bytes(open(vocab, "rb").read())
+  (tmp_path / "hf" / "tokenizer_config.json").write_text('{"do_lower_case": true}')
+  hf_tok = transformers.BertTokenizerFast.from_pretrained(str(tmp_path / "hf"))
+  assert len(hf_tok) == n  # the whole vocabulary, not only the special tokens
+  hf_tok.save_pretrained(tmp_path / "hf")
   from sentence_transformers.base.modules import Dense, Normalize, Transformer
   from sentence_transformers.sentence_transformer.modules import Pooling as StPooling
   modules = [Transformer(str(tmp_path / "hf"), max_seq_length=64), StPooling(32, pooling_mode=mode)]
@@ -250,4 +254,40 @@ def test_contrastive_training_on_the_loop_with_retrieval_scores_from_ir_measures
   # The workdir embeds raw text (predict) as the model does.
   vec0 = predict.predict_text(str(tmp_path / "w"), text=rows[0]["anchor"])["embedding"]
   np.testing.assert_allclose(vec0, q[0], atol=1e-5)
+  # Exported as a sentence-transformers folder, SentenceTransformer embeds as bertjax does.
+  from bertjax.convert import __main__ as convert_cli
+  assert convert_cli.write(str(tmp_path / "w"), str(tmp_path / "st")) == "SentenceTransformer"
+  theirs = st.SentenceTransformer(str(tmp_path / "st"), device="cpu").encode([r["anchor"] for r in rows[:5]])
+  np.testing.assert_allclose(theirs, q[:5], atol=1e-5)
   assert task_data.get("pairs").main_metric == "ndcg@10"
+
+
+def test_a_sentence_transformers_folder_is_an_init(tmp_path, make_vocab):
+  """init= a sentence-transformers folder with a dense layer and max pooling: with learning rate 0 the run's model
+  is the folder's, and it embeds as SentenceTransformer does."""
+  from bertjax import finetune, predict
+  from configs import finetune as finetune_config
+  path, model = _st_folder(tmp_path, "bert", "max", True, make_vocab)
+  texts = real_sentences(4)
+  with open(tmp_path / "pairs.csv", "w") as f:
+    f.write("anchor,positive\n" + "".join(f'"{a}","{b}"\n' for a, b in zip(texts, texts[1:] + texts[:1])))
+  c = finetune_config.get_config(f"task=pairs,init={path},lr=0,batch=8,epochs=1,seq=64")
+  c.data.train_file = str(tmp_path / "pairs.csv")
+  c.data.text_a_column, c.data.text_b_column = "anchor", "positive"
+  c.model.dropout_rate = c.model.attention_dropout_rate = 0.0
+  finetune.finetune(c, str(tmp_path / "w"))
+  ours = [predict.predict_text(str(tmp_path / "w"), text=t)["embedding"] for t in texts]
+  np.testing.assert_allclose(ours, model.encode(texts, convert_to_numpy=True), atol=1e-5)
+
+
+def test_padding_rows_count_for_nothing():
+  """A batch filled with zero-weight rows gives the loss and gradients of its real rows alone."""
+  q, d = jnp.asarray(_random((6, 8), 7)), jnp.asarray(_random((12, 8), 8))
+  w = jnp.array([1, 1, 1, 1, 0, 0], jnp.float32)
+  real_d = jnp.concatenate([d[:4], d[6:10]])
+  for symmetric in (False, True):
+    full = jax.value_and_grad(lambda x: contrastive.ranking_loss(x, d, symmetric=symmetric, weights=w))(q)
+    real = jax.value_and_grad(lambda x: contrastive.ranking_loss(x, real_d, symmetric=symmetric))(q[:4])
+    np.testing.assert_allclose(float(full[0]), float(real[0]), rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(full[1])[:4], np.asarray(real[1]), atol=1e-6)
+    assert np.all(np.asarray(full[1])[4:] == 0)

@@ -17,6 +17,7 @@ from safetensors import SafetensorError
 
 from bertjax import checkpoint as checkpoint_lib
 from bertjax import convert, errors, finetune, objectives, predict, weights
+from bertjax.convert import sentence_transformers as st_lib
 from bertjax.data import tokenizer as tokenizer_lib
 
 
@@ -24,9 +25,12 @@ def export(workdir: str, out: str) -> str:
   """Writes the HF folder; returns the architecture written."""
   if os.path.exists(os.path.join(workdir, "finetune.json")):
     meta, task, module, params, _ = predict.load_finetuned(workdir)
-    head = finetune.HF_HEADS[task.kind]
-    convert.to_hf(module.cfg, params, out, head=head, labels=task.labels)
     tok_path, lower = os.path.join(workdir, meta["tokenizer"]), meta["do_lower_case"]
+    if task.kind == "contrastive":  # an embedding model: a sentence-transformers folder
+      st_lib.write(module.cfg, params, module.pooling, out, max_seq_length=meta["max_seq_length"])
+      copy_tokenizer(tok_path, lower, out)
+      return "SentenceTransformer"
+    convert.to_hf(module.cfg, params, out, head=finetune.HF_HEADS[task.kind], labels=task.labels)
   else:
     with open(os.path.join(workdir, "config.json"), encoding="utf-8") as f:
       run = json.load(f)

@@ -39,6 +39,43 @@ def _json(path: str) -> dict:
     raise ConversionError(f"{path}: not readable JSON ({str(e).splitlines()[0][:200]})") from None
 
 
+def read_pooling(path: str) -> Pooling:
+  """The folder's Pooling settings (its JSON files only; no weights are read)."""
+  stack = _json(os.path.join(path, "modules.json"))
+  kinds = [m.get("type", "").rsplit(".", 1)[-1] for m in stack]
+  mode, settings = "mean", {}
+  for m, kind in zip(stack[1:], kinds[1:]):
+    sub = os.path.join(path, m.get("path", ""))
+    if kind == "Pooling":
+      mode = _pooling_mode(sub)
+    elif kind == "Dense":
+      conf = _json(os.path.join(sub, "config.json"))
+      settings.update(dense=int(conf["out_features"]), dense_bias=bool(conf.get("bias", True)),
+                      dense_activation=_activation(sub, conf))
+  return Pooling(mode=mode, normalize="Normalize" in kinds, **settings)
+
+
+def _pooling_mode(sub: str) -> str:
+  conf = _json(os.path.join(sub, "config.json"))
+  if isinstance(conf.get("pooling_mode"), (str, list)):  # sentence-transformers >= 6 names the mode(s)
+    named = conf["pooling_mode"] if isinstance(conf["pooling_mode"], list) else [conf["pooling_mode"]]
+    on = [m for m in named if m in _MODES.values()]
+    extra = [m for m in named if m not in _MODES.values()]
+  else:
+    on = [v for k, v in _MODES.items() if conf.get(k)]
+    extra = [k for k, v in conf.items() if k.startswith("pooling_mode") and v and k not in _MODES]
+  if len(on) != 1 or extra:
+    raise ConversionError(f"{sub}/config.json: pooling {on + extra} is not one of cls, mean, max alone")
+  return on[0]
+
+
+def _activation(sub: str, conf: dict) -> str:
+  act = _ACTIVATIONS.get(conf.get("activation_function", "torch.nn.modules.activation.Tanh"))
+  if act is None:
+    raise ConversionError(f"{sub}: activation {conf.get('activation_function')} is not one of {sorted(_ACTIVATIONS)}")
+  return act
+
+
 def read(path: str, **overrides):
   """(BertConfig, params {"bert": ..., "dense"?: ...}, Pooling, transformer sub-folder) of a sentence-transformers
   folder; a module bertjax does not compute is a one-line error naming it."""
@@ -51,37 +88,14 @@ def read(path: str, **overrides):
                           f"not supported: {unknown or kinds[:1]}")
   folder = os.path.join(path, stack[0].get("path", ""))
   cfg, params = convert.from_hf(folder, head="encoder", **overrides)
-  mode, dense, settings = "mean", 0, {}
+  pooling = read_pooling(path)
+  params = {"bert": params.get("bert", params)}
   for m, kind in zip(stack[1:], kinds[1:]):
-    sub = os.path.join(path, m.get("path", ""))
-    if kind == "Pooling":
-      conf = _json(os.path.join(sub, "config.json"))
-      if isinstance(conf.get("pooling_mode"), (str, list)):  # sentence-transformers >= 6 names the mode(s)
-        named = conf["pooling_mode"] if isinstance(conf["pooling_mode"], list) else [conf["pooling_mode"]]
-        on = [m for m in named if m in _MODES.values()]
-        extra = [m for m in named if m not in _MODES.values()]
-      else:
-        on = [v for k, v in _MODES.items() if conf.get(k)]
-        extra = [k for k, v in conf.items() if k.startswith("pooling_mode") and v and k not in _MODES]
-      if len(on) != 1 or extra:
-        raise ConversionError(f"{sub}/config.json: pooling {on + extra} is not one of cls, mean, max alone")
-      mode = on[0]
-    elif kind == "Dense":
-      conf = _json(os.path.join(sub, "config.json"))
-      act = _ACTIVATIONS.get(conf.get("activation_function", "torch.nn.modules.activation.Tanh"))
-      if act is None:
-        raise ConversionError(f"{sub}: activation {conf.get('activation_function')} is not one of "
-                              f"{sorted(_ACTIVATIONS)}")
-      state = files.read_safetensors(os.path.join(sub, "model.safetensors"))
-      kernel = np.asarray(state["linear.weight"], np.float32).T
-      dense = kernel.shape[1]
-      params_dense = {"kernel": kernel}
-      if conf.get("bias", True):
-        params_dense["bias"] = np.asarray(state["linear.bias"], np.float32)
-      settings.update(dense_bias=bool(conf.get("bias", True)), dense_activation=act)
-      params = {"bert": params.get("bert", params), "dense": params_dense}
-  pooling = Pooling(mode=mode, dense=dense, normalize="Normalize" in kinds, **settings)
-  params = params if "bert" in params else {"bert": params}
+    if kind == "Dense":
+      state = files.read_safetensors(os.path.join(path, m.get("path", ""), "model.safetensors"))
+      params["dense"] = {"kernel": np.asarray(state["linear.weight"], np.float32).T}
+      if pooling.dense_bias:
+        params["dense"]["bias"] = np.asarray(state["linear.bias"], np.float32)
   return cfg, params, pooling, folder
 
 

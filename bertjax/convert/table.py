@@ -267,8 +267,12 @@ def dump(family: Family, cfg: model_lib.BertConfig, params: Mapping, head: str) 
   lay = layouts(cfg)
   # A bare encoder is saved as HF saves its base model: names without the encoder's prefix.
   strip = len(family.prefix) if head == "encoder" else 0
+  # A model without a pooler (an embedding model, a family head that reads none) exports without one: HF's
+  # encoder classes then draw a pooler nothing reads.
+  has_pooler = "pooler" in params.get("bert", params)
   state = {name[strip:]: np.ascontiguousarray(lay[kind][1](get_path(params, path)).astype(np.float32))
-           for path, name, kind, *extra in family.rows(cfg.replace(scan_layers=False), head) if not extra}
+           for path, name, kind, *extra in family.rows(cfg.replace(scan_layers=False), head)
+           if not extra and (has_pooler or "pooler" not in path)}
   return family.write(state)
 
 

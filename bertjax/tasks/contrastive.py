@@ -80,7 +80,9 @@ class Contrastive(Kind):
   token_outputs = ()
 
   def head(self, task, cfg):
-    return EmbeddingModel(cfg, Pooling(mode=task.option("pooling", "mean"), normalize=task.option("normalize", True)))
+    fields = {f: task.option(f) for f in ("mode", "dense", "dense_bias", "dense_activation", "normalize")
+              if task.option(f) is not None}
+    return EmbeddingModel(cfg, Pooling(**fields))
 
   def load(self, task, config, tok):
     d, seq = config.data, config.data.max_seq_length
