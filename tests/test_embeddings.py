@@ -291,3 +291,11 @@ def test_padding_rows_count_for_nothing():
     np.testing.assert_allclose(float(full[0]), float(real[0]), rtol=1e-6)
     np.testing.assert_allclose(np.asarray(full[1])[:4], np.asarray(real[1]), atol=1e-6)
     assert np.all(np.asarray(full[1])[4:] == 0)
+
+
+def test_the_embedding_recipe_is_task_pairs():
+  from configs import embedding
+  c = embedding.get_config("init=some/folder,batch=128")
+  assert (c.task, c.init, c.train.global_batch_size, c.data.text_a_column, c.data.text_b_column) == (
+      "pairs", "some/folder", 128, "anchor", "positive")
+  assert c.embedding.pooling == "" and c.embedding.scale == 20.0 and c.train.warmup_fraction == 0.1
