@@ -135,6 +135,45 @@ def test_modernbert_recipe_end_to_end_evaluates_at_its_own_rate(tmp_path, packed
   rate = masked / sum(float(np.sum(r["input_mask"])) - 2 for r in rows)
   assert 0.12 < rate < 0.18
   assert all(np.array_equal(src[0][k], rows[0][k]) for k in rows[0])  # the same masks every read
+  _modernbert_workdir_exports_and_fine_tunes(tmp_path, tok)
+
+
+def _modernbert_workdir_exports_and_fine_tunes(tmp_path, tok):
+  """The pre-training workdir through the CLI export is HF's ModernBertForMaskedLM with bertjax's logits; a
+  fine-tuning run from the workdir (learning rate 0) starts its task head from the MLM head, as HF's
+  from_pretrained does, and exports as ModernBertForSequenceClassification with bertjax's probabilities."""
+  torch = pytest.importorskip("torch")
+  transformers = pytest.importorskip("transformers")
+  import helpers
+  from bertjax import finetune, predict
+  from bertjax.convert import __main__ as convert_cli
+  from configs import finetune as finetune_config
+  w = str(tmp_path / "w")
+  assert convert_cli.write(w, str(tmp_path / "mlm")) == "ModernBertForMaskedLM"
+  ids = np.array([[tok.cls_id] + tok.encode("the river runs to the sea") + [tok.sep_id]], np.int32)
+  batch = {"input_ids": ids, "input_mask": np.ones_like(ids), "segment_ids": np.zeros_like(ids),
+           "masked_lm_positions": np.arange(ids.shape[1], dtype=np.int32)[None]}
+  module, params, _ = predict.load(w)
+  ours = np.asarray(module.apply({"params": params}, batch)["mlm_logits"])
+  hf = transformers.AutoModelForMaskedLM.from_pretrained(tmp_path / "mlm").eval()
+  with torch.no_grad():
+    theirs = hf(input_ids=torch.tensor(ids, dtype=torch.long)).logits.numpy()
+  np.testing.assert_allclose(ours, theirs[..., :ours.shape[-1]], atol=1e-4)
+  helpers.write_sentiment(tmp_path / "train.csv", 32, 0)
+  c = finetune_config.get_config(f"task=local,init={w},lr=0,batch=16,epochs=1,seq=32")
+  c.data.train_file = c.data.eval_file = str(tmp_path / "train.csv")
+  c.data.text_a_column, c.data.label_column, c.data.labels = "sentence", "sentiment", ("neg", "pos")
+  out = finetune.finetune(c, str(tmp_path / "ft"))
+  head = out["state"].params["head"]
+  np.testing.assert_array_equal(np.asarray(head["dense"]["kernel"]), np.asarray(params["mlm_transform"]["kernel"]))
+  assert convert_cli.write(str(tmp_path / "ft"), str(tmp_path / "clf")) == "ModernBertForSequenceClassification"
+  clf = transformers.AutoModelForSequenceClassification.from_pretrained(tmp_path / "clf").eval()
+  text = "a good river"
+  ids = [tok.cls_id] + tok.encode(text) + [tok.sep_id]
+  with torch.no_grad():
+    probs = torch.softmax(clf(input_ids=torch.tensor([ids])).logits[0], -1).numpy()
+  got = predict.predict_text(str(tmp_path / "ft"), text)["probabilities"]
+  np.testing.assert_allclose([got["neg"], got["pos"]], probs, atol=1e-4)
 
 
 def test_switch_on_the_bert_recipe(tmp_path, data_dir):
