@@ -573,6 +573,7 @@ def test_each_switch_runs_training_steps(switch):
 
 
 @pytest.mark.slow
+@pytest.mark.ci
 def test_bfloat16_keeps_logits_softmax_and_losses_in_float32():
   """With bfloat16 activations the MLM/NSP logits, the loss and the gradients are float32, and the loss and the
   gradients are those of the float32 model within bfloat16's precision."""
