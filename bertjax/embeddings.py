@@ -4,6 +4,8 @@ embed them in batches.
 
     enc = embeddings.Encoder.load("all-MiniLM-L6-v2")        # a sentence-transformers folder
     vectors = enc.encode(["a sentence", "another one"])     # [2, 384] float32, unit length
+
+  python -m bertjax.embeddings --model MODEL --sts pairs.csv --columns sentence1,sentence2,score   # STS
 """
 from __future__ import annotations
 
@@ -15,9 +17,11 @@ from typing import Sequence
 import jax
 import numpy as np
 
-from bertjax import convert, weights
+from bertjax import convert, errors, scores, weights
 from bertjax.convert import sentence_transformers as st_lib
+from bertjax.data import task_data
 from bertjax.data import tokenizer as tokenizer_lib
+from bertjax.tasks import contrastive as contrastive_task
 from bertjax.model.embedding import EmbeddingModel, Pooling
 
 
@@ -78,3 +82,38 @@ class Encoder:
                                                                self.max_seq_length))["embedding"])
            for i in range(0, len(texts), batch_size)]
     return np.concatenate(out) if out else np.zeros((0, 0), np.float32)
+
+
+def sts_scores(encoder: Encoder, pairs: Sequence[tuple[str, str, float]], batch_size: int = 32) -> dict[str, float]:
+  """Spearman and Pearson correlation of the cosine similarity of each pair's embeddings with its gold score."""
+  if len(pairs) < 2:
+    raise task_data.TaskDataError(f"STS needs at least two scored pairs, got {len(pairs)}")
+  a = encoder.encode([p[0] for p in pairs], batch_size)
+  b = encoder.encode([p[1] for p in pairs], batch_size)
+  cos = np.sum(a * b, -1) / (np.linalg.norm(a, axis=-1) * np.linalg.norm(b, axis=-1))
+  gold = np.array([p[2] for p in pairs], np.float64)
+  return {"spearman": scores.spearman(cos, gold), "pearson": scores.pearson(cos, gold), "pairs": len(pairs)}
+
+
+@errors.guard
+def main(argv=None) -> int:
+  p = errors.ArgumentParser(description="Evaluate an embedding model (a sentence-transformers folder, an HF folder "
+                                        "or a bertjax workdir) on scored sentence pairs (STS).")
+  p.add_argument("--model", required=True)
+  p.add_argument("--sts", required=True, help=".csv / .tsv / .jsonl with two text columns and a score column")
+  p.add_argument("--columns", default="sentence1,sentence2,score", help="the text, text and score column names")
+  p.add_argument("--pooling", default="", help="cls | mean | max (default: the folder's, else mean)")
+  p.add_argument("--batch_size", type=int, default=32)
+  args = p.parse_args(argv)
+  names = [c.strip() for c in args.columns.split(",")]
+  if len(names) != 3:
+    raise errors.ConfigError(f"--columns {args.columns!r}: give three names (text, text, score)")
+  rows = contrastive_task.read_pairs(args.sts, names[0], names[1], score=names[2])
+  enc = Encoder.load(args.model, Pooling(mode=args.pooling) if args.pooling else None)
+  result = sts_scores(enc, [(r["anchor"], r["docs"][0], r["score"]) for r in rows], args.batch_size)
+  print(json.dumps(result))
+  return 0
+
+
+if __name__ == "__main__":
+  raise SystemExit(main())

