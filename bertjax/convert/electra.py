@@ -60,12 +60,7 @@ def _rows(cfg: model_lib.BertConfig, head: str):
         (("mlm_ln", "scale"), "generator_predictions.LayerNorm.weight", "copy"),
         (("mlm_ln", "bias"), "generator_predictions.LayerNorm.bias", "copy"),
         (("mlm_bias",), "generator_lm_head.bias", "copy")]
-  if head not in table.TASK_HEADS:
-    raise ConversionError(f"electra checkpoints load as one of ['discriminator', 'generator', 'encoder', "
-                          f"{', '.join(map(repr, table.TASK_HEADS))}], not {head!r}")
-  if head == "sequence_classification":
-    return table.task_rows(cfg, head, enc, "classifier.out_proj", dense="classifier.dense")
-  return table.task_rows(cfg, head, enc, "qa_outputs" if head == "question_answering" else "classifier")
+  return table.dense_head_task_rows(cfg, head, enc, "electra", ("discriminator", "generator", "encoder"))
 
 
 FAMILY = table.Family(

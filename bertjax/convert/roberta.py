@@ -47,12 +47,7 @@ def _rows(cfg: model_lib.BertConfig, head: str):
         (("mlm_ln", "scale"), "lm_head.layer_norm.weight", "copy"),
         (("mlm_ln", "bias"), "lm_head.layer_norm.bias", "copy"),
         (("mlm_bias",), "lm_head.bias", "copy")]
-  if head not in table.TASK_HEADS:
-    raise ConversionError(f"roberta checkpoints load as pretraining, encoder or one of {list(table.TASK_HEADS)}, "
-                          f"not {head!r}")
-  if head == "sequence_classification":
-    return table.task_rows(cfg, head, enc, "classifier.out_proj", dense="classifier.dense")
-  return table.task_rows(cfg, head, enc, "qa_outputs" if head == "question_answering" else "classifier")
+  return table.dense_head_task_rows(cfg, head, enc, "roberta")
 
 
 FAMILY = table.Family(

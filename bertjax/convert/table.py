@@ -133,6 +133,17 @@ def task_rows(cfg: model_lib.BertConfig, head: str, encoder: list, classifier: s
   return rows
 
 
+def dense_head_task_rows(cfg: model_lib.BertConfig, head: str, encoder: list, family: str,
+                         others=("pretraining", "encoder")):
+  """The task rows of a family whose sequence head is a dense layer and `out_proj` (`classifier.dense`,
+  `classifier.out_proj`: RoBERTa, ELECTRA) and whose token and span heads are a linear layer."""
+  if head not in TASK_HEADS:
+    raise ConversionError(f"{family} checkpoints load as one of {list(others) + list(TASK_HEADS)}, not {head!r}")
+  if head == "sequence_classification":
+    return task_rows(cfg, head, encoder, "classifier.out_proj", dense="classifier.dense")
+  return task_rows(cfg, head, encoder, "qa_outputs" if head == "question_answering" else "classifier")
+
+
 # ----------------------------------------------------------------------------- trees
 def set_path(tree: dict, path, value):
   for key in path[:-1]:
