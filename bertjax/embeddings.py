@@ -6,18 +6,22 @@ embed them in batches.
     vectors = enc.encode(["a sentence", "another one"])     # [2, 384] float32, unit length
 
   python -m bertjax.embeddings --model MODEL --sts pairs.csv --columns sentence1,sentence2,score   # STS
+  python -m bertjax.embeddings --model MODEL --beir scifact/ --run scifact.trec    # retrieval (docs/embeddings.md)
 """
 from __future__ import annotations
 
 import dataclasses
+import functools
+import hashlib
 import json
 import os
 from typing import Sequence
 
 import jax
 import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from bertjax import convert, errors, scores, weights
+from bertjax import convert, errors, retrieval, scores, weights
 from bertjax.convert import sentence_transformers as st_lib
 from bertjax.data import task_data
 from bertjax.data import tokenizer as tokenizer_lib
@@ -25,13 +29,15 @@ from bertjax.tasks import contrastive as contrastive_task
 from bertjax.model.embedding import EmbeddingModel, Pooling
 
 
-def batch_of(tok, texts: Sequence[str], max_len: int) -> dict:
-  """[CLS] text [SEP] rows (cut to `max_len` tokens), padded to the longest row, as the encoder's batch."""
-  rows = [[tok.cls_id] + tok.encode(t)[:max_len - 2] + [tok.sep_id] for t in texts]
-  n = max(len(r) for r in rows)
-  ids = np.full((len(rows), n), tok.pad_id, np.int32)
-  mask = np.zeros((len(rows), n), np.int32)
-  for i, r in enumerate(rows):
+def batch_of(tok, texts: Sequence[str], max_len: int, rows: int = 0, multiple: int = 1) -> dict:
+  """[CLS] text [SEP] rows (cut to `max_len` tokens), padded to the longest row (rounded up to `multiple`, at most
+  `max_len`) and with empty rows up to `rows`, as the encoder's batch."""
+  ids_list = [[tok.cls_id] + tok.encode(t)[:max_len - 2] + [tok.sep_id] for t in texts]
+  n = max(len(r) for r in ids_list)
+  n = min(-(-n // multiple) * multiple, max_len)
+  ids = np.full((max(rows, len(ids_list)), n), tok.pad_id, np.int32)
+  mask = np.zeros_like(ids)
+  for i, r in enumerate(ids_list):
     ids[i, :len(r)], mask[i, :len(r)] = r, 1
   return {"input_ids": ids, "input_mask": mask, "segment_ids": np.zeros_like(ids)}
 
@@ -76,12 +82,40 @@ class Encoder:
     limit = cfg.max_length
     return cls(EmbeddingModel(cfg, pooling), params, tok, min(max_seq_length or limit, limit))
 
+  @functools.cached_property
+  def _apply(self):
+    return jax.jit(lambda params, batch: self.module.apply({"params": params}, batch)["embedding"])
+
+  @functools.cached_property
+  def fingerprint(self) -> str:
+    """A digest of the weights, pooling and length: what decides the embeddings."""
+    h = hashlib.sha256(repr((self.module.pooling, self.module.cfg, self.max_seq_length)).encode())
+    for leaf in jax.tree_util.tree_leaves(self.params):
+      h.update(np.ascontiguousarray(leaf).tobytes())
+    return h.hexdigest()
+
   def encode(self, texts: Sequence[str], batch_size: int = 32) -> np.ndarray:
-    apply = jax.jit(self.module.apply)
-    out = [np.asarray(apply({"params": self.params}, batch_of(self.tok, texts[i:i + batch_size],
-                                                               self.max_seq_length))["embedding"])
-           for i in range(0, len(texts), batch_size)]
-    return np.concatenate(out) if out else np.zeros((0, 0), np.float32)
+    """Embeddings [len(texts), D] in the order given. Texts run longest first (as sentence-transformers does) in
+    batches of `batch_size` rows padded to a multiple of 32 tokens, so a long list compiles a few shapes."""
+    if not len(texts):
+      return np.zeros((0, 0), np.float32)
+    lengths = [len(t) for t in texts]
+    order = np.argsort([-n for n in lengths], kind="stable")
+    devices = jax.local_devices()
+    # Rows split over this host's devices when they divide the batch; the weights are replicated.
+    sharding = (NamedSharding(Mesh(np.array(devices), ("batch",)), P("batch"))
+                if len(devices) > 1 and batch_size % len(devices) == 0 else None)
+    out = []
+    for i in range(0, len(texts), batch_size):
+      chunk = [texts[j] for j in order[i:i + batch_size]]
+      batch = batch_of(self.tok, chunk, self.max_seq_length, rows=batch_size, multiple=32)
+      if sharding is not None:
+        batch = jax.device_put(batch, sharding)
+      out.append(np.asarray(self._apply(self.params, batch))[:len(chunk)])
+    vectors = np.concatenate(out)
+    result = np.empty_like(vectors)
+    result[order] = vectors
+    return result
 
 
 def sts_scores(encoder: Encoder, pairs: Sequence[tuple[str, str, float]], batch_size: int = 32) -> dict[str, float]:
@@ -95,21 +129,62 @@ def sts_scores(encoder: Encoder, pairs: Sequence[tuple[str, str, float]], batch_
   return {"spearman": scores.spearman(cos, gold), "pearson": scores.pearson(cos, gold), "pairs": len(pairs)}
 
 
+def _unit(x: np.ndarray) -> np.ndarray:
+  return x / np.maximum(np.linalg.norm(x, axis=-1, keepdims=True), 1e-12)
+
+
+def beir_scores(encoder: Encoder, folder: str, split: str = "test", top_k: int = 1000, run_file: str = "",
+                cache_dir: str = "", block: int = 65536, batch_size: int = 32, query_prefix: str = "",
+                doc_prefix: str = "", score: str = "cos") -> dict:
+  """nDCG@10, MRR@10, Recall@100 and MAP of exact search (cosine or dot product) over a BEIR folder's corpus,
+  the run (top `top_k` per query) written to `run_file` in TREC format; `cache_dir` keeps the corpus embeddings
+  block by block so an interrupted run resumes."""
+  if score not in ("cos", "dot"):
+    raise errors.ConfigError(f"--score {score!r}: cos or dot")
+  if top_k < 1 or block < 1:
+    raise errors.ConfigError(f"--top_k and --block must be >= 1, got {top_k} and {block}")
+  beir = retrieval.read_beir(folder, split)
+  prep = _unit if score == "cos" else (lambda x: x)
+  queries = prep(encoder.encode([query_prefix + t for t in beir.queries], batch_size))
+  blocks = retrieval.corpus_blocks(lambda texts: prep(encoder.encode([doc_prefix + t for t in texts], batch_size)),
+                                   beir.docs, block, cache_dir, f"{encoder.fingerprint}|{doc_prefix}|{score}")
+  s, rows = retrieval.search(queries, blocks, top_k)
+  run = retrieval.make_run(beir, s, rows)
+  if run_file:
+    retrieval.write_trec(run, run_file)
+  return {**retrieval.evaluate_run(run, beir.qrels), "queries": len(beir.queries), "documents": len(beir.docs),
+          "queries without judgements": beir.skipped_queries, "empty documents": beir.empty_docs}
+
+
 @errors.guard
 def main(argv=None) -> int:
   p = errors.ArgumentParser(description="Evaluate an embedding model (a sentence-transformers folder, an HF folder "
-                                        "or a bertjax workdir) on scored sentence pairs (STS).")
+                                        "or a bertjax workdir) on scored sentence pairs (STS) or a BEIR folder.")
   p.add_argument("--model", required=True)
-  p.add_argument("--sts", required=True, help=".csv / .tsv / .jsonl with two text columns and a score column")
+  task = p.add_mutually_exclusive_group(required=True)
+  task.add_argument("--sts", help=".csv / .tsv / .jsonl with two text columns and a score column")
+  task.add_argument("--beir", help="a BEIR folder: corpus.jsonl, queries.jsonl, qrels/SPLIT.tsv")
+  p.add_argument("--split", default="test", help="--beir: the qrels file qrels/SPLIT.tsv")
+  p.add_argument("--top_k", type=int, default=1000, help="--beir: documents kept per query in the run")
+  p.add_argument("--run", default="", help="--beir: write the run here in TREC format")
+  p.add_argument("--cache_dir", default="", help="--beir: keep corpus embeddings here; a rerun resumes")
+  p.add_argument("--block", type=int, default=65536, help="--beir: documents embedded and searched at a time")
+  p.add_argument("--score", default="cos", help="--beir: cos | dot")
+  p.add_argument("--query_prefix", default="", help="--beir: text put before each query (e.g. 'query: ')")
+  p.add_argument("--doc_prefix", default="", help="--beir: text put before each document (e.g. 'passage: ')")
   p.add_argument("--columns", default="sentence1,sentence2,score", help="the text, text and score column names")
   p.add_argument("--pooling", default="", help="cls | mean | max (default: the folder's, else mean)")
   p.add_argument("--batch_size", type=int, default=32)
   args = p.parse_args(argv)
+  enc = Encoder.load(args.model, Pooling(mode=args.pooling) if args.pooling else None)
+  if args.beir:
+    print(json.dumps(beir_scores(enc, args.beir, args.split, args.top_k, args.run, args.cache_dir, args.block,
+                                 args.batch_size, args.query_prefix, args.doc_prefix, args.score)))
+    return 0
   names = [c.strip() for c in args.columns.split(",")]
   if len(names) != 3:
     raise errors.ConfigError(f"--columns {args.columns!r}: give three names (text, text, score)")
   rows = contrastive_task.read_pairs(args.sts, names[0], names[1], score=names[2])
-  enc = Encoder.load(args.model, Pooling(mode=args.pooling) if args.pooling else None)
   result = sts_scores(enc, [(r["anchor"], r["docs"][0], r["score"]) for r in rows], args.batch_size)
   print(json.dumps(result))
   return 0

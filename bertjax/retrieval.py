@@ -1,0 +1,279 @@
+"""Dense retrieval evaluation on a BEIR-format folder: embed the corpus in blocks (resumable: each finished block is
+kept on disk), exact search as a blocked matrix product with a running top-k sharded over the device mesh, the
+run written in TREC format and scored as trec_eval scores it (nDCG@10, MRR@10, Recall@100, MAP).
+
+A BEIR folder holds `corpus.jsonl` ({"_id", "title", "text"}), `queries.jsonl` ({"_id", "text"}) and
+`qrels/<split>.tsv` (query-id, corpus-id, score; a header line). As BEIR does, a document is its title and text
+joined by a space, only queries named in the qrels are searched, and a document whose id equals the query's is
+left out of that query's results.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+import json
+import math
+import os
+from typing import Callable, Iterator, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from bertjax import errors
+
+METRICS = ("ndcg@10", "mrr@10", "recall@100", "map")
+
+
+class RetrievalDataError(errors.DataError):
+  """A BEIR folder or run that cannot be evaluated as it is."""
+
+
+@dataclasses.dataclass
+class Beir:
+  doc_ids: list[str]
+  docs: list[str]
+  query_ids: list[str]
+  queries: list[str]
+  qrels: dict[str, dict[str, int]]
+  skipped_queries: int  # queries.jsonl rows without judgements
+  empty_docs: int
+
+
+def _jsonl(path: str) -> Iterator[tuple[int, dict]]:
+  if not os.path.isfile(path):
+    raise RetrievalDataError(f"{path}: no such file")
+  with open(path, "rb") as f:
+    for line, raw in enumerate(f, 1):
+      try:
+        text = raw.decode("utf-8")
+      except UnicodeDecodeError as e:
+        raise RetrievalDataError(f"{path}:{line}: not UTF-8 ({e.reason} at byte {e.start})") from None
+      if not text.strip():
+        continue
+      try:
+        row = json.loads(text)
+      except json.JSONDecodeError as e:
+        raise RetrievalDataError(f"{path}:{line}: not a JSON object ({e.msg})") from None
+      if not isinstance(row, dict) or "_id" not in row:
+        raise RetrievalDataError(f"{path}:{line}: a record needs an \"_id\"")
+      yield line, row
+
+
+def read_qrels(path: str) -> dict[str, dict[str, int]]:
+  """{query id: {doc id: relevance}} of a BEIR qrels .tsv (query-id, corpus-id, score; the header is optional)."""
+  if not os.path.isfile(path):
+    raise RetrievalDataError(f"{path}: no such file")
+  qrels: dict[str, dict[str, int]] = {}
+  with open(path, "rb") as f:
+    for line, raw in enumerate(f, 1):
+      try:
+        cols = raw.decode("utf-8").rstrip("\r\n").split("\t")
+      except UnicodeDecodeError as e:
+        raise RetrievalDataError(f"{path}:{line}: not UTF-8 ({e.reason} at byte {e.start})") from None
+      if cols == [""]:
+        continue
+      if len(cols) != 3:
+        raise RetrievalDataError(f"{path}:{line}: {len(cols)} column(s); a qrels line is query-id, corpus-id, score")
+      try:
+        rel = int(cols[2])
+      except ValueError:
+        if line == 1:
+          continue  # the header
+        raise RetrievalDataError(f"{path}:{line}: score {cols[2]!r} is not an integer") from None
+      qrels.setdefault(cols[0], {})[cols[1]] = rel
+  if not qrels:
+    raise RetrievalDataError(f"{path}: no judgements")
+  return qrels
+
+
+def read_beir(folder: str, split: str = "test") -> Beir:
+  corpus_path = os.path.join(folder, "corpus.jsonl")
+  doc_ids, docs, seen, empty = [], [], {}, 0
+  for line, row in _jsonl(corpus_path):
+    i = str(row["_id"])
+    if i in seen:
+      raise RetrievalDataError(f"{corpus_path}:{line}: document id {i!r} repeats line {seen[i]}")
+    seen[i] = line
+    text = (str(row.get("title") or "") + " " + str(row.get("text") or "")).strip()
+    empty += not text
+    doc_ids.append(i)
+    docs.append(text)
+  if not docs:
+    raise RetrievalDataError(f"{corpus_path}: no documents")
+  qrels_path = os.path.join(folder, "qrels", f"{split}.tsv")
+  qrels = read_qrels(qrels_path)
+  queries_path = os.path.join(folder, "queries.jsonl")
+  query_text, skipped = {}, 0
+  for line, row in _jsonl(queries_path):
+    i = str(row["_id"])
+    if i not in qrels:
+      skipped += 1
+      continue
+    text = str(row.get("text") or "").strip()
+    if not text:
+      raise RetrievalDataError(f"{queries_path}:{line}: query {i!r} has no text")
+    query_text[i] = text
+  for q, judged in qrels.items():
+    if q not in query_text:
+      raise RetrievalDataError(f"{qrels_path}: query id {q!r} is not in {queries_path}")
+    unknown = [d for d in judged if d not in seen]
+    if unknown:
+      raise RetrievalDataError(f"{qrels_path}: query {q!r} judges document id {unknown[0]!r}, which is not in "
+                               f"{corpus_path}")
+  ids = list(query_text)
+  return Beir(doc_ids, docs, ids, [query_text[i] for i in ids], qrels, skipped, empty)
+
+
+# ----------------------------------------------------------------------------------------------- exact search
+
+
+@functools.lru_cache(maxsize=None)
+def _block_search(mesh: jax.sharding.Mesh, k: int):
+  """jit(q [Q, D], docs [N, D] sharded over every mesh axis, valid [N]) -> top-k (scores, indices) [Q, k]: each
+  device scores its rows of the block and keeps its own top-k, and the devices' candidates merge into one."""
+  axes = tuple(mesh.axis_names)
+
+  def local(q, docs, valid):
+    s = jnp.where(valid[None, :], q @ docs.T, -jnp.inf)
+    v, i = jax.lax.top_k(s, min(k, docs.shape[0]))
+    offset = jax.lax.axis_index(axes) * docs.shape[0]
+    v, i = jax.lax.all_gather(v, axes, axis=1, tiled=True), jax.lax.all_gather(i + offset, axes, axis=1, tiled=True)
+    top, j = jax.lax.top_k(v, min(k, v.shape[1]))
+    return top, jnp.take_along_axis(i, j, axis=1)
+
+  f = jax.shard_map(local, mesh=mesh, in_specs=(P(), P(axes), P(axes)), out_specs=(P(), P()), check_vma=False)
+  return jax.jit(f)
+
+
+def _merge(scores, ids, new_scores, new_ids, k):
+  s, i = np.concatenate([scores, new_scores], 1), np.concatenate([ids, new_ids], 1)
+  order = np.argsort(-s, axis=1, kind="stable")[:, :k]
+  return np.take_along_axis(s, order, 1), np.take_along_axis(i, order, 1)
+
+
+def search(queries: np.ndarray, doc_blocks: Iterator[np.ndarray], k: int, mesh: jax.sharding.Mesh | None = None,
+           query_block: int = 1024) -> tuple[np.ndarray, np.ndarray]:
+  """Exact inner-product top-k of every query over a corpus that arrives in blocks: (scores, corpus row indices),
+  each [Q, k] (fewer columns when the corpus is smaller), best first. Memory holds one block and the running
+  top-k; each block's rows are split over the mesh's devices."""
+  mesh = mesh or jax.sharding.Mesh(np.array(jax.devices()), ("docs",))
+  n_dev = mesh.devices.size
+  queries = np.asarray(queries, np.float32)
+  best_s = np.full((len(queries), 0), -np.inf, np.float32)
+  best_i = np.zeros((len(queries), 0), np.int64)
+  spec = NamedSharding(mesh, P(tuple(mesh.axis_names)))
+  f = _block_search(mesh, k)
+  start = 0
+  for block in doc_blocks:
+    block = np.asarray(block, np.float32)
+    n = len(block)
+    padded = np.zeros((-(-n // n_dev) * n_dev, block.shape[1]), np.float32)
+    padded[:n] = block
+    docs, valid = jax.device_put(padded, spec), jax.device_put(np.arange(len(padded)) < n, spec)
+    parts = [f(queries[q0:q0 + query_block], docs, valid) for q0 in range(0, len(queries), query_block)]
+    s = np.concatenate([np.asarray(p[0]) for p in parts])
+    i = np.concatenate([np.asarray(p[1]) for p in parts]).astype(np.int64) + start
+    best_s, best_i = _merge(best_s, best_i, s, np.where(np.isfinite(s), i, -1), k)
+    start += n
+  keep = int(np.sum(np.all(np.isfinite(best_s), axis=0)))
+  return best_s[:, :keep], best_i[:, :keep]
+
+
+# ------------------------------------------------------------------------------------------------ run, metrics
+
+
+def make_run(beir: Beir, scores: np.ndarray, rows: np.ndarray, ignore_identical_ids: bool = True
+             ) -> dict[str, dict[str, float]]:
+  run = {}
+  for qi, q in enumerate(beir.query_ids):
+    run[q] = {beir.doc_ids[r]: float(s) for s, r in zip(scores[qi], rows[qi])
+              if r >= 0 and not (ignore_identical_ids and beir.doc_ids[r] == q)}
+  return run
+
+
+def write_trec(run: dict[str, dict[str, float]], path: str, name: str = "bertjax") -> None:
+  """`qid Q0 docid rank score name` lines, best first; written whole, then moved into place."""
+  tmp = f"{path}.tmp{os.getpid()}"
+  with open(tmp, "w", encoding="utf-8") as f:
+    for q, docs in run.items():
+      for rank, (d, s) in enumerate(_ranked(docs), 1):
+        f.write(f"{q} Q0 {d} {rank} {s:.6f} {name}\n")
+  os.replace(tmp, path)
+
+
+def _ranked(docs: dict[str, float]) -> list[tuple[str, float]]:
+  """trec_eval's order: score descending, ties by document id descending."""
+  return sorted(docs.items(), key=lambda kv: (kv[1], kv[0]), reverse=True)
+
+
+def query_metrics(docs: dict[str, float], judged: dict[str, int]) -> dict[str, float]:
+  """trec_eval's ndcg_cut.10 (graded gains, log2 discount), recip_rank cut at 10, recall.100 and map (relevant:
+  relevance >= 1) of one query's retrieved documents."""
+  ranked = [d for d, _ in _ranked(docs)]
+  relevant = {d for d, r in judged.items() if r >= 1}
+  gains = [max(judged.get(d, 0), 0) for d in ranked]
+  dcg = sum(g / math.log2(i + 2) for i, g in enumerate(gains[:10]))
+  ideal = sorted((r for r in judged.values() if r > 0), reverse=True)[:10]
+  idcg = sum(g / math.log2(i + 2) for i, g in enumerate(ideal))
+  hits = [d in relevant for d in ranked]
+  first = next((i for i, h in enumerate(hits[:10]) if h), None)
+  precisions = [sum(hits[:i + 1]) / (i + 1) for i, h in enumerate(hits) if h]
+  n_rel = len(relevant)
+  return {"ndcg@10": dcg / idcg if idcg else 0.0,
+          "mrr@10": 1.0 / (first + 1) if first is not None else 0.0,
+          "recall@100": sum(hits[:100]) / n_rel if n_rel else 0.0,
+          "map": sum(precisions) / n_rel if n_rel else 0.0}
+
+
+def evaluate_run(run: dict[str, dict[str, float]], qrels: dict[str, dict[str, int]]) -> dict[str, float]:
+  """The mean over the judged queries of each metric; a judged query absent from the run scores 0."""
+  per_query = [query_metrics(run.get(q, {}), judged) for q, judged in qrels.items()]
+  return {m: float(np.mean([p[m] for p in per_query])) for m in METRICS}
+
+
+# ------------------------------------------------------------------------------------------- corpus embedding
+
+
+def corpus_blocks(embed: Callable[[Sequence[str]], np.ndarray], texts: Sequence[str], block: int,
+                  cache_dir: str = "", fingerprint: str = "") -> Iterator[np.ndarray]:
+  """The corpus embeddings block by block. With `cache_dir`, each finished block is saved there (written whole,
+  then renamed) and a rerun reads it instead of embedding it again, so a killed run resumes at its first missing
+  block; the folder is bound to the model and corpus by `fingerprint` and refuses another's."""
+  if cache_dir:
+    os.makedirs(cache_dir, exist_ok=True)
+    h = hashlib.sha256(fingerprint.encode())
+    for t in texts:
+      h.update(t.encode("utf-8", "surrogatepass") + b"\0")
+    key = {"fingerprint": h.hexdigest(), "documents": len(texts), "block": block}
+    manifest = os.path.join(cache_dir, "manifest.json")
+    if os.path.isfile(manifest):
+      with open(manifest, encoding="utf-8") as f:
+        found = json.load(f)
+      if found != key:
+        raise RetrievalDataError(f"{cache_dir}: holds embeddings of another model, corpus or block size "
+                                 f"({found.get('documents')} documents, block {found.get('block')}); give another "
+                                 "--cache_dir or delete it")
+    else:
+      with open(manifest + ".tmp", "w", encoding="utf-8") as f:
+        json.dump(key, f)
+      os.replace(manifest + ".tmp", manifest)
+  for b, start in enumerate(range(0, len(texts), block)):
+    path = os.path.join(cache_dir, f"block-{b:05d}.npy") if cache_dir else ""
+    if path and os.path.isfile(path):
+      try:
+        vectors = np.load(path)
+      except (ValueError, OSError) as e:
+        raise RetrievalDataError(f"{path}: unreadable ({e}); delete it to embed that block again") from None
+      if len(vectors) != len(texts[start:start + block]):
+        raise RetrievalDataError(f"{path}: {len(vectors)} rows where the block has "
+                                 f"{len(texts[start:start + block])}; delete it to embed that block again")
+    else:
+      vectors = np.asarray(embed(texts[start:start + block]), np.float32)
+      if path:
+        with open(path + ".tmp", "wb") as f:
+          np.save(f, vectors)
+        os.replace(path + ".tmp", path)
+    yield vectors
