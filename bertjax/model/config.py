@@ -107,8 +107,11 @@ class BertConfig:
   # xla (einsum) | cudnn | auto: jax.nn.dot_product_attention (fused without dropout) |
   # pallas: bertjax.kernels.attention
   # (fused with dropout; GPU, L <= 256, batch and heads may be split over a mesh) | splash: TPU Pallas splash
-  # attention (fused without dropout, packed rows by segment ids; the xla path when attention dropout is on)
+  # attention (fused without dropout, packed rows by segment ids; the xla path when attention dropout is on) |
+  # blockwise: bertjax.model.blockwise on XLA, any backend (local layers in chunks within their window, global
+  # ones in key blocks with an online softmax: time follows the mask, memory grows with L, not L²; for long rows)
   attention_impl: str = "xla"
+  attention_block: int = 512  # blockwise: keys per block of a global layer (local layers: min(this, window / 2))
   # Word (and packed-position) lookups: gather | one_hot (a matmul: its gradient is a matmul, not a scatter-add;
   # the original's use_one_hot_embeddings) | auto (one_hot on GPU, where the scatter-add is slow; gather elsewhere).
   embedding_lookup: str = "auto"
@@ -126,7 +129,7 @@ class BertConfig:
     positive = ("vocab_size", "hidden_size", "num_layers", "num_heads", "intermediate_size",
                 "max_position_embeddings")
     non_negative = ("scan_unroll", "type_vocab_size", "position_offset", "local_attention", "embedding_size")
-    for name in positive + non_negative + ("global_every", "vocab_multiple"):
+    for name in positive + non_negative + ("global_every", "vocab_multiple", "attention_block"):
       value, least = getattr(self, name), 0 if name in non_negative else 1
       if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < least:
         what = "a non-negative integer" if least == 0 else "a positive integer"
@@ -138,7 +141,8 @@ class BertConfig:
                "norm": ("layernorm", "rmsnorm"), "norm_bias": (False, True), "use_bias": (False, True),
                "embedding_norm": (False, True), "first_attention_norm": (False, True), "nsp_head": (False, True),
                "layer_norm": ("post", "pre"), "dtype": DTYPES, "param_dtype": DTYPES,
-               "remat": ("none", "full", "dots"), "attention_impl": ("xla", "cudnn", "auto", "pallas", "splash"),
+               "remat": ("none", "full", "dots"),
+               "attention_impl": ("xla", "cudnn", "auto", "pallas", "splash", "blockwise"),
                "embedding_lookup": ("gather", "one_hot", "auto"), "dropout_impl": ("rng", "hash"),
                "prune_final_layer": (False, True), "initializer": ("truncated_normal", "normal"),
                "classifier_head": CLASSIFIER_HEADS, "classifier_pooling": ("cls", "mean")}
@@ -183,8 +187,11 @@ class BertConfig:
                   f"max_position_embeddings {self.max_position_embeddings}: every layer would be global")
     needs_bias = [what for what, on in (("position_embedding='alibi'", self.position_embedding == "alibi"),
                                         ("local_attention", self.local_attention > 0)) if on]
+    if needs_bias == ["local_attention"] and self.attention_impl == "blockwise":
+      needs_bias = []
     if needs_bias and self.attention_impl != "xla":
-      raise bad(f"BertConfig: {needs_bias[0]} runs on attention_impl='xla' (a bias or banded mask on the "
+      also = " or 'blockwise'" if needs_bias[0] == "local_attention" else ""
+      raise bad(f"BertConfig: {needs_bias[0]} runs on attention_impl='xla'{also} (a bias or banded mask on the "
                 f"scores), not {self.attention_impl!r}")
     if self.position_offset + 1 > self.max_position_embeddings:
       raise bad(f"BertConfig.position_offset {self.position_offset} leaves no room in max_position_embeddings "

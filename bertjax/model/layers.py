@@ -15,6 +15,7 @@ import numpy as np
 
 from bertjax.kernels import attention as attention_lib
 from bertjax.kernels import dropout as dropout_lib
+from bertjax.model import blockwise
 from bertjax.model.config import ACTIVATIONS, BertConfig
 
 def _init(cfg: BertConfig):
@@ -213,9 +214,6 @@ class SelfAttention(nn.Module):
     v = dense(name="value")(x)
     names = ("activation_batch", "activation_length", "activation_heads", "activation_kv")
     local = (index % cfg.global_every != 0) if cfg.local_attention else False
-    mask, bias = ctx["mask"], ctx.get("alibi")
-    if cfg.local_attention:
-      mask = select(local, ctx["local_mask"], mask)
     if "rope" in ctx:
       cos, sin = select(local, ctx["rope_local"], ctx["rope"]) if "rope_local" in ctx else ctx["rope"]
       k = apply_rotary(k, cos, sin)
@@ -223,9 +221,21 @@ class SelfAttention(nn.Module):
         cos, sin = (take_rows(jnp.broadcast_to(t, (x.shape[0],) + t.shape[1:]), queries) for t in (cos, sin))
       q = apply_rotary(q, cos, sin)
     q, k, v = (_constrain(t, names) for t in (q, k, v))
+    no_dropout = deterministic or cfg.attention_dropout_rate == 0.0
+    out = functools.partial(Dense, (cfg.hidden_size,), ("heads", "kv", "embed"), cfg, in_dims=2,
+                            use_bias=cfg.use_bias, name="out")
+    if cfg.attention_impl == "blockwise":
+      z = blockwise.attention(q, k, v, ctx["valid"], ctx.get("segments"), local=local, window=cfg.local_attention,
+                              block=cfg.attention_block, queries=queries,
+                              dropout_rate=0.0 if no_dropout else cfg.attention_dropout_rate,
+                              dropout_rng=None if no_dropout else self.make_rng("dropout"),
+                              dropout_impl=cfg.dropout_impl)
+      return out()(_constrain(z, names))
+    mask, bias = ctx["mask"], ctx.get("alibi")
+    if cfg.local_attention:
+      mask = select(local, ctx["local_mask"], mask)
     if bias is not None and queries is not None:
       bias = rows_of(bias, queries)
-    no_dropout = deterministic or cfg.attention_dropout_rate == 0.0
     use_fused = cfg.attention_impl in ("cudnn", "auto") and no_dropout
     impl = cfg.attention_impl
     if queries is not None:  # a few query rows: the Pallas kernels take square blocks; masks as the XLA path has
@@ -252,8 +262,7 @@ class SelfAttention(nn.Module):
       rng = None if deterministic or cfg.attention_dropout_rate == 0.0 else self.make_rng("dropout")
       z = dot_product_attention(q, k, v, mask, dropout_rate=cfg.attention_dropout_rate, dropout_rng=rng,
                                 deterministic=deterministic, dropout_impl=cfg.dropout_impl, bias=bias)
-    z = _constrain(z, names)
-    return Dense((cfg.hidden_size,), ("heads", "kv", "embed"), cfg, in_dims=2, use_bias=cfg.use_bias, name="out")(z)
+    return out()(_constrain(z, names))
 
 
 class Mlp(nn.Module):

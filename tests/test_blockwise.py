@@ -1,0 +1,120 @@
+"""Blockwise attention against the dense path it replaces (`layers.dot_product_attention` under the banded,
+padding and block-diagonal masks): forward and gradients for sliding windows, global layers, packed rows,
+padding, a few query rows and lengths that are not a multiple of the block; then whole packed pre-training
+models (ModernBERT's switches, scanned and unrolled stacks, the pruned last layer) and their gradients."""
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from bertjax import errors, losses
+from bertjax import model as model_lib
+from bertjax.model import blockwise
+from bertjax.model.layers import attention_mask, band_mask, dot_product_attention
+
+
+def _inputs(length=45, b=2, h=2, d=8, seed=0):
+  rng = np.random.default_rng(seed)
+  q, k, v = (jnp.asarray(rng.normal(size=(b, length, h, d)), jnp.float32) for _ in range(3))
+  valid = np.ones((b, length), bool)
+  valid[1, length - 9:] = False  # padding
+  seg = np.zeros((b, length), np.int32)
+  seg[0, :17], seg[0, 17:38] = 1, 2  # two packed examples, then padding
+  seg[1, :length - 9] = 1
+  valid[0, 38:] = False
+  return q, k, v, jnp.asarray(valid), jnp.asarray(seg)
+
+
+def _dense(q, k, v, valid, seg, window, queries=None):
+  mask = attention_mask(valid, seg)
+  if window:
+    mask = mask & band_mask(k.shape[1], window)
+  if queries is not None:
+    mask = jnp.take_along_axis(mask, queries[:, None, :, None], axis=2)
+  return dot_product_attention(q, k, v, mask)
+
+
+def _check(ours, ref, q, k, v, rows_valid):
+  """Forward and gradients (of a random projection of the real rows) within 1e-5."""
+  ours, ref = jax.jit(ours), jax.jit(ref)
+  out, ref_out = ours(q, k, v), ref(q, k, v)
+  w = rows_valid[..., None, None]
+  np.testing.assert_allclose(np.where(w, out, 0), np.where(w, ref_out, 0), atol=1e-5)
+  cot = jnp.asarray(np.random.default_rng(1).normal(size=out.shape), jnp.float32) * w
+  g = jax.jit(jax.grad(lambda *a: jnp.sum(ours(*a) * cot), argnums=(0, 1, 2)))(q, k, v)
+  g_ref = jax.jit(jax.grad(lambda *a: jnp.sum(ref(*a) * cot), argnums=(0, 1, 2)))(q, k, v)
+  for a, b in zip(g, g_ref):
+    np.testing.assert_allclose(a, b, atol=1e-5)
+
+
+@pytest.mark.parametrize("window,chunk", [(10, 4), (6, 16), (16, 8)])
+def test_local_chunks_equal_the_banded_dense_path(window, chunk):
+  q, k, v, valid, seg = _inputs()
+  rows = np.asarray(seg) > 0
+  _check(lambda *a: blockwise.local_attention(*a, valid, seg, window, chunk),
+         lambda *a: _dense(*a, valid, seg, window), q, k, v, rows)
+
+
+@pytest.mark.parametrize("window", [0, 10])
+@pytest.mark.parametrize("few_rows", [False, True])
+def test_key_blocks_with_an_online_softmax_equal_the_dense_path(window, few_rows):
+  q, k, v, valid, seg = _inputs()
+  queries = jnp.asarray([[0, 3, 20, 37], [1, 5, 30, 35]], jnp.int32) if few_rows else None
+  rows = np.take_along_axis(np.asarray(seg) > 0, np.asarray(queries), 1) if few_rows else np.asarray(seg) > 0
+  pick = (lambda x: jnp.take_along_axis(x, queries[:, :, None, None], axis=1)) if few_rows else (lambda x: x)
+  _check(lambda q, k, v: blockwise.blocked_attention(pick(q), k, v, valid, seg, block=16, window=window,
+                                                     queries=queries),
+         lambda q, k, v: _dense(pick(q), k, v, valid, seg, window, queries), q, k, v, rows)
+
+
+def test_attention_dropout_keeps_the_expectation():
+  """Dropping the unnormalised probabilities per block is dropout on the normalised ones: over many keys the
+  mean output is the output without dropout, and each draw differs from it."""
+  q, k, v, valid, _ = _inputs(length=24)
+  ref = blockwise.blocked_attention(q, k, v, valid, None, block=8)
+  draws = jax.vmap(lambda key: blockwise.blocked_attention(q, k, v, valid, None, block=8, dropout_rate=0.3,
+                                                           dropout_rng=key))(jax.random.split(jax.random.key(0), 2000))
+  assert float(jnp.min(jnp.abs(draws[0] - ref).max())) > 1e-2
+  np.testing.assert_allclose(np.mean(np.asarray(draws), 0), ref, atol=0.05)
+  local = jax.vmap(lambda key: blockwise.local_attention(q, k, v, valid, None, 8, 4, dropout_rate=0.3,
+                                                         dropout_rng=key))(jax.random.split(jax.random.key(1), 2000))
+  np.testing.assert_allclose(np.mean(np.asarray(local), 0), blockwise.local_attention(q, k, v, valid, None, 8, 4),
+                             atol=0.05)
+
+
+MODERN = dict(position_embedding="rotary", rope_theta_local=500.0, local_attention=6, global_every=3, ffn="glu",
+              layer_norm="pre", use_bias=False, norm_bias=False, num_layers=4)
+
+
+@pytest.mark.parametrize("scan_unroll,prune", [(1, True), (0, False)])
+def test_a_packed_pre_training_model_and_its_gradients_equal_the_dense_path(scan_unroll, prune):
+  from bertjax.data import packing
+  from test_packing import examples
+  cfg = model_lib.BertConfig.from_variant("tiny", vocab_size=97, max_position_embeddings=64, scan_unroll=scan_unroll,
+                                          prune_final_layer=prune, **MODERN)
+  exs = examples()
+  lengths = [int(e["input_mask"].sum()) for e in exs]
+  rows = packing.plan(lengths, [int(e["masked_lm_weights"].sum()) for e in exs], 45, 12, 4)
+  packed = [packing.pack_row([exs[i] for i in r], 45, 12, 4) for r in rows]
+  batch = {k: np.stack([p[k] for p in packed]) for k in packed[0]}
+  dense = model_lib.BertForPreTraining(cfg)
+  ours = model_lib.BertForPreTraining(cfg.replace(attention_impl="blockwise", attention_block=8))
+  params = nn.meta.unbox(dense.init(jax.random.key(0), batch)["params"])
+
+  def loss(m, p):
+    s = losses.pretraining_sums(m.apply({"params": p}, batch), batch)
+    return s["mlm_loss_sum"] / s["mlm_weight"] + s["nsp_loss_sum"] / s["nsp_weight"]
+  (l_ref, g_ref), (l_ours, g_ours) = (jax.jit(jax.value_and_grad(lambda p, m=m: loss(m, p)))(params)
+                                      for m in (dense, ours))
+  np.testing.assert_allclose(l_ours, l_ref, rtol=1e-6)
+  for a, b in zip(jax.tree_util.tree_leaves(g_ours), jax.tree_util.tree_leaves(g_ref)):
+    np.testing.assert_allclose(a, b, atol=2e-5)
+
+
+def test_blockwise_takes_windows_but_not_alibi():
+  with pytest.raises(errors.ConfigError, match="alibi' runs on attention_impl='xla' .*not 'blockwise'"):
+    model_lib.BertConfig.from_variant("tiny", position_embedding="alibi", attention_impl="blockwise")
+  with pytest.raises(errors.ConfigError, match="attention_block"):
+    model_lib.BertConfig.from_variant("tiny", attention_impl="blockwise", attention_block=0)
+  model_lib.BertConfig.from_variant("tiny", attention_impl="blockwise", local_attention=8, position_embedding="rotary")
