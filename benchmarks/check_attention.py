@@ -1,10 +1,13 @@
-"""Attention implementations agree on this machine's accelerator: xla (einsum) vs cudnn, auto, pallas, splash.
+"""Attention implementations agree on this machine's accelerator: xla (einsum) vs cudnn, auto, pallas, splash,
+blockwise.
 
-  python benchmarks/check_attention.py [--dtype bfloat16] [--batch 8] [--seq 128]
+  python benchmarks/check_attention.py [--dtype bfloat16] [--batch 8] [--seq 128] [--window 128]
 
 A base-shaped encoder layer stack (dropout off) in `dtype`, random tokens with padding and, separately, packed rows
 (two examples per row with the block-diagonal segment mask). Prints ‖out − ref‖/‖ref‖ of the hidden states and of
 the parameter gradients against the float32 xla path. Implementations the backend lacks are reported, not hidden.
+With `--window W`, ModernBERT's attention pattern: rotary positions, W-token sliding windows, a global layer every
+third (the fused implementations refuse windows and are reported so).
 """
 import argparse
 import dataclasses
@@ -23,9 +26,13 @@ def main():
   p.add_argument("--batch", type=int, default=8)
   p.add_argument("--seq", type=int, default=128)
   p.add_argument("--layers", type=int, default=2)
+  p.add_argument("--window", type=int, default=0)
+  p.add_argument("--block", type=int, default=512, help="blockwise: keys per block of a global layer")
   args = p.parse_args()
+  window = dict(position_embedding="rotary", local_attention=args.window, global_every=3) if args.window else {}
   base = model_lib.BertConfig.from_dict({"variant": "base", "num_layers": args.layers, "dropout_rate": 0.0,
-                                         "attention_dropout_rate": 0.0})
+                                         "attention_dropout_rate": 0.0, "max_position_embeddings": max(512, args.seq),
+                                         "attention_block": args.block, **window})
   rng = np.random.default_rng(0)
   b, s = args.batch, args.seq
   lengths = rng.integers(s // 4, s + 1, b)
@@ -54,11 +61,12 @@ def main():
   def rel(a, r):
     return float(np.linalg.norm(a - r) / np.linalg.norm(r))
 
-  print(f"{jax.devices()[0].device_kind}: {args.layers} base layers, batch {b} x {s}, {args.dtype}")
+  print(f"{jax.devices()[0].device_kind}: {args.layers} base layers, batch {b} x {s}, {args.dtype}"
+        + (f", windows of {args.window}" if args.window else ""))
   for name, x in (("padded", batch), ("packed", packed)):
     h_ref, g_ref = run(dataclasses.replace(base, attention_impl="xla"), x)
     m = x["input_mask"].astype(bool)
-    for impl in ("xla", "cudnn", "auto", "pallas", "splash"):
+    for impl in ("xla", "cudnn", "auto", "pallas", "splash", "blockwise"):
       try:
         h, g = run(dataclasses.replace(base, attention_impl=impl, dtype=args.dtype), x)
       except Exception as e:

@@ -128,9 +128,20 @@ def evaluate(eval_step, params, source, config, batch_sharding) -> dict:
   return {k: float(v) for k, v in m.items()}
 
 
-def load_init_params(path: str, mcfg: model_lib.BertConfig):
-  """Pre-training params (encoder and MLM/NSP heads) from a bertjax workdir or an HF folder, in mcfg's layout."""
-  return weights.load(path, overrides={"scan_layers": mcfg.scan_layers}, head="pretraining").params
+def load_init_params(path: str, mcfg: model_lib.BertConfig, seq: int = 0):
+  """Pre-training params (encoder and MLM/NSP heads) from a bertjax workdir or an HF folder, in mcfg's layout.
+  A rotary checkpoint continued at another length or θ (context extension) is announced with both settings."""
+  w = weights.load(path, overrides={"scan_layers": mcfg.scan_layers}, head="pretraining")
+  if mcfg.position_embedding == "rotary":
+    trained = (w.meta.get("data") or {}).get("max_seq_length")  # a bertjax workdir's run config
+
+    def thetas(c):
+      return f"rotary θ {c.rope_theta:g} global / {c.rope_theta_local or c.rope_theta:g} local"
+    if (w.cfg.rope_theta, w.cfg.rope_theta_local) != (mcfg.rope_theta, mcfg.rope_theta_local) or (
+        seq and trained and trained != seq):
+      print(f"init_checkpoint {path}: trained with {thetas(w.cfg)}" + (f" at {trained} tokens" if trained else "")
+            + f"; this run uses {thetas(mcfg)}" + (f" at {seq} tokens" if seq else ""), flush=True)
+  return w.params
 
 
 def build(config, mcfg: model_lib.BertConfig, devices=None, special_ids=None) -> trainer.Trainer:
@@ -212,7 +223,7 @@ def _train_and_evaluate(config, workdir: str) -> dict:
   # Resume order: this workdir's checkpoint, else the init checkpoint, else from scratch.
   init_params = None
   if ckpt.latest_step() is None and config.init_checkpoint:
-    init_params = load_init_params(config.init_checkpoint, mcfg)
+    init_params = load_init_params(config.init_checkpoint, mcfg, seq)
     checkpoint_lib.check_params_fit(init_params, run.abstract.params)  # every leaf: nothing stays fresh
   state, data_state, restored = trainer.resume_or_init(run, ckpt, config.seed, init_params,
                                                        announce=lambda m: print(m, flush=True))

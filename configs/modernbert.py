@@ -8,7 +8,16 @@ warmup-stable-decay with a 1-sqrt decay, sequences of 1024. Usage:
       --max_seq_length 1024 --masked_lm_prob 0.3 --max_predictions_per_seq 0
   python -m bertjax.main --config=configs/modernbert.py:variant=base --workdir=DIR --config.data.data_dir=DATA
 
-Argument keys: as configs/pretrain.py; variant tiny|base|large takes ModernBERT's sizes (tiny for tests).
+Context extension (ModernBERT's second phase): continue a short-context checkpoint at a long length with the
+global layers' rotary θ raised (the local layers keep theirs) and attention whose cost follows its mask:
+
+  python -m bertjax.main --config=configs/modernbert.py:variant=base,context=8192,init=SHORT_WORKDIR \
+      --workdir=LONG --config.data.data_dir=DATA_8192
+
+Argument keys: as configs/pretrain.py; variant tiny|base|large takes ModernBERT's sizes (tiny for tests); theta:
+the global layers' rotary θ (160,000 as the released models have it; ModernBERT's first phase ran at 10,000);
+context=N with init=PATH (a bertjax workdir or an HF ModernBERT folder): the second phase at N tokens, the global
+θ raised to long_theta (160,000), attention_impl blockwise, the learning-rate warmup shortened to 5% of steps.
 """
 from configs import pretrain
 
@@ -21,6 +30,13 @@ def get_config(arg=None):
            vocab=50368, ln="pre", act="gelu", pos="rotary")
   a.update(dict(item.split("=", 1) for item in (arg or "").split(",") if "=" in item))
   variant = a.pop("variant")
+  theta, long_theta = float(a.pop("theta", 160_000.0)), float(a.pop("long_theta", 160_000.0))
+  context, init = int(a.pop("context", 0)), a.pop("init", "")
+  if context and not init:
+    raise ValueError("context=N continues a short-context checkpoint: give init=PATH (a bertjax workdir or an HF "
+                     "ModernBERT folder)")
+  if context:
+    a["seq"] = context
   if variant not in SIZES:
     raise ValueError(f"unknown ModernBERT variant {variant!r}; choose one of {sorted(SIZES)}")
   c = pretrain.get_config(",".join(f"{k}={v}" for k, v in a.items()))
@@ -29,7 +45,7 @@ def get_config(arg=None):
   c.model.num_layers, c.model.hidden_size, c.model.num_heads, c.model.intermediate_size = layers, hidden, heads, ffn
   c.model.type_vocab_size = 0
   c.model.ffn = "glu"
-  c.model.rope_theta = 160_000.0
+  c.model.rope_theta = long_theta if context else theta
   c.model.rope_theta_local = 10_000.0
   c.model.local_attention = min(128, c.data.max_seq_length // 2)
   c.model.global_every = 3
@@ -55,4 +71,8 @@ def get_config(arg=None):
   c.train.adam_bias_correction = True
   c.train.grad_clip_norm = 1.0
   c.predict_examples = ("the [MASK] of the function is returned.",)
+  if context:
+    c.init_checkpoint = init
+    c.model.attention_impl = "blockwise"
+    c.train.warmup_steps = max(1, c.train.num_steps // 20)
   return c

@@ -83,6 +83,29 @@ def test_attention_dropout_keeps_the_expectation():
                              atol=0.05)
 
 
+@pytest.mark.parametrize("impl", ["rng", "hash"])
+def test_the_flash_backward_equals_the_derivative_of_the_forward_with_dropout(impl):
+  """FlashAttention-2's backward (probabilities recomputed from the log-sum-exp, the same dropout masks drawn
+  again) against JAX's derivative of the online-softmax scan itself, with attention dropout on, packed rows, a
+  window and a few query rows."""
+  q, k, v, valid, seg = _inputs()
+  queries = jnp.asarray([[0, 3, 20, 37], [1, 5, 30, 35]], jnp.int32)
+  qr = jnp.take_along_axis(q, queries[:, :, None, None], axis=1)
+  cot = jnp.asarray(np.random.default_rng(2).normal(size=qr.shape), jnp.float32)
+  for kw in (dict(window=10, queries=queries), dict()):
+    x = qr if "queries" in kw else q
+    c = cot if "queries" in kw else jnp.asarray(np.random.default_rng(3).normal(size=q.shape), jnp.float32)
+
+    def f(q, k, v, flash):
+      return jnp.sum(c * blockwise.blocked_attention(q, k, v, valid, seg, block=16, dropout_rate=0.3,
+                                                     dropout_rng=jax.random.key(5), dropout_impl=impl,
+                                                     flash_backward=flash, **kw))
+    ours = jax.jit(jax.grad(lambda *a: f(*a, True), argnums=(0, 1, 2)))(x, k, v)
+    ref = jax.jit(jax.grad(lambda *a: f(*a, False), argnums=(0, 1, 2)))(x, k, v)
+    for a, b in zip(ours, ref):
+      np.testing.assert_allclose(a, b, atol=1e-5)
+
+
 MODERN = dict(position_embedding="rotary", rope_theta_local=500.0, local_attention=6, global_every=3, ffn="glu",
               layer_norm="pre", use_bias=False, norm_bias=False, num_layers=4)
 

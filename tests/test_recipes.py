@@ -331,3 +331,39 @@ def test_electra_generator_held_fixed_from_freeze_step(tmp_path, packed_data):
   c.electra.freeze_generator_at = -1
   with pytest.raises(train.ConfigError, match="freeze_generator_at must be a step >= 0"):
     train.validate(c, 1)
+
+
+def test_modernbert_context_extension_continues_a_short_checkpoint_at_a_longer_length(tmp_path, packed_data,
+                                                                                       capsys):
+  """Phase one at 64 tokens (global θ 10,000, as ModernBERT's first phase), then the context-extension recipe at
+  128 tokens from that workdir: the run starts from phase one's weights, says which θ and length each uses, runs
+  its global layers at θ 160,000 on the blockwise attention, and trains."""
+  import jax
+  from bertjax import weights
+  from configs import modernbert
+  short = _small(modernbert.get_config("variant=tiny,seq=64,theta=10000"), packed_data)
+  short.model.local_attention = 16
+  train.train_and_evaluate(short, str(tmp_path / "short"))
+  d = tmp_path / "long_data"
+  d.mkdir()
+  made = dataset.read_creation(packed_data)
+  opts = pretraining.CreationOptions(max_seq_length=128, max_predictions_per_seq=0, masked_lm_prob=0.3, dupe_factor=2,
+                                     example_mode="full_sentences")
+  dataset.create([_corpus(d)], made["tokenizer"], d / "data", opts, heldout_every=6)
+  c = _small(modernbert.get_config(f"variant=tiny,context=128,init={tmp_path / 'short'}"), str(d / "data"))
+  c.model.local_attention, c.data.max_seq_length = 16, 128
+  assert (c.model.rope_theta, c.model.rope_theta_local, c.model.attention_impl) == (160_000.0, 10_000.0, "blockwise")
+  capsys.readouterr()
+  summary = train.train_and_evaluate(c, str(tmp_path / "long"))
+  said = capsys.readouterr().out
+  assert ("trained with rotary θ 10000 global / 10000 local at 64 tokens; this run uses rotary θ 160000 global / "
+          "10000 local at 128 tokens") in said, said
+  assert summary["final_step"] == 6 and np.isfinite(summary["eval"]["mlm_loss"])
+  # Step 0's weights were phase one's: the long run's first checkpoint moved away from them by one schedule's worth.
+  a = weights.load(str(tmp_path / "short"), head="pretraining").params
+  b = weights.load(str(tmp_path / "long"), head="pretraining").params
+  diffs = [float(np.max(np.abs(np.asarray(x) - np.asarray(y)))) for x, y in
+           zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b))]
+  assert 0 < max(diffs) < 0.05, max(diffs)
+  with pytest.raises(ValueError, match="give init=PATH"):
+    modernbert.get_config("variant=tiny,context=128")

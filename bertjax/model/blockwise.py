@@ -3,8 +3,8 @@
 - Local layers (a sliding window |i - j| <= W/2): queries in chunks, each against only the key chunks its window
   reaches, so time and memory grow with L·W, not L².
 - Global layers, and any layer asked for a few query rows: keys in blocks with an online softmax (a running
-  maximum and sum per query, as FlashAttention and Rabe & Staats' memory-efficient attention keep them); each
-  block's step is rematerialised in the backward pass, so memory grows with L, not L².
+  maximum and sum per query, as FlashAttention keeps them) and FlashAttention-2's backward pass (each block's
+  probabilities recomputed from the row's log-sum-exp), so memory grows with L, not L².
 
 Padding and packed rows mask by the key mask and segment ids per block; no [L, L] mask is ever built. Attention
 dropout drops the unnormalised probabilities of each block (the same as dropping the normalised ones, since the
@@ -69,10 +69,15 @@ def local_attention(q, k, v, valid, segments, window: int, chunk: int, *, dropou
 
 
 def blocked_attention(q, k, v, valid, segments, *, block: int, window: int = 0, queries=None,
-                      dropout_rate: float = 0.0, dropout_rng=None, dropout_impl: str = "rng"):
+                      dropout_rate: float = 0.0, dropout_rng=None, dropout_impl: str = "rng",
+                      flash_backward: bool = True):
   """Attention of q [B, Q, H, D] over k, v [B, L, H, D] in key blocks of `block` with an online softmax.
   `queries` [B, Q]: the positions of q's rows (None: q is every position); `window` > 0 limits each query to
-  |i - j| <= window // 2. valid [B, L] marks real keys; segments [B, L] (or None) keeps a query to its segment."""
+  |i - j| <= window // 2. valid [B, L] marks real keys; segments [B, L] (or None) keeps a query to its segment.
+
+  The backward pass is FlashAttention-2's: it keeps the output and each row's log-sum-exp, and recomputes each
+  block's probabilities from them, so nothing of size [Q, L] is kept and no rescaling is differentiated
+  (`flash_backward=False`: JAX's own derivative of the forward scan, the reference the tests compare with)."""
   b, length, h, d = k.shape
   nq = q.shape[1]
   padded = -(-length // block) * block
@@ -83,48 +88,99 @@ def blocked_attention(q, k, v, valid, segments, *, block: int, window: int = 0, 
     qseg = segments if queries is None else jnp.take_along_axis(segments, queries, axis=1)
   blocks = lambda x, value=0: jnp.moveaxis(  # noqa: E731  [B, Lp, ...] -> [nk, B, block, ...]
       _pad(x, padded, value).reshape((b, nk, block) + x.shape[2:]), 1, 0)
-  xs = {"k": blocks(k), "v": blocks(v), "valid": blocks(valid.astype(bool), False), "j": jnp.arange(nk)}
+  masks = {"valid": blocks(valid.astype(bool), False), "j": jnp.arange(nk)}
   if segments is not None:
-    xs["seg"] = blocks(segments)
+    masks["seg"] = blocks(segments)
   scale = np.float32(1.0 / np.sqrt(d))
-  training = dropout_rate > 0.0 and dropout_rng is not None
+  rng = dropout_rng if dropout_rate > 0.0 and dropout_rng is not None else None
 
-  def step(carry, x):
-    m, total, acc = carry  # [B, H, Q], [B, H, Q], [B, Q, H, D] float32
-    s = jnp.einsum("bqhd,bkhd->bhqk", q, x["k"], preferred_element_type=jnp.float32) * scale
+  def probabilities(q, kj, x, lse, qpos, qseg):
+    """exp(scores - lse) of one key block, 0 where masked; with lse None, the block's scores (masked at -inf)."""
+    s = jnp.einsum("bqhd,bkhd->bhqk", q, kj, preferred_element_type=jnp.float32) * scale
     mask = x["valid"][:, None, None, :]
     if window:
       kpos = x["j"] * block + jnp.arange(block, dtype=jnp.int32)
       mask = mask & (jnp.abs(qpos[:, None, :, None] - kpos[None, None, None, :]) <= window // 2)
     if qseg is not None:
       mask = mask & (qseg[:, None, :, None] == x["seg"][:, None, None, :]) & (qseg[:, None, :, None] > 0)
-    s = jnp.where(mask, s, -jnp.inf)
-    m_new = jax.lax.stop_gradient(jnp.maximum(m, jnp.max(s, axis=-1)))
-    m_safe = jnp.where(jnp.isfinite(m_new), m_new, 0.0)
-    p = jnp.exp(s - m_safe[..., None])
-    correction = jnp.exp(m - m_safe)
-    total = total * correction + jnp.sum(p, axis=-1)
-    if training:
-      p = _drop(p, jax.random.fold_in(dropout_rng, x["j"]), dropout_rate, dropout_impl)
-    acc = acc * jnp.moveaxis(correction, 1, 2)[..., None] + jnp.einsum(
-        "bhqk,bkhd->bqhd", p.astype(v.dtype), x["v"], preferred_element_type=jnp.float32)
-    return (m_new, total, acc), None
+    if lse is None:
+      return jnp.where(mask, s, -jnp.inf)
+    return jnp.where(mask, jnp.exp(s - lse[..., None]), 0.0)
 
-  init = (jnp.full((b, h, nq), -jnp.inf, jnp.float32), jnp.zeros((b, h, nq), jnp.float32),
-          jnp.zeros((b, nq, h, d), jnp.float32))
-  (_, total, acc), _ = jax.lax.scan(jax.checkpoint(step, prevent_cse=False), init, xs)
-  total = jnp.moveaxis(total, 1, 2)[..., None]
-  return (acc / jnp.maximum(total, jnp.finfo(jnp.float32).tiny)).astype(v.dtype)
+  def drop(p, j, rng):
+    return p if rng is None else _drop(p, jax.random.fold_in(rng, j), dropout_rate, dropout_impl)
+
+  def forward(q, k, v, rng, aux):
+    def step(carry, x):
+      m, total, acc = carry  # [B, H, Q], [B, H, Q], [B, Q, H, D] float32
+      s = probabilities(q, x["k"], x, None, aux["qpos"], aux["qseg"])
+      m_new = jnp.maximum(m, jnp.max(s, axis=-1))
+      m_safe = jnp.where(jnp.isfinite(m_new), m_new, 0.0)
+      p = jnp.exp(s - m_safe[..., None])
+      correction = jnp.exp(m - m_safe)
+      total = total * correction + jnp.sum(p, axis=-1)
+      acc = acc * jnp.moveaxis(correction, 1, 2)[..., None] + jnp.einsum(
+          "bhqk,bkhd->bqhd", drop(p, x["j"], rng).astype(v.dtype), x["v"], preferred_element_type=jnp.float32)
+      return (m_new, total, acc), None
+    init = (jnp.full((b, h, nq), -jnp.inf, jnp.float32), jnp.zeros((b, h, nq), jnp.float32),
+            jnp.zeros((b, nq, h, d), jnp.float32))
+    (m, total, acc), _ = jax.lax.scan(step, init, {"k": blocks(k), "v": blocks(v), **aux["masks"]})
+    out = (acc / jnp.maximum(jnp.moveaxis(total, 1, 2)[..., None], jnp.finfo(jnp.float32).tiny)).astype(v.dtype)
+    lse = jnp.where(total > 0, m + jnp.log(jnp.maximum(total, jnp.finfo(jnp.float32).tiny)), jnp.inf)
+    return out, lse
+
+  # Everything traced goes in as an argument: a custom_vjp function may not close over traced values.
+  @jax.custom_vjp
+  def attend(q, k, v, rng, aux):
+    return forward(q, k, v, rng, aux)[0]
+
+  def attend_fwd(q, k, v, rng, aux):
+    out, lse = forward(q, k, v, rng, aux)
+    return out, (q, k, v, rng, aux, out, lse)
+
+  def attend_bwd(res, g):
+    q, k, v, rng, aux, out, lse = res
+    g32 = g.astype(jnp.float32)
+    delta = jnp.moveaxis(jnp.sum(g32 * out.astype(jnp.float32), axis=-1), 1, 2)  # [B, H, Q]: rowsum(dO * O)
+
+    def step(dq, x):
+      p = probabilities(q, x["k"], x, lse, aux["qpos"], aux["qseg"])
+      dv = jnp.einsum("bhqk,bqhd->bkhd", drop(p, x["j"], rng).astype(g.dtype), g, preferred_element_type=jnp.float32)
+      dp = drop(jnp.einsum("bqhd,bkhd->bhqk", g, x["v"], preferred_element_type=jnp.float32), x["j"], rng)
+      ds = p * (dp - delta[..., None]) * scale
+      dq = dq + jnp.einsum("bhqk,bkhd->bqhd", ds.astype(q.dtype), x["k"], preferred_element_type=jnp.float32)
+      dk = jnp.einsum("bhqk,bqhd->bkhd", ds.astype(q.dtype), q, preferred_element_type=jnp.float32)
+      return dq, (dk, dv)
+    dq, (dk, dv) = jax.lax.scan(step, jnp.zeros(q.shape, jnp.float32),
+                                {"k": blocks(k), "v": blocks(v), **aux["masks"]})
+    unblock = lambda x, like: jnp.moveaxis(x, 0, 1).reshape((b, padded) + x.shape[3:])[:, :length].astype(  # noqa
+        like.dtype)
+    return dq.astype(q.dtype), unblock(dk, k), unblock(dv, v), None, None
+
+  attend.defvjp(attend_fwd, attend_bwd)
+  aux = {"qpos": qpos, "qseg": qseg, "masks": masks}
+  return attend(q, k, v, rng, aux) if flash_backward else forward(q, k, v, rng, aux)[0]
+
+
+def fused_global(q, k, v, valid):
+  """cuDNN's fused (flash) attention over every key of right-padded rows (a key-length per row): the global
+  layers' kernel on a GPU in bfloat16 / float16 without dropout or packed rows. cuDNN's windows are one-sided
+  (causal), so the local layers stay on the chunked path."""
+  lengths = jnp.sum(valid.astype(jnp.int32), axis=-1)
+  return jax.nn.dot_product_attention(q, k, v, key_value_seq_lengths=lengths, implementation="cudnn")
 
 
 def attention(q, k, v, valid, segments, *, local, window: int, block: int, queries=None, dropout_rate: float = 0.0,
-              dropout_rng=None, dropout_impl: str = "rng"):
+              dropout_rng=None, dropout_impl: str = "rng", fused: bool = False):
   """A layer's attention: local (sliding window) or global, `local` a Python bool or a traced one (a scanned
   stack, where the untaken branch is not run). Local layers over every position run in chunks of
-  min(block, window / 2); global ones, and local ones asked for a few `queries`, in key blocks of `block`."""
+  min(block, window / 2); global ones, and local ones asked for a few `queries`, in key blocks of `block`, or
+  with `fused` (see `fused_global`) in cuDNN's kernel."""
   kw = dict(dropout_rate=dropout_rate, dropout_rng=dropout_rng, dropout_impl=dropout_impl)
 
   def global_(q, k, v):
+    if fused and queries is None:
+      return fused_global(q, k, v, valid)
     return blocked_attention(q, k, v, valid, segments, block=block, queries=queries, **kw)
 
   def local_(q, k, v):

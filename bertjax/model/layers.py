@@ -229,7 +229,9 @@ class SelfAttention(nn.Module):
                               block=cfg.attention_block, queries=queries,
                               dropout_rate=0.0 if no_dropout else cfg.attention_dropout_rate,
                               dropout_rng=None if no_dropout else self.make_rng("dropout"),
-                              dropout_impl=cfg.dropout_impl)
+                              dropout_impl=cfg.dropout_impl,
+                              fused=(no_dropout and "segments" not in ctx and jax.default_backend() == "gpu"
+                                     and q.dtype in (jnp.bfloat16, jnp.float16)))
       return out()(_constrain(z, names))
     mask, bias = ctx["mask"], ctx.get("alibi")
     if cfg.local_attention:
