@@ -190,7 +190,8 @@ def main(argv=None):
     for side in args.sides.split(","):
       cmd = [sys.executable, os.path.abspath(__file__), "--one", "--side", side, "--length", str(length),
              "--variant", args.variant, "--dtype", args.dtype, "--block", str(args.block), "--unroll",
-             str(args.unroll), "--steps", str(args.steps), "--warmup", str(args.warmup)] + (["--layers"] if args.layers else [])
+             str(args.unroll), "--steps", str(args.steps), "--warmup", str(args.warmup)]
+      cmd += ["--layers"] if args.layers else []
       row = {"side": side, "length": length, "variant": args.variant, "dtype": args.dtype}
       try:
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=args.row_timeout)
