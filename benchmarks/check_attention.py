@@ -27,7 +27,7 @@ def main():
   p.add_argument("--seq", type=int, default=128)
   p.add_argument("--layers", type=int, default=2)
   p.add_argument("--window", type=int, default=0)
-  p.add_argument("--block", type=int, default=512, help="blockwise: keys per block of a global layer")
+  p.add_argument("--block", type=int, default=256, help="blockwise: keys per block of a global layer")
   args = p.parse_args()
   window = dict(position_embedding="rotary", local_attention=args.window, global_every=3) if args.window else {}
   base = model_lib.BertConfig.from_dict({"variant": "base", "num_layers": args.layers, "dropout_rate": 0.0,

@@ -166,7 +166,7 @@ def main(argv=None):
                                                                  "flex_attention, eager)")
   p.add_argument("--variant", default="base")
   p.add_argument("--dtype", default="float32")
-  p.add_argument("--block", type=int, default=512, help="blockwise: keys per block of a global layer")
+  p.add_argument("--block", type=int, default=256, help="blockwise: keys per block of a global layer")
   p.add_argument("--unroll", type=int, default=0, help="layers per scan iteration (0: all, unrolled; 1: a loop, "
                                                        "which compiles faster)")
   p.add_argument("--steps", type=int, default=2)
@@ -193,6 +193,12 @@ def main(argv=None):
              str(args.unroll), "--steps", str(args.steps), "--warmup", str(args.warmup)]
       cmd += ["--layers"] if args.layers else []
       row = {"side": side, "length": length, "variant": args.variant, "dtype": args.dtype}
+      failed = [q for q in rows if q["side"] == side and q.get("error") == "out of memory"]
+      if failed:  # a side out of memory at a shorter length is not run longer
+        row["error"] = f"out of memory (at {failed[0]['length']})"
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+        continue
       try:
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=args.row_timeout)
         found = [line for line in r.stdout.splitlines() if line.startswith("ROW ")]

@@ -111,7 +111,7 @@ class BertConfig:
   # blockwise: bertjax.model.blockwise on XLA, any backend (local layers in chunks within their window, global
   # ones in key blocks with an online softmax: time follows the mask, memory grows with L, not L²; for long rows)
   attention_impl: str = "xla"
-  attention_block: int = 512  # blockwise: keys per block of a global layer (local layers: min(this, window / 2))
+  attention_block: int = 256  # blockwise: keys per block of a global layer (local layers: min(this, window / 2))
   # Word (and packed-position) lookups: gather | one_hot (a matmul: its gradient is a matmul, not a scatter-add;
   # the original's use_one_hot_embeddings) | auto (one_hot on GPU, where the scatter-add is slow; gather elsewhere).
   embedding_lookup: str = "auto"
