@@ -91,7 +91,16 @@ def task_options(config) -> tuple:
     pooling = st_lib.read_pooling(config.init)
   else:
     pooling = Pooling(mode=e.pooling or "mean", normalize=bool(e.normalize))
-  return tuple(dataclasses.asdict(pooling).items()) + (("scale", float(e.scale)), ("symmetric", bool(e.symmetric)))
+  try:
+    dims = tuple(int(x) for x in str(e.matryoshka_dims).replace(" ", "").split(",") if x)
+  except ValueError:
+    raise errors.ConfigError(f"embedding.matryoshka_dims {e.matryoshka_dims!r}: give widths like 768,512,256") from None
+  if any(d < 1 for d in dims) or e.cache_chunk < 0:
+    raise errors.ConfigError(f"embedding.matryoshka_dims {e.matryoshka_dims!r} and cache_chunk {e.cache_chunk} must "
+                             "be positive (cache_chunk 0: off)")
+  return tuple(dataclasses.asdict(pooling).items()) + (
+      ("scale", float(e.scale)), ("symmetric", bool(e.symmetric)), ("matryoshka", dims),
+      ("cache_chunk", int(e.cache_chunk)))
 
 
 def model_config(config, **overrides) -> model_lib.BertConfig:
@@ -166,11 +175,8 @@ def make_steps(module, task, tx, lr_fn, prng_impl="threefry2x32"):
   def train_step(state, batch, seed, learning_rate):
     key = jax.random.fold_in(jax.random.key(seed, impl=prng_impl), 2)
 
-    def loss_fn(params):
-      out = module.apply({"params": params}, batch, deterministic=False,
-                         rngs={"dropout": jax.random.fold_in(key, state.step)})
-      return kind.loss(task, out, batch)
-    loss, grads = jax.value_and_grad(loss_fn)(state.params)
+    loss, grads = kind.value_and_grad(task, module, state.params, batch,
+                                      {"dropout": jax.random.fold_in(key, state.step)})
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     # AdamW's update (weight decay included) is linear in the learning rate: lr·unit(t)·(m̂/(√v̂+ε) + wd·θ).
     updates = jax.tree_util.tree_map(lambda u: u * learning_rate.astype(u.dtype), updates)

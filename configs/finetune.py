@@ -77,6 +77,12 @@ def get_config(arg=None):
   c.embedding.scale = 20.0  # similarity scale in the loss (1 / temperature), sentence-transformers' default
   c.embedding.symmetric = False  # also positives -> anchors (symmetric InfoNCE)
   c.embedding.negative_columns = ("",)  # hard-negative columns, e.g. ("negative",)
+  # Matryoshka: the loss summed over these leading widths (each renormalised), e.g. "768,512,256,128,64"; eval adds
+  # nDCG@10 (or Spearman) at each. "": the full width only.
+  c.embedding.matryoshka_dims = ""
+  # Gradient caching (GradCache): embed the batch in chunks of this many rows without activations, the loss on the
+  # whole batch, then each chunk's backward pass. Equal gradients, memory of one chunk. 0: off.
+  c.embedding.cache_chunk = 0
 
   c.train = ml_collections.ConfigDict()
   c.train.learning_rate = a.lr  # 2e-5, 3e-5 or 5e-5

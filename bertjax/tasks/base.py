@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 
 from bertjax import model as model_lib
@@ -47,6 +48,12 @@ class Kind:
   def loss(self, task: task_data.Task, out: dict, batch: dict):
     """The mean training loss over the batch's real examples (`example_weights`)."""
     raise NotImplementedError
+
+  def value_and_grad(self, task: task_data.Task, module, params, batch: dict, rngs: dict):
+    """(loss, gradient w.r.t. params) of one training batch, dropout from `rngs`."""
+    def loss_fn(p):
+      return self.loss(task, module.apply({"params": p}, batch, deterministic=False, rngs=rngs), batch)
+    return jax.value_and_grad(loss_fn)(params)
 
   def score(self, task: task_data.Task, ev: EvalSet, preds: dict, config) -> dict[str, float]:
     """The task's metrics from the predictions for every row of `ev.feats`, in order."""

@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import zlib
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 
-from bertjax import contrastive, scores
+from bertjax import contrastive, errors, scores
 from bertjax.data import task_data
 from bertjax.model.embedding import EmbeddingModel, Pooling
 from bertjax.tasks.base import EvalSet, Kind
@@ -104,25 +106,69 @@ class Contrastive(Kind):
     q, d = out["embedding"], out["doc_embedding"]
     scale = task.option("scale", 20.0)
     if task.option("scored"):
-      return contrastive.cosent_loss(q, d[:, 0], batch["labels"], scale, weights=w)
-    docs = d.transpose(1, 0, 2).reshape(-1, d.shape[-1])  # positives first, then each block of negatives
-    keys = batch["doc_keys"].T.reshape(-1)
-    return contrastive.ranking_loss(q, docs, scale, task.option("symmetric", False), weights=w, doc_keys=keys,
-                                    query_keys=batch["query_keys"])
+      def loss_fn(q, d):
+        return contrastive.cosent_loss(q, d[:, 0], batch["labels"], scale, weights=w)
+    else:
+      keys = batch["doc_keys"].T.reshape(-1)
+
+      def loss_fn(q, d):
+        docs = d.transpose(1, 0, 2).reshape(-1, d.shape[-1])  # positives first, then each block of negatives
+        return contrastive.ranking_loss(q, docs, scale, task.option("symmetric", False), weights=w, doc_keys=keys,
+                                        query_keys=batch["query_keys"])
+    dims = tuple(task.option("matryoshka") or ())
+    if not dims:
+      return loss_fn(q, d)
+    if max(dims) > q.shape[-1]:
+      raise errors.ConfigError(f"embedding.matryoshka_dims {list(dims)}: the embeddings have {q.shape[-1]} features")
+    return contrastive.matryoshka_loss(loss_fn, (q, d), dims)
+
+  def value_and_grad(self, task, module, params, batch, rngs):
+    """With the `cache_chunk` option, gradient caching: anchors and documents embedded `cache_chunk` rows at a
+    time (`contrastive.cached_value_and_grad`), each chunk's dropout drawn from its first row's index so that the
+    embedding pass and the backward pass see the same masks."""
+    chunk = int(task.option("cache_chunk") or 0)
+    if not chunk:
+      return super().value_and_grad(task, module, params, batch, rngs)
+    b, k, length = batch["doc_input_ids"].shape
+    queries = {"input_ids": batch["input_ids"], "input_mask": batch["input_mask"],
+               "segment_ids": batch["segment_ids"], "row": jnp.arange(b)}
+    docs = {"input_ids": batch["doc_input_ids"].reshape(b * k, length),
+            "input_mask": batch["doc_input_mask"].reshape(b * k, length),
+            "segment_ids": jnp.zeros((b * k, length), jnp.int32), "row": b + jnp.arange(b * k)}
+
+    def embed(p, x):
+      keys = {name: jax.random.fold_in(key, x["row"][0]) for name, key in rngs.items()}
+      return module.apply({"params": p}, {n: v for n, v in x.items() if n != "row"}, False, rngs=keys,
+                          method=EmbeddingModel.embed)
+
+    def loss_of(q, d):
+      return self.loss(task, {"embedding": q, "doc_embedding": d.reshape(b, k, -1)}, batch)
+    return contrastive.cached_value_and_grad(embed, loss_of, params, [queries, docs], chunk)
 
   def score(self, task, ev, preds, config):
     q, d = preds["embedding"], preds["doc_embedding"]
     if task.option("scored"):
       cos = np.sum(q * d[:, 0], -1) / (np.linalg.norm(q, axis=-1) * np.linalg.norm(d[:, 0], axis=-1))
       g = ev.feats["labels"]
-      return {"spearman": scores.spearman(cos, g), "pearson": scores.pearson(cos, g)}
+      out = {"spearman": scores.spearman(cos, g), "pearson": scores.pearson(cos, g)}
+      for dim in task.option("matryoshka") or ():
+        if dim < q.shape[-1]:
+          a, b = q[:, :dim], d[:, 0, :dim]
+          out[f"spearman_dim{dim}"] = scores.spearman(
+              np.sum(a * b, -1) / (np.linalg.norm(a, axis=-1) * np.linalg.norm(b, axis=-1)), g)
+      return out
     rows, corpus = ev.meta["rows"], ev.meta["corpus"]
     index = {t: i for i, t in enumerate(corpus)}
     vectors = np.zeros((len(corpus), d.shape[-1]), np.float32)
     for r, row in enumerate(rows):
       for j, text in enumerate(row["docs"]):
         vectors[index[text]] = d[r, j]
-    return retrieval_scores(q, vectors, np.array([index[row["docs"][0]] for row in rows]))
+    relevant = np.array([index[row["docs"][0]] for row in rows])
+    out = retrieval_scores(q, vectors, relevant)
+    for dim in task.option("matryoshka") or ():  # the main metric at each Matryoshka width
+      if dim < q.shape[-1]:
+        out[f"ndcg@10_dim{dim}"] = retrieval_scores(q[:, :dim], vectors[:, :dim], relevant)["ndcg@10"]
+    return out
 
   def predict_text(self, task, module, params, tok, seq, text="", **_):
     ids, mask = _encode([text], tok, seq)
