@@ -744,3 +744,47 @@ def test_a_workdir_holding_a_run_of_another_length_is_refused(tmp_path, vocab):
   assert finetune.finetune(config(1, 1), str(tmp_path / "w"))["preempted"]
   with pytest.raises(tasks.TaskDataError, match="holds a fine-tuning run of 4 steps; this config makes 8"):
     finetune.finetune(config(2, 0), str(tmp_path / "w"))
+
+
+@pytest.mark.slow
+@pytest.mark.ci
+def test_the_suite_runs_every_task_once_and_tabulates_the_best_rate(tmp_path, vocab):
+  """`launch/suite.py`: two local tasks x two rates x two seeds through sweep's commands; per task the rate with the
+  best median over seeds (read back from each run's own report here), its median and mean ± sd, the average over
+  tasks; a second invocation repeats no run."""
+  for split, n, seed in (("train", 48, 0), ("dev", 16, 1), ("train2", 48, 2), ("dev2", 16, 3)):
+    helpers.write_sentiment(tmp_path / f"{split}.csv", n, seed)
+  n = tokenizer.load(vocab).vocab_size
+  common = ["--config.data.text_a_column=sentence", "--config.data.label_column=sentiment",
+            "--config.data.labels=('neg','pos')", f"--config.data.tokenizer={vocab}",
+            "--config.model.max_position_embeddings=64"]
+  cfg = f"configs/finetune.py:task=local,variant=tiny,batch=16,epochs=1,seq=32,vocab={n}"
+  suite = [{"name": name, "config": cfg, "overrides": [f"--config.data.train_file={tmp_path / tr}.csv",
+                                                       f"--config.data.eval_file={tmp_path / dv}.csv"]}
+           for name, tr, dv in (("first", "train", "dev"), ("second", "train2", "dev2"))]
+  (tmp_path / "suite.json").write_text(json.dumps(suite))
+  root = tmp_path / "suite"
+  env = dict(os.environ, PYTHONPATH=ROOT)
+  cmd = [sys.executable, "launch/suite.py", "run", "--suite", str(tmp_path / "suite.json"), "--lrs", "1e-3,1e-5",
+         "--seeds", "0,1", "--root", str(root), "--", *common]
+  printed = subprocess.run(cmd[:3] + ["--print"] + cmd[3:], capture_output=True, text=True, cwd=ROOT, env=env,
+                           timeout=120)
+  assert printed.returncode == 0 and len(printed.stdout.strip().splitlines()) == 8, printed.stderr[-2000:]
+  out = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=env, timeout=1200)
+  assert out.returncode == 0, out.stderr[-3000:]
+  summary = json.loads((root / "suite.json").read_text())
+  for row in summary["tasks"]:
+    got = {}
+    for lr in ("1e-3", "1e-5"):
+      got[lr] = [json.loads((root / row["task"] / f"lr-{lr}_seed-{s}" / "report.json").read_text())["best"]["value"]
+                 for s in (0, 1)]
+    best = max(got, key=lambda lr: np.median(got[lr]))
+    assert row["lr"] == best and row["seeds"] == 2 and row["runs"] == 4
+    assert row["median"] == pytest.approx(np.median(got[best])) and row["mean"] == pytest.approx(np.mean(got[best]))
+    assert row["sd"] == pytest.approx(np.std(got[best], ddof=1))
+  assert summary["average"] == pytest.approx(np.mean([r["median"] for r in summary["tasks"]]))
+  assert "| **average** |" in (root / "suite.md").read_text() and (root / "suite.png").read_bytes()[:4] == b"\x89PNG"
+  reports = {p: p.stat().st_mtime for p in root.glob("*/*/report.json")}
+  again = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=env, timeout=300)
+  assert again.returncode == 0 and again.stdout.count("finished before, kept") == 8
+  assert {p: p.stat().st_mtime for p in root.glob("*/*/report.json")} == reports
