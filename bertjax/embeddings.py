@@ -133,9 +133,9 @@ def _unit(x: np.ndarray) -> np.ndarray:
   return x / np.maximum(np.linalg.norm(x, axis=-1, keepdims=True), 1e-12)
 
 
-def beir_scores(encoder: Encoder, folder: str, split: str = "test", top_k: int = 1000, run_file: str = "",
-                cache_dir: str = "", block: int = 65536, batch_size: int = 32, query_prefix: str = "",
-                doc_prefix: str = "", score: str = "cos") -> dict:
+def beir_scores(encoder: Encoder, folder: str | retrieval.Beir, split: str = "test", top_k: int = 1000,
+                run_file: str = "", cache_dir: str = "", block: int = 65536, batch_size: int = 32,
+                query_prefix: str = "", doc_prefix: str = "", score: str = "cos") -> dict:
   """nDCG@10, MRR@10, Recall@100 and MAP of exact search (cosine or dot product) over a BEIR folder's corpus,
   the run (top `top_k` per query) written to `run_file` in TREC format; `cache_dir` keeps the corpus embeddings
   block by block so an interrupted run resumes."""
@@ -143,7 +143,7 @@ def beir_scores(encoder: Encoder, folder: str, split: str = "test", top_k: int =
     raise errors.ConfigError(f"--score {score!r}: cos or dot")
   if top_k < 1 or block < 1:
     raise errors.ConfigError(f"--top_k and --block must be >= 1, got {top_k} and {block}")
-  beir = retrieval.read_beir(folder, split)
+  beir = folder if isinstance(folder, retrieval.Beir) else retrieval.read_beir(folder, split)
   prep = _unit if score == "cos" else (lambda x: x)
   queries = prep(encoder.encode([query_prefix + t for t in beir.queries], batch_size))
   blocks = retrieval.corpus_blocks(lambda texts: prep(encoder.encode([doc_prefix + t for t in texts], batch_size)),
@@ -176,15 +176,18 @@ def main(argv=None) -> int:
   p.add_argument("--pooling", default="", help="cls | mean | max (default: the folder's, else mean)")
   p.add_argument("--batch_size", type=int, default=32)
   args = p.parse_args(argv)
-  enc = Encoder.load(args.model, Pooling(mode=args.pooling) if args.pooling else None)
+  # The data is read (and any mistake in it reported) before the model is loaded.
   if args.beir:
-    print(json.dumps(beir_scores(enc, args.beir, args.split, args.top_k, args.run, args.cache_dir, args.block,
+    data = retrieval.read_beir(args.beir, args.split)
+    enc = Encoder.load(args.model, Pooling(mode=args.pooling) if args.pooling else None)
+    print(json.dumps(beir_scores(enc, data, args.split, args.top_k, args.run, args.cache_dir, args.block,
                                  args.batch_size, args.query_prefix, args.doc_prefix, args.score)))
     return 0
   names = [c.strip() for c in args.columns.split(",")]
   if len(names) != 3:
     raise errors.ConfigError(f"--columns {args.columns!r}: give three names (text, text, score)")
   rows = contrastive_task.read_pairs(args.sts, names[0], names[1], score=names[2])
+  enc = Encoder.load(args.model, Pooling(mode=args.pooling) if args.pooling else None)
   result = sts_scores(enc, [(r["anchor"], r["docs"][0], r["score"]) for r in rows], args.batch_size)
   print(json.dumps(result))
   return 0

@@ -85,6 +85,14 @@ CASES = [
     ("ft_into_pretrain_workdir", "main", FINE[:1] + ["--workdir={pre}"] + FINE[2:],
      r"holds a pre-training run, not a fine-tuning one; to fine-tune from it pass init=", "fine-tuning into a "
      "pre-training workdir"),
+    ("ft_pairs_same_positive", "main",
+     [FINE[0].replace("task=local", "task=pairs"), "--workdir={tmp}/w_pairs", "--config.data.train_file={pairs_same}",
+      "--config.data.text_a_column=anchor", "--config.data.text_b_column=positive", "--config.data.tokenizer={vocab}"],
+     r"pairs_same.csv: every row has the same positive", "embedding pairs whose positives are all one text"),
+    ("ft_matryoshka_bad", "main",
+     [FINE[0].replace("task=local", "task=pairs"), "--workdir={tmp}/w_pairs2", "--config.data.train_file={pairs_same}",
+      "--config.data.tokenizer={vocab}", "--config.embedding.matryoshka_dims=256,half"],
+     r"embedding.matryoshka_dims '256,half'", "Matryoshka widths that are not numbers"),
     ("ft_lr_neg", "main", FINE + ["--config.train.learning_rate=-1e-5"], r"learning_rate must be a finite number",
      "negative learning rate"),
     ("ft_lr_nan", "main", FINE + ["--config.train.learning_rate=nan"], r"learning_rate must be a finite number",
@@ -174,6 +182,19 @@ CASES = [
     ("tok_kind", "tokenizer", ["--input", "{corpus}", "--out", "{tmp}/t6", "--kind", "wordpeice"],
      r"argument --kind: invalid choice: 'wordpeice'", "an unknown kind"),
     # ---------------------------------------------------------------- python -m bertjax.predict
+    # ---------------------------------------------------------------- embeddings (python -m bertjax.embeddings)
+    ("emb_beir_dup", "embeddings", ["--model", "{pre}", "--beir", "{beir_dup}"],
+     r"corpus.jsonl:2: document id 'a' repeats line 1", "a BEIR corpus with a repeated document id"),
+    ("emb_beir_utf8", "embeddings", ["--model", "{pre}", "--beir", "{beir_utf8}"], r"corpus.jsonl:2: not UTF-8",
+     "a BEIR corpus record that is not UTF-8"),
+    ("emb_beir_unknown", "embeddings", ["--model", "{pre}", "--beir", "{beir_unknown}"],
+     r"test.tsv: query '1' judges document id 'z', which is not in", "qrels naming a document the corpus lacks"),
+    ("emb_beir_missing", "embeddings", ["--model", "{pre}", "--beir", "{tmp}/none"], r"corpus.jsonl: no such file",
+     "a BEIR folder that does not exist"),
+    ("emb_sts_column", "embeddings", ["--model", "{pre}", "--sts", "{sts_no_score}"],
+     r"missing column\(s\) \['score'\]", "an STS file without its score column"),
+    ("emb_two_tasks", "embeddings", ["--model", "{pre}", "--sts", "{sts_no_score}", "--beir", "{beir_dup}"],
+     r"not allowed with argument", "both --sts and --beir"),
     ("pr_missing", "predict", ["--workdir", "{tmp}/none", "a [MASK] b"], r"no config.json|none",
      "a workdir that does not exist"),
     ("pr_no_text", "predict", ["--workdir", "{pre}"], r"the following arguments are required: text", "no text"),
@@ -247,6 +268,17 @@ def fixtures(tmp: str) -> dict:
   f["csv_bad_label"] = write("csv_bad_label.csv", "sentence,label\nthe model,pos\nthe text,maybe\n")
   f["jsonl_bad"] = write("jsonl_bad.jsonl", '{"sentence": "a", "label": "pos"}\n{not json\n')
   f["conll_no_tag"] = write("conll_no_tag.txt", "John B-PER\nSmith\n")
+  f["pairs_same"] = write("pairs_same.csv", "anchor,positive\nthe model,reads text\nthe text,reads text\n")
+  f["sts_no_score"] = write("sts_no_score.csv", "sentence1,sentence2\nthe model,reads text\n")
+  for name, corpus, qrels in (
+      ("beir_dup", b'{"_id": "a", "text": "one"}\n{"_id": "a", "text": "two"}\n', b"1\ta\t1\n"),
+      ("beir_utf8", b'{"_id": "a", "text": "one"}\n{"_id": "b", "text": "caf\xe9"}\n', b"1\ta\t1\n"),
+      ("beir_unknown", b'{"_id": "a", "text": "one"}\n', b"query-id\tcorpus-id\tscore\n1\tz\t1\n")):
+    f[name] = os.path.join(tmp, name)
+    os.makedirs(os.path.join(f[name], "qrels"))
+    write(f"{name}/corpus.jsonl", corpus, "wb")
+    write(f"{name}/queries.jsonl", b'{"_id": "1", "text": "first"}\n', "wb")
+    write(f"{name}/qrels/test.tsv", qrels, "wb")
   f["full"] = os.path.join(tmp, "full")
   os.makedirs(f["full"])
   write("full/notes.txt", "keep me")
@@ -314,7 +346,7 @@ def _tool(name: str):
       return aot.main(sys.argv)
     return run
   module = {"dataset": "bertjax.data.dataset", "tokenizer": "bertjax.data.tokenizer", "predict": "bertjax.predict",
-            "convert": "bertjax.convert.__main__"}[name]
+            "convert": "bertjax.convert.__main__", "embeddings": "bertjax.embeddings"}[name]
   import importlib
   return importlib.import_module(module).main
 

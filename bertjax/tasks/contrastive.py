@@ -99,7 +99,16 @@ class Contrastive(Kind):
       rows = read(d.eval_file)
       corpus = sorted({t for r in rows for t in r["docs"]})
       evals.append(EvalSet("validation", featurize(rows, tok, seq), {"rows": rows, "corpus": corpus}))
-    return featurize(train_rows, tok, seq), evals, {"hard negatives per row": len(negatives)}
+    stats = {"hard negatives per row": len(negatives)}
+    if not score:
+      positives = [r["docs"][0] for r in train_rows]
+      distinct = len(set(positives))
+      if distinct < 2:
+        raise task_data.TaskDataError(f"{d.train_file}: every row has the same positive; in-batch negatives need at "
+                                      "least two distinct positives")
+      # Rows sharing a positive are each other's false negatives: masked in the loss (`ranking_loss` doc_keys).
+      stats["rows whose positive another row shares"] = len(positives) - distinct
+    return featurize(train_rows, tok, seq), evals, stats
 
   def loss(self, task, out, batch):
     w = batch["example_weights"]
