@@ -57,14 +57,14 @@ def test_local_chunks_equal_the_banded_dense_path(window, chunk):
 
 
 @pytest.mark.parametrize("window", [0, 10])
-@pytest.mark.parametrize("few_rows", [False, True])
-def test_key_blocks_with_an_online_softmax_equal_the_dense_path(window, few_rows):
+@pytest.mark.parametrize("few_rows,query_block", [(False, 0), (True, 0), (False, 16), (True, 3)])
+def test_key_blocks_with_an_online_softmax_equal_the_dense_path(window, few_rows, query_block):
   q, k, v, valid, seg = _inputs()
   queries = jnp.asarray([[0, 3, 20, 37], [1, 5, 30, 35]], jnp.int32) if few_rows else None
   rows = np.take_along_axis(np.asarray(seg) > 0, np.asarray(queries), 1) if few_rows else np.asarray(seg) > 0
   pick = (lambda x: jnp.take_along_axis(x, queries[:, :, None, None], axis=1)) if few_rows else (lambda x: x)
   _check(lambda q, k, v: blockwise.blocked_attention(pick(q), k, v, valid, seg, block=16, window=window,
-                                                     queries=queries),
+                                                     queries=queries, query_block=query_block),
          lambda q, k, v: _dense(pick(q), k, v, valid, seg, window, queries), q, k, v, rows)
 
 

@@ -404,6 +404,16 @@ def test_squad_json_and_ner_end_to_end(tmp_path, vocab, monkeypatch):
   c.train.num_epochs = 1
   out = finetune.finetune(c, str(tmp_path / "qa"))
   assert set(out["report"]["epochs"][0]["validation"]) == {"exact_match", "f1"}
+  # `python -m bertjax.predict --question` answers as HF's question-answering pipeline on the exported model.
+  transformers = pytest.importorskip("transformers")
+  pytest.importorskip("torch")
+  from bertjax.convert import __main__ as convert_cli
+  assert convert_cli.write(str(tmp_path / "qa"), str(tmp_path / "qa_hf")) == "BertForQuestionAnswering"
+  qa_pipe = transformers.pipeline("question-answering", model=str(tmp_path / "qa_hf"))
+  for ex in examples[:3]:
+    printed = _predict_cli(["--workdir", str(tmp_path / "qa"), "--question", ex.question, ex.context])
+    theirs = qa_pipe(question=ex.question, context=ex.context)
+    assert printed["answer"] == theirs["answer"].strip(), (printed, theirs)
   cut, real_featurize = [], squad.featurize
   monkeypatch.setattr(squad, "featurize", lambda *a, **kw: cut.append(kw) or real_featurize(*a, **kw))
   ans = predict.predict_text(str(tmp_path / "qa"), question=examples[0].question, context=examples[0].context)
@@ -430,14 +440,49 @@ def test_squad_json_and_ner_end_to_end(tmp_path, vocab, monkeypatch):
   tags = predict.predict_text(str(tmp_path / "ner"), text="John went to Paris")["tags"]
   assert [w for w, _ in tags] == ["John", "went", "to", "Paris"]
   # The exported tagger in HF's token-classification pipeline: each word's tag is its first piece's.
-  transformers = pytest.importorskip("transformers")
-  pytest.importorskip("torch")
-  from bertjax.convert import __main__ as convert_cli
   assert convert_cli.write(str(tmp_path / "ner"), str(tmp_path / "ner_hf")) == "BertForTokenClassification"
   pipe = transformers.pipeline("token-classification", model=str(tmp_path / "ner_hf"), ignore_labels=[])
   pieces = pipe("John went to Paris")
   first = [p["entity"] for p in pieces if not p["word"].startswith("##")]
   assert [t for _, t in tags] == first
+
+
+def _predict_cli(argv) -> dict:
+  """What `python -m bertjax.predict ARGV` prints, parsed."""
+  import contextlib
+  import io
+  out = io.StringIO()
+  with contextlib.redirect_stdout(out):
+    assert predict.main(argv) in (0, None)
+  return json.loads(out.getvalue().strip().splitlines()[-1])
+
+
+def test_a_sentence_pair_classifier_predicts_as_hf_text_classification_pipeline(tmp_path, vocab):
+  """`python -m bertjax.predict --pair` on a fine-tuned pair task gives the probabilities HF's text-classification
+  pipeline gives for {text, text_pair} on the exported model."""
+  transformers = pytest.importorskip("transformers")
+  pytest.importorskip("torch")
+  import csv
+  rng = random.Random(0)
+  words = "alpha beta gamma delta river mountain city island good bad".split()
+  with open(tmp_path / "pairs.csv", "w", newline="") as f:
+    w = csv.writer(f)
+    w.writerow(["first", "second", "label"])
+    for _ in range(64):
+      a, b = (" ".join(rng.choice(words) for _ in range(rng.randint(3, 7))) for _ in range(2))
+      w.writerow([a, b, "same" if ("good" in a) == ("good" in b) else "different"])
+  c = tiny_config("local", vocab, train_file=str(tmp_path / "pairs.csv"), eval_file=str(tmp_path / "pairs.csv"),
+                  text_a_column="first", text_b_column="second", label_column="label", labels=("same", "different"))
+  c.train.num_epochs = 1
+  finetune.finetune(c, str(tmp_path / "w"))
+  from bertjax.convert import __main__ as convert_cli
+  assert convert_cli.write(str(tmp_path / "w"), str(tmp_path / "hf")) == "BertForSequenceClassification"
+  pipe = transformers.pipeline("text-classification", model=str(tmp_path / "hf"), top_k=None)
+  for a, b in (("alpha good river", "city bad island"), ("good good", "mountain good"), ("beta", "delta gamma")):
+    ours = _predict_cli(["--workdir", str(tmp_path / "w"), "--pair", b, a])
+    theirs = {d["label"]: d["score"] for d in pipe({"text": a, "text_pair": b})}
+    np.testing.assert_allclose([ours["probabilities"][k] for k in ("same", "different")],
+                               [theirs[k] for k in ("same", "different")], atol=1e-4)  # printed to 4 places
 
 
 @pytest.mark.slow

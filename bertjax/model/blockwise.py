@@ -20,6 +20,11 @@ import numpy as np
 from bertjax.kernels import dropout as dropout_lib
 
 
+# Query rows per tile of a global layer: 512 x 256-key score blocks were the fastest on the 2-core CPU at 4,096
+# tokens (2.25 s forward + backward for 12 heads, against 2.78 s untiled).
+QUERY_BLOCK = 512
+
+
 def _drop(p, rng, rate: float, impl: str):
   if impl == "hash":
     return dropout_lib.hash_dropout(p, jax.random.bits(rng, (), jnp.uint32), rate)
@@ -70,7 +75,7 @@ def local_attention(q, k, v, valid, segments, window: int, chunk: int, *, dropou
 
 def blocked_attention(q, k, v, valid, segments, *, block: int, window: int = 0, queries=None,
                       dropout_rate: float = 0.0, dropout_rng=None, dropout_impl: str = "rng",
-                      flash_backward: bool = True):
+                      flash_backward: bool = True, query_block: int = 0):
   """Attention of q [B, Q, H, D] over k, v [B, L, H, D] in key blocks of `block` with an online softmax.
   `queries` [B, Q]: the positions of q's rows (None: q is every position); `window` > 0 limits each query to
   |i - j| <= window // 2. valid [B, L] marks real keys; segments [B, L] (or None) keeps a query to its segment.
@@ -80,6 +85,10 @@ def blocked_attention(q, k, v, valid, segments, *, block: int, window: int = 0, 
   (`flash_backward=False`: JAX's own derivative of the forward scan, the reference the tests compare with)."""
   b, length, h, d = k.shape
   nq = q.shape[1]
+  if query_block and nq > query_block:
+    return _in_query_blocks(q, k, v, valid, segments, queries, query_block, block=block, window=window,
+                            dropout_rate=dropout_rate, dropout_rng=dropout_rng, dropout_impl=dropout_impl,
+                            flash_backward=flash_backward)
   padded = -(-length // block) * block
   nk = padded // block
   qpos = jnp.broadcast_to(jnp.arange(nq, dtype=jnp.int32)[None], (b, nq)) if queries is None else queries
@@ -162,6 +171,24 @@ def blocked_attention(q, k, v, valid, segments, *, block: int, window: int = 0, 
   return attend(q, k, v, rng, aux) if flash_backward else forward(q, k, v, rng, aux)[0]
 
 
+def _in_query_blocks(q, k, v, valid, segments, queries, query_block: int, *, dropout_rng, **kw):
+  """`blocked_attention` of `query_block` query rows at a time (a loop over query tiles, each over every key
+  block): each tile's score blocks are small enough to stay in cache between the softmax's passes over them.
+  Each tile draws its dropout from a key of its own."""
+  b, nq = q.shape[:2]
+  n = -(-nq // query_block)
+  pos = jnp.broadcast_to(jnp.arange(nq, dtype=jnp.int32)[None], (b, nq)) if queries is None else queries
+  pos = _pad(pos, n * query_block, nq - 1)  # padded rows repeat the last position; their outputs are dropped
+  tiles = {"q": jnp.moveaxis(_pad(q, n * query_block).reshape((b, n, query_block) + q.shape[2:]), 1, 0),
+           "pos": jnp.moveaxis(pos.reshape(b, n, query_block), 1, 0), "i": jnp.arange(n)}
+
+  def tile(x):
+    rng = None if dropout_rng is None else jax.random.fold_in(dropout_rng, x["i"])
+    return blocked_attention(x["q"], k, v, valid, segments, queries=x["pos"], dropout_rng=rng, **kw)
+  out = jax.lax.map(tile, tiles)
+  return jnp.moveaxis(out, 0, 1).reshape((b, n * query_block) + q.shape[2:])[:, :nq]
+
+
 def fused_global(q, k, v, valid):
   """cuDNN's fused (flash) attention over every key of right-padded rows (a key-length per row): the global
   layers' kernel on a GPU in bfloat16 / float16 without dropout or packed rows. cuDNN's windows are one-sided
@@ -181,7 +208,7 @@ def attention(q, k, v, valid, segments, *, local, window: int, block: int, queri
   def global_(q, k, v):
     if fused and queries is None:
       return fused_global(q, k, v, valid)
-    return blocked_attention(q, k, v, valid, segments, block=block, queries=queries, **kw)
+    return blocked_attention(q, k, v, valid, segments, block=block, queries=queries, query_block=QUERY_BLOCK, **kw)
 
   def local_(q, k, v):
     if queries is not None:
