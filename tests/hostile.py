@@ -408,7 +408,8 @@ def main() -> None:
 
 def markdown() -> str:
   tools = {"main": "bertjax.main", "dataset": "bertjax.data.dataset", "tokenizer": "bertjax.data.tokenizer",
-           "predict": "bertjax.predict", "convert": "bertjax.convert", "aot": "bertjax.aot"}
+           "predict": "bertjax.predict", "convert": "bertjax.convert", "aot": "bertjax.aot",
+           "embeddings": "bertjax.embeddings"}
   rows = ["| tool | bad input | the one line matches |", "|---|---|---|"]
   for _, tool, _, pattern, what in CASES:
     rows.append(f"| `{tools[tool]}` | {what} | `{pattern.replace('|', chr(92) + '|')}` |")

@@ -32,7 +32,7 @@ def test_every_cli_refuses_bad_input_in_one_line(tmp_path):
     results.update(json.loads(out.read_text()))
   assert len(results) == len(hostile.CASES) >= 60
   tools = {case[1] for case in hostile.CASES}
-  assert tools == {"main", "dataset", "tokenizer", "predict", "convert", "aot"}
+  assert tools == {"main", "dataset", "tokenizer", "predict", "convert", "aot", "embeddings"}
   problems = {k: r["problem"] for k, r in results.items() if r["problem"]}
   assert not problems, json.dumps(problems, indent=1)[:6000]
 
