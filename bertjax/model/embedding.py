@@ -52,8 +52,9 @@ def pool(hidden, mask, mode: str):
 
 
 def normalize(x, eps: float = 1e-12):
-  """x / max(‖x‖, eps) along the last axis (torch.nn.functional.normalize)."""
-  return x / jnp.maximum(jnp.linalg.norm(x, axis=-1, keepdims=True), eps)
+  """x / max(‖x‖, eps) along the last axis (torch.nn.functional.normalize). Written as x / √max(Σx², eps²), equal
+  in value, so that a zero vector (a padding row's pooled embedding) has a zero gradient rather than NaN."""
+  return x / jnp.sqrt(jnp.maximum(jnp.sum(x * x, axis=-1, keepdims=True), eps * eps))
 
 
 def matryoshka(embeddings, dims: int):
