@@ -68,8 +68,10 @@ def assert_parity(ours, theirs, batch, atol):
   for k in ("pooled", "mlm_logits", "nsp_logits"):
     diffs[k] = np.abs(np.asarray(ours[k]) - theirs[k]).max()
   loss, _ = losses.pretraining_loss(ours, batch)
-  diffs["loss"] = abs(float(loss) - theirs["loss"])
-  assert all(v <= atol for v in diffs.values()), diffs
+  # The loss (about 10 at a 30,522 vocabulary) is compared relatively: float32 sums differ in their last bits.
+  diffs["loss_relative"] = abs(float(loss) - theirs["loss"]) / abs(theirs["loss"])
+  assert all(v <= (atol if k != "loss_relative" else atol / 5) for k, v in diffs.items()), str(
+      {k: float(v) for k, v in diffs.items()})
   return diffs
 
 

@@ -302,6 +302,9 @@ def test_contrastive_training_on_the_loop_with_retrieval_scores_from_ir_measures
   assert convert_cli.write(str(tmp_path / "w"), str(tmp_path / "st")) == "SentenceTransformer"
   theirs = st.SentenceTransformer(str(tmp_path / "st"), device="cpu").encode([r["anchor"] for r in rows[:5]])
   np.testing.assert_allclose(theirs, q[:5], atol=1e-5)
+  # ... and bertjax reads its own export back (it has no pooler: an embedding model has none to write).
+  again = embeddings.Encoder.load(str(tmp_path / "st")).encode([r["anchor"] for r in rows[:5]])
+  np.testing.assert_allclose(again, q[:5], atol=1e-5)
   assert task_data.get("pairs").main_metric == "ndcg@10"
 
 

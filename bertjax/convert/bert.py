@@ -83,8 +83,8 @@ def _rows(cfg: model_lib.BertConfig, head: str, tf: bool = False):
   if head == "pretraining":
     return [(p, pick(hf, t), kind) for p, hf, t, kind in NAME_TABLE(cfg, pretraining=True)]
   enc = [(p, "bert" + sep + pick(hf, t), kind) for p, hf, t, kind in NAME_TABLE(cfg, pretraining=False)]
-  if head == "encoder":
-    return enc
+  if head == "encoder":  # an embedding model's export has no pooler: nothing reads it
+    return [r + ("extra",) if r[0][0] == "pooler" else r for r in enc]
   if head not in table.TASK_HEADS:
     raise ConversionError(f"bert checkpoints load as pretraining, encoder or one of {list(table.TASK_HEADS)}, "
                           f"not {head!r}")
