@@ -18,9 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shlex
 import statistics
-import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -115,19 +113,9 @@ def markdown(summary: dict) -> str:
 
 
 def _plot(summary, path):
-  import matplotlib
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
   rows = [r for r in summary["tasks"] if r["runs"]]
-  fig, ax = plt.subplots(figsize=(max(4, 1.3 * len(rows)), 4))
-  x = range(len(rows))
-  ax.bar(x, [r["median"] for r in rows], color="tab:blue", label="median over seeds")
-  ax.errorbar(x, [r["mean"] for r in rows], yerr=[r["sd"] for r in rows], fmt="o", color="tab:orange",
-              label="mean ± sd")
-  ax.set_xticks(list(x), [f"{r['task']}\n{r['metric']}" for r in rows])
-  ax.legend()
-  fig.savefig(path, dpi=100, bbox_inches="tight")
-  plt.close(fig)
+  sweep.bar_plot(path, [f"{r['task']}\n{r['metric']}" for r in rows], [r["median"] for r in rows],
+                 mean=[r["mean"] for r in rows], sd=[r["sd"] for r in rows])
 
 
 def table(root: str) -> dict:
@@ -144,11 +132,7 @@ def table(root: str) -> dict:
 
 
 def main(argv=None):
-  argv = sys.argv[1:] if argv is None else argv
-  extra = []
-  if "--" in argv:
-    i = argv.index("--")
-    argv, extra = argv[:i], argv[i + 1:]
+  argv, extra = sweep.split_extra(argv)
   p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   sub = p.add_subparsers(dest="cmd", required=True)
   r = sub.add_parser("run")
@@ -172,19 +156,8 @@ def main(argv=None):
     plan["tasks"].setdefault(task, {})[name] = point
   with open(os.path.join(args.root, "suite.json.runs"), "w", encoding="utf-8") as f:
     json.dump(plan, f, indent=2)
-  env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-  for task, name, _, cmd in runs:
-    workdir = os.path.join(args.root, task, name)
-    if args.print:
-      print(" ".join(shlex.quote(c) for c in cmd))
-      continue
-    if finished(workdir):
-      print(f"== {task}/{name}: finished before, kept", flush=True)
-      continue
-    print(f"== {task}/{name}", flush=True)
-    out = subprocess.run(cmd, cwd=ROOT, env=env)
-    if out.returncode != 0:
-      print(f"   {task}/{name} failed with exit code {out.returncode}; continuing", flush=True)
+  sweep.execute([(f"{task}/{name}", cmd) for task, name, _, cmd in runs], args.print,
+                skip=lambda label: finished(os.path.join(args.root, label)))
   if not args.print:
     table(args.root)
   return 0

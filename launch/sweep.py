@@ -92,19 +92,56 @@ def tabulate(root: str) -> list[dict]:
 
 
 def _plot(rows, path):
+  labels = [",".join(f"{k}={v}" for k, v in r["setting"].items()) or "all" for r in rows]
+  bar_plot(path, labels, [r["median"] for r in rows], ylabel=rows[0]["metric"], best=[r["best"] for r in rows])
+
+
+def bar_plot(path, labels, medians, ylabel="", best=None, mean=None, sd=None):
+  """Medians over seeds as bars, with the best run or the mean ± sd beside each."""
   import matplotlib
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
-  labels = [",".join(f"{k}={v}" for k, v in r["setting"].items()) or "all" for r in rows]
-  fig, ax = plt.subplots(figsize=(max(4, 1.2 * len(rows)), 4))
-  x = range(len(rows))
-  ax.bar(x, [r["median"] for r in rows], color="tab:blue", label="median over seeds")
-  ax.scatter(x, [r["best"] for r in rows], color="tab:orange", zorder=3, label="best")
-  ax.set_xticks(list(x), labels, rotation=30, ha="right")
-  ax.set_ylabel(rows[0]["metric"])
+  fig, ax = plt.subplots(figsize=(max(4, 1.3 * len(labels)), 4))
+  x = list(range(len(labels)))
+  ax.bar(x, medians, color="tab:blue", label="median over seeds")
+  if best is not None:
+    ax.scatter(x, best, color="tab:orange", zorder=3, label="best")
+  if mean is not None:
+    ax.errorbar(x, mean, yerr=sd, fmt="o", color="tab:orange", label="mean ± sd")
+  ax.set_xticks(x, labels, rotation=30 if best is not None else 0, ha="right" if best is not None else "center")
+  if ylabel:
+    ax.set_ylabel(ylabel)
   ax.legend()
   fig.savefig(path, dpi=100, bbox_inches="tight")
   plt.close(fig)
+
+
+def split_extra(argv):
+  """`args -- overrides`: the part after `--` goes to every run unchanged."""
+  argv = sys.argv[1:] if argv is None else list(argv)
+  if "--" in argv:
+    i = argv.index("--")
+    return argv[:i], argv[i + 1:]
+  return argv, []
+
+
+def execute(runs, print_only: bool, skip=lambda label: False):
+  """Runs each (label, command) here one after another, or prints one command line per run for a pod.
+
+  A failed run is reported and the rest go on; `skip(label)` keeps a finished run.
+  """
+  env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+  for label, cmd in runs:
+    if print_only:
+      print(" ".join(shlex.quote(c) for c in cmd))
+      continue
+    if skip(label):
+      print(f"== {label}: finished before, kept", flush=True)
+      continue
+    print(f"== {label}", flush=True)
+    out = subprocess.run(cmd, cwd=ROOT, env=env)
+    if out.returncode != 0:
+      print(f"   {label} failed with exit code {out.returncode}; continuing", flush=True)
 
 
 def print_table(rows):
@@ -118,11 +155,7 @@ def print_table(rows):
 
 
 def main(argv=None):
-  argv = sys.argv[1:] if argv is None else argv
-  extra = []
-  if "--" in argv:
-    i = argv.index("--")
-    argv, extra = argv[:i], argv[i + 1:]
+  argv, extra = split_extra(argv)
   p = argparse.ArgumentParser(description="Run or tabulate a grid of bertjax runs.")
   sub = p.add_subparsers(dest="cmd", required=True)
   r = sub.add_parser("run")
@@ -138,15 +171,7 @@ def main(argv=None):
     os.makedirs(args.root, exist_ok=True)
     with open(os.path.join(args.root, "sweep_runs.json"), "w", encoding="utf-8") as f:
       json.dump({name: point for name, point, _ in cmds}, f, indent=2)
-    for name, _, cmd in cmds:
-      if args.print:
-        print(" ".join(shlex.quote(c) for c in cmd))
-        continue
-      print(f"== {name}", flush=True)
-      env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-      out = subprocess.run(cmd, cwd=ROOT, env=env)
-      if out.returncode != 0:
-        print(f"   run {name} failed with exit code {out.returncode}; continuing", flush=True)
+    execute([(name, cmd) for name, _, cmd in cmds], args.print)
     if args.print:
       return 0
   print_table(tabulate(args.root))
