@@ -4,10 +4,10 @@ blockwise.
   python benchmarks/check_attention.py [--dtype bfloat16] [--batch 8] [--seq 128] [--window 128]
 
 A base-shaped encoder layer stack (dropout off) in `dtype`, random tokens with padding and, separately, packed rows
-(two examples per row with the block-diagonal segment mask). Prints ‖out − ref‖/‖ref‖ of the hidden states and of
-the parameter gradients against the float32 xla path. Implementations the backend lacks are reported, not hidden.
-With `--window W`, ModernBERT's attention pattern: rotary positions, W-token sliding windows, a global layer every
-third (the fused implementations refuse windows and are reported so).
+(two examples per row with the block-diagonal segment mask) and rows padded on the left. Prints ‖out − ref‖/‖ref‖
+of the hidden states and of the parameter gradients against the float32 xla path. Implementations the backend
+lacks are reported, not hidden. With `--window W`, ModernBERT's attention pattern: rotary positions, W-token
+sliding windows, a global layer every third (the fused implementations refuse windows and are reported so).
 """
 import argparse
 import dataclasses
@@ -44,6 +44,8 @@ def main():
   packed["attention_segment_ids"] = np.where(np.arange(s)[None] < half[:, None], 1, 2) * batch["input_mask"]
   packed["position_ids"] = np.where(np.arange(s)[None] < half[:, None], np.arange(s)[None],
                                     np.arange(s)[None] - half[:, None]).astype(np.int32)
+  # Rows padded on the left: the fused global kernel takes key lengths, so this batch must take the masked path.
+  left = dict(batch, input_mask=batch["input_mask"][:, ::-1].copy())
   ref_model = model_lib.BertModel(dataclasses.replace(base, attention_impl="xla"))
   params = ref_model.init(jax.random.key(0), batch)["params"]
   # A random projection of the real tokens' hidden states as the loss: every parameter gets a real gradient.
@@ -63,7 +65,7 @@ def main():
 
   print(f"{jax.devices()[0].device_kind}: {args.layers} base layers, batch {b} x {s}, {args.dtype}"
         + (f", windows of {args.window}" if args.window else ""))
-  for name, x in (("padded", batch), ("packed", packed)):
+  for name, x in (("padded", batch), ("packed", packed), ("left", left)):
     h_ref, g_ref = run(dataclasses.replace(base, attention_impl="xla"), x)
     m = x["input_mask"].astype(bool)
     for impl in ("xla", "cudnn", "auto", "pallas", "splash", "blockwise"):

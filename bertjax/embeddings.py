@@ -124,13 +124,9 @@ def sts_scores(encoder: Encoder, pairs: Sequence[tuple[str, str, float]], batch_
     raise task_data.TaskDataError(f"STS needs at least two scored pairs, got {len(pairs)}")
   a = encoder.encode([p[0] for p in pairs], batch_size)
   b = encoder.encode([p[1] for p in pairs], batch_size)
-  cos = np.sum(a * b, -1) / (np.linalg.norm(a, axis=-1) * np.linalg.norm(b, axis=-1))
+  cos = scores.paired_cosine(a, b)
   gold = np.array([p[2] for p in pairs], np.float64)
   return {"spearman": scores.spearman(cos, gold), "pearson": scores.pearson(cos, gold), "pairs": len(pairs)}
-
-
-def _unit(x: np.ndarray) -> np.ndarray:
-  return x / np.maximum(np.linalg.norm(x, axis=-1, keepdims=True), 1e-12)
 
 
 def beir_scores(encoder: Encoder, folder: str | retrieval.Beir, split: str = "test", top_k: int = 1000,
@@ -144,7 +140,7 @@ def beir_scores(encoder: Encoder, folder: str | retrieval.Beir, split: str = "te
   if top_k < 1 or block < 1:
     raise errors.ConfigError(f"--top_k and --block must be >= 1, got {top_k} and {block}")
   beir = folder if isinstance(folder, retrieval.Beir) else retrieval.read_beir(folder, split)
-  prep = _unit if score == "cos" else (lambda x: x)
+  prep = scores.unit_rows if score == "cos" else (lambda x: x)
   queries = prep(encoder.encode([query_prefix + t for t in beir.queries], batch_size))
   blocks = retrieval.corpus_blocks(lambda texts: prep(encoder.encode([doc_prefix + t for t in texts], batch_size)),
                                    beir.docs, block, cache_dir, f"{encoder.fingerprint}|{doc_prefix}|{score}")

@@ -209,29 +209,40 @@ def _ranked(docs: dict[str, float]) -> list[tuple[str, float]]:
   return sorted(docs.items(), key=lambda kv: (kv[1], kv[0]), reverse=True)
 
 
-def query_metrics(docs: dict[str, float], judged: dict[str, int]) -> dict[str, float]:
-  """trec_eval's ndcg_cut.10 (graded gains, log2 discount), recip_rank cut at 10, recall.100 and map (relevant:
-  relevance >= 1) of one query's retrieved documents."""
+def query_metrics(docs: dict[str, float], judged: dict[str, int], metrics: Sequence[str] = METRICS
+                  ) -> dict[str, float]:
+  """trec_eval's measures of one query's retrieved documents: `ndcg@k` (ndcg_cut, graded gains, log2 discount),
+  `mrr@k` (recip_rank cut at k), `recall@k` and `map` (relevant: relevance >= 1)."""
   ranked = [d for d, _ in _ranked(docs)]
   relevant = {d for d, r in judged.items() if r >= 1}
-  gains = [max(judged.get(d, 0), 0) for d in ranked]
-  dcg = sum(g / math.log2(i + 2) for i, g in enumerate(gains[:10]))
-  ideal = sorted((r for r in judged.values() if r > 0), reverse=True)[:10]
-  idcg = sum(g / math.log2(i + 2) for i, g in enumerate(ideal))
   hits = [d in relevant for d in ranked]
-  first = next((i for i, h in enumerate(hits[:10]) if h), None)
-  precisions = [sum(hits[:i + 1]) / (i + 1) for i, h in enumerate(hits) if h]
   n_rel = len(relevant)
-  return {"ndcg@10": dcg / idcg if idcg else 0.0,
-          "mrr@10": 1.0 / (first + 1) if first is not None else 0.0,
-          "recall@100": sum(hits[:100]) / n_rel if n_rel else 0.0,
-          "map": sum(precisions) / n_rel if n_rel else 0.0}
+  out = {}
+  for m in metrics:
+    name, _, cut = m.partition("@")
+    k = int(cut) if cut else len(ranked)
+    if name == "ndcg":
+      dcg = sum(max(judged.get(d, 0), 0) / math.log2(i + 2) for i, d in enumerate(ranked[:k]))
+      ideal = sorted((r for r in judged.values() if r > 0), reverse=True)[:k]
+      idcg = sum(g / math.log2(i + 2) for i, g in enumerate(ideal))
+      out[m] = dcg / idcg if idcg else 0.0
+    elif name == "mrr":
+      first = next((i for i, h in enumerate(hits[:k]) if h), None)
+      out[m] = 1.0 / (first + 1) if first is not None else 0.0
+    elif name == "recall":
+      out[m] = sum(hits[:k]) / n_rel if n_rel else 0.0
+    elif name == "map":
+      out[m] = sum(sum(hits[:i + 1]) / (i + 1) for i, h in enumerate(hits[:k]) if h) / n_rel if n_rel else 0.0
+    else:
+      raise ValueError(f"unknown retrieval metric {m!r}: ndcg@k, mrr@k, recall@k or map")
+  return out
 
 
-def evaluate_run(run: dict[str, dict[str, float]], qrels: dict[str, dict[str, int]]) -> dict[str, float]:
+def evaluate_run(run: dict[str, dict[str, float]], qrels: dict[str, dict[str, int]],
+                 metrics: Sequence[str] = METRICS) -> dict[str, float]:
   """The mean over the judged queries of each metric; a judged query absent from the run scores 0."""
-  per_query = [query_metrics(run.get(q, {}), judged) for q, judged in qrels.items()]
-  return {m: float(np.mean([p[m] for p in per_query])) for m in METRICS}
+  per_query = [query_metrics(run.get(q, {}), judged, metrics) for q, judged in qrels.items()]
+  return {m: float(np.mean([p[m] for p in per_query])) for m in metrics}
 
 
 # ------------------------------------------------------------------------------------------- corpus embedding

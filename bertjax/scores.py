@@ -16,6 +16,17 @@ import numpy as np
 from bertjax import errors
 
 
+def unit_rows(x) -> np.ndarray:
+  """Each row divided by its L2 norm (a zero row stays zero)."""
+  x = np.asarray(x, np.float32)
+  return x / np.maximum(np.linalg.norm(x, axis=-1, keepdims=True), 1e-12)
+
+
+def paired_cosine(a, b) -> np.ndarray:
+  """Cosine similarity of row i of `a` with row i of `b`."""
+  return np.sum(unit_rows(a) * unit_rows(b), axis=-1)
+
+
 def accuracy(pred, gold) -> float:
   pred, gold = np.asarray(pred), np.asarray(gold)
   return float(np.mean(pred == gold)) if len(gold) else 0.0

@@ -205,10 +205,17 @@ def attention(q, k, v, valid, segments, *, local, window: int, block: int, queri
   with `fused` (see `fused_global`) in cuDNN's kernel."""
   kw = dict(dropout_rate=dropout_rate, dropout_rng=dropout_rng, dropout_impl=dropout_impl)
 
+  def blocked(q, k, v):
+    return blocked_attention(q, k, v, valid, segments, block=block, queries=queries, query_block=QUERY_BLOCK, **kw)
+
   def global_(q, k, v):
     if fused and queries is None:
-      return fused_global(q, k, v, valid)
-    return blocked_attention(q, k, v, valid, segments, block=block, queries=queries, query_block=QUERY_BLOCK, **kw)
+      # cuDNN takes a key length per row, which is the mask only when every row is right-padded; a batch padded
+      # on the left (or with holes) takes the blocked path instead.
+      lengths = jnp.sum(valid.astype(jnp.int32), axis=-1, keepdims=True)
+      right_padded = jnp.all(valid == (jnp.arange(valid.shape[-1]) < lengths))
+      return jax.lax.cond(right_padded, lambda q, k, v: fused_global(q, k, v, valid), blocked, q, k, v)
+    return blocked(q, k, v)
 
   def local_(q, k, v):
     if queries is not None:

@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bertjax import contrastive, errors, scores
+from bertjax import contrastive, errors, retrieval, scores
 from bertjax.data import task_data
 from bertjax.model.embedding import EmbeddingModel, Pooling
 from bertjax.tasks.base import EvalSet, Kind
@@ -63,16 +63,13 @@ def featurize(rows: list[dict], tok, seq: int) -> dict:
           "labels": np.array([r["score"] for r in rows], np.float32)}
 
 
-def retrieval_scores(queries, corpus, relevant) -> dict[str, float]:
-  """nDCG@10, MRR@10, Recall@1 and Recall@10 of cosine ranking, one relevant corpus row per query."""
-  q = queries / np.linalg.norm(queries, axis=1, keepdims=True)
-  c = corpus / np.linalg.norm(corpus, axis=1, keepdims=True)
-  sims = q @ c.T
-  rank = 1 + np.sum(sims > sims[np.arange(len(q)), relevant][:, None], axis=1)  # 1 = first
-  top10 = rank <= 10
-  return {"ndcg@10": float(np.mean(np.where(top10, 1.0 / np.log2(rank + 1), 0.0))),
-          "mrr@10": float(np.mean(np.where(top10, 1.0 / rank, 0.0))),
-          "recall@1": float(np.mean(rank == 1)), "recall@10": float(np.mean(top10))}
+def retrieval_scores(queries, corpus, relevant, metrics=("ndcg@10", "mrr@10", "recall@1", "recall@10")
+                     ) -> dict[str, float]:
+  """Cosine ranking of the whole corpus for each query (one relevant corpus row each), scored by trec_eval's
+  measures in `retrieval.evaluate_run`."""
+  sims = scores.unit_rows(queries) @ scores.unit_rows(corpus).T
+  run = {f"q{i}": {f"d{j}": float(s) for j, s in enumerate(row)} for i, row in enumerate(sims)}
+  return retrieval.evaluate_run(run, {f"q{i}": {f"d{r}": 1} for i, r in enumerate(relevant)}, metrics)
 
 
 class Contrastive(Kind):
@@ -157,14 +154,12 @@ class Contrastive(Kind):
   def score(self, task, ev, preds, config):
     q, d = preds["embedding"], preds["doc_embedding"]
     if task.option("scored"):
-      cos = np.sum(q * d[:, 0], -1) / (np.linalg.norm(q, axis=-1) * np.linalg.norm(d[:, 0], axis=-1))
+      cos = scores.paired_cosine(q, d[:, 0])
       g = ev.feats["labels"]
       out = {"spearman": scores.spearman(cos, g), "pearson": scores.pearson(cos, g)}
       for dim in task.option("matryoshka") or ():
         if dim < q.shape[-1]:
-          a, b = q[:, :dim], d[:, 0, :dim]
-          out[f"spearman_dim{dim}"] = scores.spearman(
-              np.sum(a * b, -1) / (np.linalg.norm(a, axis=-1) * np.linalg.norm(b, axis=-1)), g)
+          out[f"spearman_dim{dim}"] = scores.spearman(scores.paired_cosine(q[:, :dim], d[:, 0, :dim]), g)
       return out
     rows, corpus = ev.meta["rows"], ev.meta["corpus"]
     index = {t: i for i, t in enumerate(corpus)}
