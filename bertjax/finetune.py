@@ -28,7 +28,6 @@ from bertjax import model as model_lib
 from bertjax import sharding as sharding_lib
 from bertjax import tasks as tasks_lib
 from bertjax.convert import sentence_transformers as st_lib
-from bertjax.data import packing
 from bertjax.data import tokenizer as tokenizer_lib
 from bertjax.data.batching import Plan, bucket_multiple, make_batch, predict_all, predict_packed
 from bertjax.model.embedding import Pooling
@@ -118,37 +117,40 @@ def pack_train(train: dict, task: tasks_lib.Task, config, dp: int) -> tuple[dict
   """Packs the training features (`data.packing`) and picks the rows per step that carry, on average, the
   recipe's `global_batch_size` examples (a multiple of the data-parallel size). Evaluation packs its examples
   alike (`batching.predict_packed`)."""
-  keys = tasks_lib.kind(task).pack_keys
-  if keys is None:
-    raise tasks_lib.TaskDataError("data.packing is for classification, regression and tagging; SQuAD windows are "
-                                  "already full (doc_stride), so there is nothing to pack")
+  kind = tasks_lib.kind(task)
+  if not kind.can_pack(task):
+    raise tasks_lib.TaskDataError(
+        "data.packing is for classification, regression, tagging and embedding pairs without "
+        "embedding.cache_chunk; SQuAD windows are already full (doc_stride), so there is nothing to pack")
   seq, gbs = config.data.max_seq_length, config.train.global_batch_size
   # A step holds a multiple of `dp` rows: more than global_batch_size / dp examples per row would make the
   # step's batch larger than the recipe's, so the row's capacity is capped there.
   k = min(config.data.pack_max_per_row, max(1, gbs // dp))
-  packed, rows = packing.pack_features(train, seq, k, **keys)
-  if "example_keys" in keys:
+  packed, rows = kind.pack(train, seq, k)
+  if "example_keys" in kind.pack_keys:
     del packed["example_slot_weights"]  # a per-token loss: label_weights already mark the real tokens
   n, r = len(train["input_ids"]), len(rows)
   per_row = n / r
   rows_per_step = max(dp, int(round(gbs / per_row / dp)) * dp)
-  real = float(np.sum(train["input_mask"])) / (r * seq)
-  note = (f"packing: {n} examples in {r} rows of {seq} (at most {k}, on average {per_row:.2f} per row, "
-          f"{real:.1%} of tokens real; "
-          f"unpacked {float(np.sum(train['input_mask'])) / (n * seq):.1%}); {rows_per_step} rows per step "
+  lengths = kind.text_lengths(train)
+  row_length = packed["input_ids"].shape[1]
+  note = (f"packing: {n} examples in {r} rows of {row_length} (at most {k}, on average {per_row:.2f} per row, "
+          f"{float(np.sum(lengths)) / (r * row_length):.1%} of tokens real; "
+          f"unpacked {float(np.sum(lengths)) / (len(lengths) * seq):.1%}); {rows_per_step} rows per step "
           f"= {rows_per_step * per_row:.1f} examples on average (global_batch_size {gbs})")
   return packed, rows_per_step, note
 
 
 def use_packing(config, task: tasks_lib.Task, train: dict) -> bool:
   """Whether the training rows are packed: `data.packing`, or `data.auto_packing` when the task kind packs and
-  its examples average at most half of `max_seq_length` (two or more to a row: most of an unpacked batch would
+  its texts average at most half of `max_seq_length` (two or more to a row: most of an unpacked batch would
   be padding, and one row shape is one compiled program where length buckets make several)."""
   if config.data.packing:
     return True
-  if not config.data.auto_packing or tasks_lib.kind(task).pack_keys is None:
+  kind = tasks_lib.kind(task)
+  if not config.data.auto_packing or not kind.can_pack(task):
     return False
-  lengths = np.sum(train["input_mask"], axis=1)
+  lengths = kind.text_lengths(train)
   return len(lengths) > 0 and float(np.mean(lengths)) <= config.data.max_seq_length / 2
 
 
@@ -323,7 +325,7 @@ def _finetune(config, workdir: str) -> dict:
     for ev in evals:
       if packed:  # packed like the training rows: one program for every batch, next to no padding
         preds = predict_packed(t.eval_step, state.params, ev.feats, eval_batch, t.batch_sharding,
-                               config.data.pack_max_per_row, kind.pack_keys, "token_keys" in kind.pack_keys)
+                               config.data.pack_max_per_row, kind.pack, "token_keys" in kind.pack_keys)
       else:
         preds = predict_all(t.eval_step, state.params, ev.feats, eval_batch, t.batch_sharding, bucket,
                             kind.token_outputs)

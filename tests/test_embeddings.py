@@ -228,6 +228,37 @@ def test_gradient_caching_and_matryoshka_as_training_switches():
     tasks_lib.kind(bad).loss(bad, out, batch)
 
 
+@pytest.mark.parametrize("mode,symmetric", [("mean", True), ("cls", False), ("max", False)])
+def test_packed_pairs_give_the_unpacked_loss_gradients_and_embeddings(mode, symmetric):
+  """Packing (an example's anchor and documents kept together, several examples to a row, each text its own
+  attention segment, pooled per segment) gives every text the embedding it has alone, and the training step the
+  loss and gradients of the unpacked batch, for each pooling mode."""
+  from bertjax import tasks as tasks_lib
+  from bertjax.data import batching, task_data
+  module, _, _ = _tiny_embedder()
+  module = EmbeddingModel(module.cfg, Pooling(mode=mode, dense=8))
+  feats = _pairs_batch(None, n=9, k=2)
+  del feats["example_weights"]
+  params = module.init(jax.random.key(1), feats)["params"]
+  task = task_data.get("pairs", options=(("scale", 20.0), ("symmetric", symmetric)))
+  kind = tasks_lib.kind(task)
+  packed, rows = kind.pack(feats, 16, 4)  # rows of 48 tokens: two or three examples of 9-30
+  assert len(rows) < 9 and sorted(j for r in rows for j in r) == list(range(9))
+  assert np.all(packed["attention_segment_ids"].max(1) == [3 * len(r) for r in rows])  # every text a segment
+  rngs = {"dropout": jax.random.key(0)}
+  want_loss, want = kind.value_and_grad(task, module, params, batching.make_batch(feats, np.arange(9), 9), rngs)
+  pbatch = batching.make_batch(packed, np.arange(len(rows)), len(rows) + 1)  # and a filler row
+  got_loss, got = kind.value_and_grad(task, module, params, pbatch, rngs)
+  np.testing.assert_allclose(float(got_loss), float(want_loss), rtol=1e-5)
+  for a, b in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-6)
+  alone, together = module.apply({"params": params}, feats), module.apply({"params": params}, pbatch)
+  for i, members in enumerate(rows):
+    for slot, j in enumerate(members):
+      np.testing.assert_allclose(together["embedding"][i, slot], alone["embedding"][j], atol=1e-5)
+      np.testing.assert_allclose(together["doc_embedding"][i, slot], alone["doc_embedding"][j], atol=1e-5)
+
+
 def test_matryoshka_truncation_renormalises():
   e = jnp.asarray(_random((3, 8), 5))
   from bertjax.model.embedding import matryoshka
@@ -253,7 +284,7 @@ def _write_pairs(path, n, seed, negatives=True):
       w.writerow(row + ([" ".join(rng.sample(filler, 4)) + f" {other}"] if negatives else []))
 
 
-def test_contrastive_training_on_the_loop_with_retrieval_scores_from_ir_measures(tmp_path, make_vocab):
+def test_contrastive_training_on_the_loop_with_retrieval_scores_from_ir_measures(tmp_path, make_vocab, capsys):
   ir_measures = pytest.importorskip("ir_measures")
   from bertjax import finetune, predict
   from bertjax.data import task_data
@@ -270,8 +301,10 @@ def test_contrastive_training_on_the_loop_with_retrieval_scores_from_ir_measures
       tmp_path / "dev.csv")
   c.data.text_a_column, c.data.text_b_column = "anchor", "positive"
   c.embedding.negative_columns, c.embedding.symmetric, c.log_every = ("negative",), True, 1
-  c.embedding.matryoshka_dims, c.embedding.cache_chunk = "48,24", 8  # the training switches, through the config
+  c.embedding.matryoshka_dims = "48,24"  # a training switch, through the config
+  c.data.packing = True
   out = finetune.finetune(c, str(tmp_path / "w"))
+  assert "packing: 160 examples in" in capsys.readouterr().out  # packed training and evaluation
   losses = [r["loss"] for r in finetune.read_train_metrics(str(tmp_path / "w"))]
   assert np.mean(losses[-5:]) < 0.7 * np.mean(losses[:5]), losses
   # The report's retrieval scores are ir-measures' on the final model's own embeddings of the dev file.
@@ -321,6 +354,7 @@ def test_a_sentence_transformers_folder_is_an_init(tmp_path, make_vocab):
   c.data.train_file = str(tmp_path / "pairs.csv")
   c.data.text_a_column, c.data.text_b_column = "anchor", "positive"
   c.model.dropout_rate = c.model.attention_dropout_rate = 0.0
+  c.embedding.cache_chunk = 4  # gradient caching through the loop (it trains unpacked rows)
   finetune.finetune(c, str(tmp_path / "w"))
   ours = [predict.predict_text(str(tmp_path / "w"), text=t)["embedding"] for t in texts]
   np.testing.assert_allclose(ours, model.encode(texts, convert_to_numpy=True), atol=1e-5)

@@ -65,7 +65,7 @@ def test_packed_evaluation_gives_the_unpacked_predictions(kind):
   sharding = jax.sharding.SingleDeviceSharding(jax.devices()[0])
   plain = batching.predict_all(step, params, feats, 8, sharding, bucket=16)
   kind_lib = tasks_lib.kind(task)
-  packed = batching.predict_packed(step, params, feats, 8, sharding, 8, kind_lib.pack_keys, tagging)
+  packed = batching.predict_packed(step, params, feats, 8, sharding, 8, kind_lib.pack, tagging)
   assert packed["logits"].shape == plain["logits"].shape
   if tagging:  # real tokens only (past an example's end both hold padding)
     real = feats["input_mask"].astype(bool)

@@ -6,7 +6,6 @@ from __future__ import annotations
 import jax
 import numpy as np
 
-from bertjax.data import packing
 
 # Per-token features: cut to the batch's bucket length with the rows (the rest are per-row or per-slot).
 TOKEN_KEYS = ("input_ids", "input_mask", "segment_ids", "labels", "label_weights", "position_ids",
@@ -135,7 +134,7 @@ def predict_all(predict_step, params, feats, batch_size, batch_sharding, bucket=
   return {k: v[inverse] for k, v in merged.items()}
 
 
-def predict_packed(predict_step, params, feats, batch_size, batch_sharding, max_per_row: int, pack_keys: dict,
+def predict_packed(predict_step, params, feats, batch_size, batch_sharding, max_per_row: int, pack,
                    per_token: bool):
   """`predict_all`'s outputs for every row of `feats`, computed on packed rows: examples laid end to end in rows
   of the features' length (block-diagonal attention, positions restarting per example), so a batch holds no
@@ -145,7 +144,7 @@ def predict_packed(predict_step, params, feats, batch_size, batch_sharding, max_
   if n == 0:
     return {}
   full = feats["input_ids"].shape[1]
-  rows_feats, rows = packing.pack_features(feats, full, max_per_row, **pack_keys)
+  rows_feats, rows = pack(feats, full, max_per_row)  # a task kind's `pack`
   out = predict_all(predict_step, params, rows_feats, batch_size, batch_sharding)
   lengths = np.sum(feats["input_mask"], axis=1)
   result = {}

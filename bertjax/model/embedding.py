@@ -51,6 +51,23 @@ def pool(hidden, mask, mode: str):
   return jnp.max(jnp.where(m > 0, h, -1e9), axis=1)
 
 
+def pool_segments(hidden, segments, first, mode: str, num: int):
+  """[B, num, d]: `pool` of each packed text, in float32. `segments` [B, L] numbers a row's texts 1..num (0:
+  padding), `first` [B, L] marks each text's first token ([CLS]); a segment with no token gives zeros."""
+  b, length, d = hidden.shape
+  h = hidden.astype(jnp.float32).reshape(b * length, d)
+  ids = (segments.astype(jnp.int32) + (num + 1) * jnp.arange(b, dtype=jnp.int32)[:, None]).reshape(-1)
+  n = b * (num + 1)
+  counts = jax.ops.segment_sum(jnp.ones((b * length, 1), jnp.float32), ids, n)
+  if mode == "cls":
+    out = jax.ops.segment_sum(h * first.reshape(-1, 1).astype(jnp.float32), ids, n)
+  elif mode == "mean":
+    out = jax.ops.segment_sum(h, ids, n) / jnp.maximum(counts, 1e-9)
+  else:
+    out = jnp.where(counts > 0, jax.ops.segment_max(h, ids, n), 0.0)
+  return out.reshape(b, num + 1, d)[:, 1:]
+
+
 def normalize(x, eps: float = 1e-12):
   """x / max(‖x‖, eps) along the last axis (torch.nn.functional.normalize). Written as x / √max(Σx², eps²), equal
   in value, so that a zero vector (a padding row's pooled embedding) has a zero gradient rather than NaN."""
@@ -77,12 +94,31 @@ class EmbeddingModel(nn.Module):
 
   def embed(self, batch, deterministic: bool = True):
     out = self.bert(batch, deterministic, pool=False)
-    x = pool(out["hidden"], batch["input_mask"], self.pooling.mode)
+    return self.project(pool(out["hidden"], batch["input_mask"], self.pooling.mode))
+
+  def project(self, x):
     if self.pooling.dense:
       x = DENSE_ACTIVATIONS[self.pooling.dense_activation](self.dense(x))
     return normalize(x) if self.pooling.normalize else x
 
+  def packed(self, batch, deterministic: bool):
+    """Packed rows (`tasks.contrastive.pack`): every text of a row's examples laid end to end, each its own
+    attention segment; `text_segments` [B, k, T] names each example slot's anchor and documents."""
+    keys = ("input_ids", "input_mask", "segment_ids", "position_ids", "attention_segment_ids")
+    hidden = self.bert({n: batch[n] for n in keys}, deterministic, pool=False)["hidden"]
+    b, k, t = batch["text_segments"].shape
+    first = (batch["position_ids"] == 0) & (batch["input_mask"] > 0)
+    texts = pool_segments(hidden, batch["attention_segment_ids"], first, self.pooling.mode, k * t)
+    # Slot s's text j is segment text_segments[s, j] (1-based; 0 in an empty slot, which reads segment 1 and is
+    # weighted out of the loss).
+    where = jnp.maximum(batch["text_segments"].reshape(b, k * t) - 1, 0)
+    x = self.project(jnp.take_along_axis(texts, where[..., None], axis=1)).astype(jnp.float32)
+    x = x.reshape(b, k, t, -1)
+    return {"embedding": x[:, :, 0], "doc_embedding": x[:, :, 1:]}
+
   def __call__(self, batch, deterministic: bool = True):
+    if "text_segments" in batch:
+      return self.packed(batch, deterministic)
     out = {"embedding": self.embed(batch, deterministic).astype(jnp.float32)}
     if "doc_input_ids" in batch:
       b, k, length = batch["doc_input_ids"].shape

@@ -138,7 +138,8 @@ def check_batch(cfg: BertConfig, batch: Mapping[str, Any], required=ENCODER_KEYS
   for k in ("input_mask", "segment_ids", "position_ids", "attention_segment_ids"):
     if k in batch and tuple(batch[k].shape) != shape:
       raise ValueError(f"{k} has shape {tuple(batch[k].shape)}, input_ids has {shape}")
-  if shape[1] > cfg.max_length:
+  # Packed rows carry explicit positions (each text's restart at 0) and may be longer than the position table.
+  if shape[1] > cfg.max_length and "position_ids" not in batch:
     raise ValueError(f"sequence length {shape[1]} exceeds max_position_embeddings "
                      f"{cfg.max_position_embeddings}" + (f" less position_offset {cfg.position_offset}"
                                                           if cfg.position_offset else ""))

@@ -11,9 +11,10 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from bertjax import model as model_lib
-from bertjax.data import task_data
+from bertjax.data import packing, task_data
 
 
 @dataclasses.dataclass
@@ -48,6 +49,19 @@ class Kind:
   def loss(self, task: task_data.Task, out: dict, batch: dict):
     """The mean training loss over the batch's real examples (`example_weights`)."""
     raise NotImplementedError
+
+  def can_pack(self, task: task_data.Task) -> bool:
+    """Whether this task's examples can be packed several to a row (`data.packing`)."""
+    del task
+    return self.pack_keys is not None
+
+  def pack(self, feats: dict, row_length: int, max_per_row: int) -> tuple[dict, list[list[int]]]:
+    """(packed rows, the plan: each row's example indices) of features whose texts are `row_length` long."""
+    return packing.pack_features(feats, row_length, max_per_row, **self.pack_keys)
+
+  def text_lengths(self, feats: dict) -> np.ndarray:
+    """The token count of every text of the features (what packing lays end to end)."""
+    return np.sum(feats["input_mask"], axis=1)
 
   def value_and_grad(self, task: task_data.Task, module, params, batch: dict, rngs: dict):
     """(loss, gradient w.r.t. params) of one training batch, dropout from `rngs`."""

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from bertjax import contrastive, errors, retrieval, scores
-from bertjax.data import task_data
+from bertjax.data import packing, task_data
 from bertjax.model.embedding import EmbeddingModel, Pooling
 from bertjax.tasks.base import EvalSet, Kind
 
@@ -72,11 +72,62 @@ def retrieval_scores(queries, corpus, relevant, metrics=("ndcg@10", "mrr@10", "r
   return retrieval.evaluate_run(run, {f"q{i}": {f"d{r}": 1} for i, r in enumerate(relevant)}, metrics)
 
 
+def pack(feats: dict, text_length: int, max_per_row: int) -> tuple[dict, list[list[int]]]:
+  """Examples packed into rows of (1 + K)·`text_length` tokens: an example's anchor and its K documents stay
+  together (every text its own attention segment, positions restarting at 0), up to `max_per_row` examples
+  a row, best-fit-decreasing by the example's total length (`packing.plan`), so every example fits a row.
+
+  Per row: the token features; `text_segments` [k, 1 + K], each slot's texts' segment numbers (0: empty slot);
+  `example_slot_weights` [k]; the slot's `query_keys`, `doc_keys` [k, K] and `labels`."""
+  q_ids, d_ids = np.asarray(feats["input_ids"]), np.asarray(feats["doc_input_ids"])
+  n, n_docs, length = d_ids.shape
+  t = 1 + n_docs
+  ids = np.concatenate([q_ids[:, None], d_ids], axis=1)  # [N, T, L]
+  lengths = np.concatenate([np.asarray(feats["input_mask"])[:, None], np.asarray(feats["doc_input_mask"])],
+                           axis=1).sum(-1)
+  row_length = t * text_length
+  rows = packing.plan(lengths.sum(-1), np.zeros(n, np.int64), row_length, 0, max_per_row)
+  r = len(rows)
+  out = {name: np.zeros((r, row_length), np.int32) for name in
+         ("input_ids", "input_mask", "segment_ids", "position_ids", "attention_segment_ids")}
+  out["text_segments"] = np.zeros((r, max_per_row, t), np.int32)
+  out["cls_positions"] = np.zeros((r, max_per_row), np.int32)
+  out["example_slot_weights"] = np.zeros((r, max_per_row), np.float32)
+  for name in ("query_keys", "doc_keys", "labels"):
+    out[name] = np.zeros((r, max_per_row) + feats[name].shape[1:], feats[name].dtype)
+  for i, members in enumerate(rows):
+    pos = 0
+    for slot, j in enumerate(members):
+      out["cls_positions"][i, slot] = pos
+      for x in range(t):
+        m, seg = int(lengths[j, x]), slot * t + x + 1
+        out["input_ids"][i, pos:pos + m] = ids[j, x, :m]
+        out["input_mask"][i, pos:pos + m] = 1
+        out["position_ids"][i, pos:pos + m] = np.arange(m)
+        out["attention_segment_ids"][i, pos:pos + m] = seg
+        out["text_segments"][i, slot, x] = seg
+        pos += m
+      out["example_slot_weights"][i, slot] = 1.0
+      for name in ("query_keys", "doc_keys", "labels"):
+        out[name][i, slot] = feats[name][j]
+  return out, rows
+
+
 class Contrastive(Kind):
   name = "contrastive"
   hf_head = "encoder"
   outputs = ("embedding", "doc_embedding")
   token_outputs = ()
+  pack_keys: dict | None = {}
+
+  def can_pack(self, task):
+    return not task.option("cache_chunk")  # gradient caching chunks unpacked rows
+
+  def pack(self, feats, row_length, max_per_row):
+    return pack(feats, row_length, max_per_row)
+
+  def text_lengths(self, feats):
+    return np.concatenate([np.sum(feats["input_mask"], axis=-1), np.sum(feats["doc_input_mask"], axis=-1).ravel()])
 
   def head(self, task, cfg):
     fields = {f: task.option(f) for f in ("mode", "dense", "dense_bias", "dense_activation", "normalize")
@@ -110,6 +161,10 @@ class Contrastive(Kind):
   def loss(self, task, out, batch):
     w = batch["example_weights"]
     q, d = out["embedding"], out["doc_embedding"]
+    if q.ndim == 3:  # packed rows: [rows, slots, ...] -> one example per slot (empty slots weighted 0)
+      q, d, w = q.reshape(-1, q.shape[-1]), d.reshape((-1,) + d.shape[2:]), w.reshape(-1)
+      batch = {**batch, **{n: batch[n].reshape((-1,) + batch[n].shape[2:]) for n in ("doc_keys", "query_keys",
+                                                                                   "labels")}}
     scale = task.option("scale", 20.0)
     if task.option("scored"):
       def loss_fn(q, d):
