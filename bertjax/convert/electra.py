@@ -9,26 +9,14 @@ from typing import Mapping
 
 from bertjax import model as model_lib
 from bertjax.convert import bert, table
-from bertjax.convert.table import ConversionError
 
 
 def config_from_hf(hf: Mapping, **overrides) -> model_lib.BertConfig:
   """A discriminator's or generator's config.json (each is a BERT encoder with its own embedding width)."""
-  if hf.get("position_embedding_type", "absolute") != "absolute":
-    raise ConversionError(f"position_embedding_type {hf['position_embedding_type']!r} is not supported")
   embedding = hf.get("embedding_size", hf["hidden_size"])
-  fields = dict(
-      vocab_size=hf["vocab_size"], hidden_size=hf["hidden_size"], num_layers=hf["num_hidden_layers"],
-      num_heads=hf["num_attention_heads"], intermediate_size=hf["intermediate_size"],
-      embedding_size=0 if embedding == hf["hidden_size"] else embedding,
-      max_position_embeddings=hf.get("max_position_embeddings", 512), type_vocab_size=hf.get("type_vocab_size", 2),
-      hidden_act=table.activation(hf.get("hidden_act", "gelu")), layer_norm_eps=hf.get("layer_norm_eps", 1e-12),
-      dropout_rate=hf.get("hidden_dropout_prob", 0.1),
-      attention_dropout_rate=hf.get("attention_probs_dropout_prob", 0.1),
-      initializer_range=hf.get("initializer_range", 0.02), nsp_head=False, classifier_head="dense_gelu",
-      classifier_dropout=table.classifier_dropout(hf))
-  fields.update(overrides)
-  return model_lib.BertConfig(**fields)
+  fields = dict(embedding_size=0 if embedding == hf["hidden_size"] else embedding, nsp_head=False,
+                classifier_head="dense_gelu")
+  return bert.config_from_hf(hf, **{**fields, **overrides})
 
 
 def config_to_hf(cfg: model_lib.BertConfig, architecture: str = "ElectraForPreTraining") -> dict:

@@ -7,24 +7,14 @@ from typing import Mapping
 
 from bertjax import model as model_lib
 from bertjax.convert import bert, table
-from bertjax.convert.table import ConversionError
 
 
 def config_from_hf(hf: Mapping, **overrides) -> model_lib.BertConfig:
-  if hf.get("position_embedding_type", "absolute") != "absolute":
-    raise ConversionError(f"position_embedding_type {hf['position_embedding_type']!r} is not supported")
-  fields = dict(
-      vocab_size=hf["vocab_size"], hidden_size=hf["hidden_size"], num_layers=hf["num_hidden_layers"],
-      num_heads=hf["num_attention_heads"], intermediate_size=hf["intermediate_size"],
-      max_position_embeddings=hf.get("max_position_embeddings", 514), type_vocab_size=hf.get("type_vocab_size", 1),
-      hidden_act=table.activation(hf.get("hidden_act", "gelu")), layer_norm_eps=hf.get("layer_norm_eps", 1e-5),
-      dropout_rate=hf.get("hidden_dropout_prob", 0.1),
-      attention_dropout_rate=hf.get("attention_probs_dropout_prob", 0.1),
-      initializer_range=hf.get("initializer_range", 0.02), position_offset=hf.get("pad_token_id", 1) + 1,
-      nsp_head=False, initializer="normal", classifier_head="dense_tanh",
-      classifier_dropout=table.classifier_dropout(hf))
-  fields.update(overrides)
-  return model_lib.BertConfig(**fields)
+  """BERT's layout with positions offset past the padding id and the family's classification head."""
+  fields = dict(position_offset=hf.get("pad_token_id", 1) + 1, nsp_head=False, initializer="normal",
+                classifier_head="dense_tanh")
+  return bert.config_from_hf(hf, {"max_position_embeddings": 514, "type_vocab_size": 1, "layer_norm_eps": 1e-5},
+                             **{**fields, **overrides})
 
 
 def config_to_hf(cfg: model_lib.BertConfig, architecture: str = "RobertaForMaskedLM") -> dict:

@@ -174,7 +174,8 @@ def _load_sentencepiece(path: str) -> Tokenizer:
 def _load_byte_bpe(path: str) -> Tokenizer:
   """Byte-level BPE: RoBERTa's `vocab.json` with `merges.txt` beside it (built as RobertaTokenizerFast builds
   itself), or a saved HF `tokenizer.json` (given, or beside vocab.json; its own added-token rules, e.g.
-  roberta-base's strip before <mask>, ModernBERT's BERT-named special tokens)."""
+  roberta-base's strip before <mask>, ModernBERT's BERT-named special tokens). A `tokenizer.json` whose model is
+  WordPiece (a BERT folder's) is read the same way, its word starts by WordPiece's "##" rule."""
   from tokenizers import AddedToken, decoders, models, pre_tokenizers, processors
   from tokenizers import Tokenizer as HFTokenizer
   folder = os.path.dirname(path)
@@ -209,13 +210,18 @@ def _load_byte_bpe(path: str) -> Tokenizer:
   for piece, i in vocab.items():
     pieces[i] = piece
   roles = BYTE_BPE_SPECIAL_TOKENS if all(t in vocab for t in BYTE_BPE_SPECIAL_TOKENS) else SPECIAL_TOKENS
-  # "Ġ" (a space byte) starts a word; so do special tokens and the first piece of a text.
-  starts = set(roles)
-  continues = np.array([not (p.startswith("\u0120") or p in starts) for p in pieces], bool)
+  if type(tok.model).__name__ == "WordPiece":  # a BERT tokenizer.json: "##" marks a word's later pieces
+    kind = "wordpiece"
+    continues = np.array([p.startswith("##") for p in pieces], bool)
+  else:  # "Ġ" (a space byte) starts a word; so do special tokens and the first piece of a text
+    kind = "byte_bpe"
+    starts = set(roles)
+    continues = np.array([not (p.startswith("\u0120") or p in starts) for p in pieces], bool)
+
   def offsets(s):
     enc = tok.encode(s, add_special_tokens=False)
     return enc.ids, enc.offsets
-  return Tokenizer("byte_bpe", path, lambda s: tok.encode(s, add_special_tokens=False).ids,
+  return Tokenizer(kind, path, lambda s: tok.encode(s, add_special_tokens=False).ids,
                    lambda ids: tok.decode(ids, skip_special_tokens=False), offsets, pieces, continues, roles)
 
 
