@@ -185,6 +185,10 @@ def _load_byte_bpe(path: str) -> Tokenizer:
       tok = HFTokenizer.from_file(full)
     except Exception as e:  # tokenizers raises its own exception type
       raise TokenizerError(f"{full}: not an HF tokenizer file ({str(e).strip()[:200]})") from None
+    # A saved file may carry the saving pipeline's padding and truncation (sentence-transformers' do): bertjax
+    # pads and cuts its own rows, so encode gives the text's pieces alone.
+    tok.no_padding()
+    tok.no_truncation()
     vocab = tok.get_vocab(with_added_tokens=True)
   else:
     merges = os.path.join(folder, "merges.txt")
