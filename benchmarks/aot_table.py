@@ -23,7 +23,8 @@ def markdown(rows):
          "|---|---|---|---|---|---|---|---|"]
   for r in rows:
     mesh = ", ".join(str(v) for v in r["mesh"].values())
-    r = {**r, "variant": f"ModernBERT-{r['variant']}" if r.get("recipe") == "modernbert" else r["variant"]}
+    name = f"ModernBERT-{r['variant']}" if r.get("recipe") == "modernbert" else r["variant"]
+    r = {**r, "variant": name + (f" ({r['args']})" if r.get("args") else "")}
     if r.get("fits"):
       how = "fit of 2 compiles" if r.get("predicted") else "compiled"
       out.append(f"| {r['variant']} | {r['seq']} | {r['preset']} | {r['name']} | {mesh} | {r['per_chip_batch']} | "
@@ -41,7 +42,7 @@ def verify_predicted(rows, args):
     if not r.get("predicted") or r["name"] not in args.tpus.split(","):
       continue
     t = time.time()
-    config = make_config(r.get("recipe", "pretrain"), r["variant"], r["seq"], r["preset"])
+    config = make_config(r.get("recipe", "pretrain"), r["variant"], r["seq"], r["preset"], r.get("args", ""))
     floor = {**r, "per_chip_batch": 16}
     v = aot.verify_batch(config, r["name"], r["per_chip_batch"], floor)
     if v is floor:  # nothing above 16 fits: 16 was compiled by the fit
@@ -54,19 +55,21 @@ def verify_predicted(rows, args):
       json.dump(rows, f, indent=2)
 
 
-def make_config(recipe: str, variant: str, seq: int, preset: str):
+def make_config(recipe: str, variant: str, seq: int, preset: str, extra: str = ""):
+  extra = f",{extra}" if extra else ""
   if recipe == "modernbert":  # dynamic masking at 30%; attention whose cost follows its mask
-    config = modernbert.get_config(f"variant={variant},seq={seq},shard={preset},batch=8")
+    config = modernbert.get_config(f"variant={variant},seq={seq},shard={preset},batch=8{extra}")
     config.model.attention_impl = "blockwise"
     return config
   preds = 20 if seq == 128 else 80
-  return pretrain.get_config(f"variant={variant},seq={seq},preds={preds},shard={preset},batch=8")
+  return pretrain.get_config(f"variant={variant},seq={seq},preds={preds},shard={preset},batch=8{extra}")
 
 
 def main():
   p = argparse.ArgumentParser()
   p.add_argument("--out", default="benchmarks/results/aot_table.json")
   p.add_argument("--recipe", default="pretrain", choices=sorted(RECIPES))
+  p.add_argument("--args", default="", help="more of the recipe's arguments, e.g. remat=full,dtype=bfloat16")
   p.add_argument("--variants", default="base,large")
   p.add_argument("--seqs", default="128,512")
   p.add_argument("--presets", default="dp,fsdp,fsdp_tp")
@@ -83,7 +86,8 @@ def main():
     verify_predicted(rows, args)
     print(markdown(rows))
     return
-  done = {(r["variant"], r["seq"], r["preset"], r["name"]) for r in rows if r.get("recipe", "pretrain") == args.recipe}
+  done = {(r["variant"], r["seq"], r["preset"], r["name"]) for r in rows
+          if (r.get("recipe", "pretrain"), r.get("args", "")) == (args.recipe, args.args)}
   for variant in args.variants.split(","):
     for seq in map(int, args.seqs.split(",")):
       for preset in args.presets.split(","):
@@ -91,9 +95,9 @@ def main():
           if (variant, seq, preset, name) in done:
             continue
           t = time.time()
-          config = make_config(args.recipe, variant, seq, preset)
+          config = make_config(args.recipe, variant, seq, preset, args.args)
           r = aot.fit_batch(config, name, verify=name == "v5e-16")
-          r["name"], r["recipe"], r["variant"] = name, args.recipe, variant
+          r["name"], r["recipe"], r["variant"], r["args"] = name, args.recipe, variant, args.args
           rows.append(r)
           print(f"{variant} seq {seq} {preset} {name}: per-chip batch {r['per_chip_batch']} "
                 f"({'fits' if r['fits'] else 'no fit'}), {time.time() - t:.0f}s", flush=True)

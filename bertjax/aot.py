@@ -87,6 +87,10 @@ def compile_step(config, topology: str, per_chip_batch: int, num_slices: int = 1
                 aliased_gib=alias_b / gib, total_gib=total / gib,
                 compiler_flops_per_chip=float(cost.get("flops", 0.0)),  # counts a scanned layer body once
                 estimated_step_s=estimate if estimate and estimate > 0 else None, fits=True)
+  if result["hbm_gib"] and result["total_gib"] > result["hbm_gib"]:
+    # The compiler accepted a program whose own memory analysis exceeds the chip's HBM: not counted as fitting.
+    result.update(fits=False, error=f"memory analysis {result['total_gib']:.1f} GiB exceeds the chip's "
+                                    f"{result['hbm_gib']:.0f} GiB HBM")
   tokens = config.train.global_batch_size * config.data.max_seq_length
   preds = config.data.max_predictions_per_seq
   result["model_tflops_per_chip"] = accounting.pretraining_step_flops(
