@@ -136,17 +136,33 @@ def qa_data(work: str):
 
 
 # ----------------------------------------------------------------------------- bertjax
-def run_bertjax(task, files, labels, seed, work, extra=(), cache=""):
+def hf_start(task, labels, seed, work) -> str:
+  """An HF folder holding MiniLM's encoder and the head HF's loop draws at this seed (`bertjax.parity.make_start`:
+  torch.manual_seed(seed), then from_pretrained, as `run_hf` does), for a bertjax run from HF's own start."""
+  from bertjax import parity
+  from bertjax.data import task_data
+  from configs import finetune as finetune_config
+  kind = {"ner": "ner", "sentiment": "local"}[task]
+  config = finetune_config.get_config(f"task={kind},init={minilm_dir()}")
+  t = task_data.get(kind, tuple(labels))
+  out = os.path.join(work, f"hf_start_{task}_{seed}")
+  if not os.path.isdir(out):
+    parity.make_start(config, t, out + ".tmp", seed)
+    os.replace(out + ".tmp", out)
+  return out
+
+
+def run_bertjax(task, files, labels, seed, work, extra=(), cache="", init=""):
   """bertjax's whole command, timed from start to exit, with its compilation cache in `cache` (the default
   setting; the first run of a task compiles into an empty cache, the next seeds load the programs)."""
   epochs, batch, seq, lr = RECIPES[task]
   kind = {"ner": "ner", "sentiment": "local", "qa": "squad_json"}[task]
   if task == "qa":  # HF's windows (see the module docstring); the original's start doc_stride apart
     extra = ("--config.data.doc_stride_is_overlap=True", *extra)
-  workdir = os.path.join(work, f"bertjax_{task}_{seed}_{abs(hash(extra)) % 10**8}")
+  workdir = os.path.join(work, f"bertjax_{task}_{seed}_{abs(hash((extra, init))) % 10**8}")
   label_arg = [f"--config.data.labels=({','.join(repr(x) for x in labels)},)"] if labels else []
   cmd = [sys.executable, "-m", "bertjax.main",
-         f"--config=configs/finetune.py:task={kind},init={minilm_dir()},lr={lr},batch={batch},epochs={epochs},"
+         f"--config=configs/finetune.py:task={kind},init={init or minilm_dir()},lr={lr},batch={batch},epochs={epochs},"
          f"seq={seq},seed={seed}", f"--config.data.train_file={files['train']}",
          f"--config.data.eval_file={files['test']}", *label_arg, f"--workdir={workdir}", *extra]
   env = dict(os.environ, JAX_PLATFORMS=os.environ.get("BENCH_PLATFORM", "cpu"), JAX_COMPILATION_CACHE_DIR=cache)
@@ -340,6 +356,8 @@ def main():
   ap.add_argument("--bertjax_arg", action="append", default=[], help="extra --config.x=y for bertjax")
   ap.add_argument("--variant", action="append", default=[],
                   help="NAME='--config.x=y ...': one more bertjax row, paired with HF seed by seed")
+  ap.add_argument("--hf_heads", action="store_true",
+                  help="one more bertjax row started from the head HF's loop draws at each seed")
   ap.add_argument("--jobs", type=int, default=1, help="runs at a time (a study on a large machine)")
   ap.add_argument("--threads", type=int, default=0, help="torch threads of an HF run (0: all cores)")
   ap.add_argument("--work", default="")
@@ -378,7 +396,8 @@ def main():
 
   for task in a.tasks.split(","):
     files, labels = data(task)
-    rows = {side: [] for side in (*sides, *(["hf"] if "hf" in a.peers else []))}
+    rows = {side: [] for side in (*sides, *(["bertjax_hf_head"] if a.hf_heads else []),
+                                  *(["hf"] if "hf" in a.peers else []))}
     results["tasks"][task] = {"recipe": dict(zip(("epochs", "batch", "seq", "lr"), RECIPES[task])), "runs": rows}
     cache = os.path.join(work, f"xla_cache_{task}")
     jobs = [(side, seed) for seed in seeds for side in rows]
@@ -389,6 +408,9 @@ def main():
         if a.jobs > 1:
           return _hf_in_subprocess(task, seed, work, a.threads)
         return dict(run_hf(task, files, labels, seed, a.threads), seed=seed)
+      if side == "bertjax_hf_head":
+        return run_bertjax(task, files, labels, seed, work, tuple(a.bertjax_arg), cache,
+                           init=hf_start(task, labels, seed, work))
       return run_bertjax(task, files, labels, seed, work, sides[side], cache)
 
     with concurrent.futures.ThreadPoolExecutor(a.jobs) as pool:

@@ -15,6 +15,7 @@ import functools
 import hashlib
 import json
 import os
+import time
 from typing import Sequence
 
 import jax
@@ -152,6 +153,42 @@ def beir_scores(encoder: Encoder, folder: str | retrieval.Beir, split: str = "te
           "queries without judgements": beir.skipped_queries, "empty documents": beir.empty_docs}
 
 
+def embed_corpus(encoder: Encoder, ids: Sequence[str], texts: Sequence[str], out: str, block: int = 65536,
+                 batch_size: int = 32, prefix: str = "", log=print) -> dict:
+  """Embeds a corpus into `out`: `block-NNNNN.npy` ([rows, width] float32, written whole and then renamed) and
+  `ids.json` (every id, in row order), `manifest.json` binding the folder to the model, prefix and corpus. A
+  killed run resumes at its first missing block (none embedded twice); each host embeds the blocks b with
+  b % hosts == its index, its rows split over its devices, texts longest first."""
+  if block < 1:
+    raise errors.ConfigError(f"--block must be >= 1, got {block}")
+  os.makedirs(out, exist_ok=True)
+  if jax.process_index() == 0:
+    tmp = os.path.join(out, f"ids.json.tmp{os.getpid()}")
+    with open(tmp, "w", encoding="utf-8") as f:
+      json.dump(list(ids), f)
+    os.replace(tmp, os.path.join(out, "ids.json"))
+  n_blocks = -(-len(texts) // block)
+  mine = [b for b in range(n_blocks) if b % jax.process_count() == jax.process_index()]
+  todo = [b for b in mine if not os.path.isfile(os.path.join(out, f"block-{b:05d}.npy"))]
+  log(f"embedding {len(texts)} documents in {n_blocks} blocks of {block} into {out}: {len(mine)} on this host, "
+      f"{len(mine) - len(todo)} done before", flush=True)
+  state = {"done": 0, "docs": 0, "t0": time.time()}
+
+  def embed(chunk):
+    vectors = encoder.encode([prefix + t for t in chunk], batch_size)
+    state["done"] += 1
+    state["docs"] += len(chunk)
+    rate = state["docs"] / max(time.time() - state["t0"], 1e-9)
+    left = sum(len(texts[b * block:(b + 1) * block]) for b in todo[state["done"]:])
+    log(f"block {state['done']}/{len(todo)}: {rate:.1f} documents/s, ETA {left / max(rate, 1e-9):.0f} s", flush=True)
+    return vectors
+  wanted = set(todo)
+  for _ in retrieval.corpus_blocks(embed, texts, block, out, f"{encoder.fingerprint}|{prefix}|corpus",
+                                   select=wanted.__contains__):
+    pass
+  return {"documents": len(texts), "blocks": n_blocks, "embedded now": len(todo), "out": out}
+
+
 @errors.guard
 def main(argv=None) -> int:
   p = errors.ArgumentParser(description="Evaluate an embedding model (a sentence-transformers folder, an HF folder "
@@ -160,19 +197,31 @@ def main(argv=None) -> int:
   task = p.add_mutually_exclusive_group(required=True)
   task.add_argument("--sts", help=".csv / .tsv / .jsonl with two text columns and a score column")
   task.add_argument("--beir", help="a BEIR folder: corpus.jsonl, queries.jsonl, qrels/SPLIT.tsv")
+  task.add_argument("--corpus", nargs="+", help="embed these files or globs (JSONL, Parquet, text; compressed) "
+                                                "into --out: block-NNNNN.npy and ids.json, resumable")
+  p.add_argument("--out", default="", help="--corpus: the folder of embeddings")
+  p.add_argument("--id_field", default="_id", help="--corpus: the JSONL key / Parquet column of a document's id")
+  p.add_argument("--text_field", default="text", help="--corpus: ... of its text (a title field goes before it)")
   p.add_argument("--split", default="test", help="--beir: the qrels file qrels/SPLIT.tsv")
   p.add_argument("--top_k", type=int, default=1000, help="--beir: documents kept per query in the run")
   p.add_argument("--run", default="", help="--beir: write the run here in TREC format")
   p.add_argument("--cache_dir", default="", help="--beir: keep corpus embeddings here; a rerun resumes")
-  p.add_argument("--block", type=int, default=65536, help="--beir: documents embedded and searched at a time")
+  p.add_argument("--block", type=int, default=65536, help="--beir, --corpus: documents embedded at a time")
   p.add_argument("--score", default="cos", help="--beir: cos | dot")
   p.add_argument("--query_prefix", default="", help="--beir: text put before each query (e.g. 'query: ')")
-  p.add_argument("--doc_prefix", default="", help="--beir: text put before each document (e.g. 'passage: ')")
+  p.add_argument("--doc_prefix", default="", help="--beir, --corpus: text put before each document (e.g. 'passage: ')")
   p.add_argument("--columns", default="sentence1,sentence2,score", help="the text, text and score column names")
   p.add_argument("--pooling", default="", help="cls | mean | max (default: the folder's, else mean)")
   p.add_argument("--batch_size", type=int, default=32)
   args = p.parse_args(argv)
   # The data is read (and any mistake in it reported) before the model is loaded.
+  if args.corpus:
+    if not args.out:
+      raise errors.ConfigError("--corpus needs --out, the folder for the embeddings")
+    ids, texts = retrieval.read_corpus(args.corpus, args.id_field, args.text_field)
+    enc = Encoder.load(args.model, Pooling(mode=args.pooling) if args.pooling else None)
+    print(json.dumps(embed_corpus(enc, ids, texts, args.out, args.block, args.batch_size, args.doc_prefix)))
+    return 0
   if args.beir:
     data = retrieval.read_beir(args.beir, args.split)
     enc = Encoder.load(args.model, Pooling(mode=args.pooling) if args.pooling else None)

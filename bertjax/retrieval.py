@@ -62,6 +62,64 @@ def _jsonl(path: str) -> Iterator[tuple[int, dict]]:
       yield line, row
 
 
+def read_corpus(patterns: Sequence[str], id_field: str = "_id", text_field: str = "text",
+                title_field: str = "title") -> tuple[list[str], list[str]]:
+  """(ids, texts) of a corpus to embed: JSONL records (an id, the text and an optional title put before it, as
+  BEIR joins them), Parquet rows (the same columns) or plain text (one document a line, id `FILE:LINE`); files,
+  globs, compressed shards. A repeated id, a record without the fields, non-UTF-8 or broken JSON is a one-line
+  error naming the file and line."""
+  from bertjax.data import shards
+  ids, texts, seen = [], [], {}
+
+  def add(i, text, where):
+    i = str(i)
+    if i in seen:
+      raise RetrievalDataError(f"{where}: document id {i!r} repeats {seen[i]}")
+    seen[i] = where
+    ids.append(i)
+    texts.append(text)
+
+  paths = shards.expand(patterns)
+  if not paths:
+    raise RetrievalDataError(f"no corpus files match {list(patterns)}")
+  for path in paths:
+    stem = shards.strip_compression(path)
+    if stem.endswith(".parquet"):
+      import pyarrow.parquet as pq
+      try:
+        table = pq.read_table(path)
+      except Exception as e:  # pyarrow raises several types for a corrupt file
+        raise RetrievalDataError(f"{path}: not a readable Parquet file ({str(e)[:200]})") from None
+      missing = [c for c in (id_field, text_field) if c not in table.column_names]
+      if missing:
+        raise RetrievalDataError(f"{path}: no column(s) {missing}; it has {table.column_names}")
+      cols = table.to_pydict()
+      titles = cols.get(title_field) or [""] * table.num_rows
+      for r, (i, text, title) in enumerate(zip(cols[id_field], cols[text_field], titles)):
+        add(i, f"{title or ''} {text or ''}".strip(), f"{path}: row {r}")
+      continue
+    jsonl = stem.endswith((".jsonl", ".json", ".ndjson"))
+    with shards.open_shard(path) as f:
+      for line, raw in enumerate(f, 1):
+        try:
+          text = raw.decode("utf-8").rstrip("\r\n")
+        except UnicodeDecodeError as e:
+          raise RetrievalDataError(f"{path}:{line}: not UTF-8 ({e.reason} at byte {e.start})") from None
+        if not jsonl:
+          add(f"{os.path.basename(path)}:{line}", text, f"{path}:{line}")
+          continue
+        if not text.strip():
+          continue
+        try:
+          row = json.loads(text)
+        except json.JSONDecodeError as e:
+          raise RetrievalDataError(f"{path}:{line}: not a JSON object ({e.msg})") from None
+        if not isinstance(row, dict) or id_field not in row or text_field not in row:
+          raise RetrievalDataError(f"{path}:{line}: a record needs {id_field!r} and {text_field!r}")
+        add(row[id_field], f"{row.get(title_field) or ''} {row[text_field] or ''}".strip(), f"{path}:{line}")
+  return ids, texts
+
+
 def read_qrels(path: str) -> dict[str, dict[str, int]]:
   """{query id: {doc id: relevance}} of a BEIR qrels .tsv (query-id, corpus-id, score; the header is optional)."""
   if not os.path.isfile(path):
@@ -249,10 +307,12 @@ def evaluate_run(run: dict[str, dict[str, float]], qrels: dict[str, dict[str, in
 
 
 def corpus_blocks(embed: Callable[[Sequence[str]], np.ndarray], texts: Sequence[str], block: int,
-                  cache_dir: str = "", fingerprint: str = "") -> Iterator[np.ndarray]:
+                  cache_dir: str = "", fingerprint: str = "", select: Callable[[int], bool] | None = None
+                  ) -> Iterator[np.ndarray]:
   """The corpus embeddings block by block. With `cache_dir`, each finished block is saved there (written whole,
   then renamed) and a rerun reads it instead of embedding it again, so a killed run resumes at its first missing
-  block; the folder is bound to the model and corpus by `fingerprint` and refuses another's."""
+  block; the folder is bound to the model and corpus by `fingerprint` and refuses another's. `select(b)`: only
+  those blocks (one host's share); the others are neither embedded nor yielded."""
   if cache_dir:
     os.makedirs(cache_dir, exist_ok=True)
     h = hashlib.sha256(fingerprint.encode())
@@ -272,6 +332,8 @@ def corpus_blocks(embed: Callable[[Sequence[str]], np.ndarray], texts: Sequence[
         json.dump(key, f)
       os.replace(manifest + ".tmp", manifest)
   for b, start in enumerate(range(0, len(texts), block)):
+    if select is not None and not select(b):
+      continue
     path = os.path.join(cache_dir, f"block-{b:05d}.npy") if cache_dir else ""
     if path and os.path.isfile(path):
       try:

@@ -2,6 +2,8 @@
 random-init BERT / RoBERTa / ModernBERT folders with every pooling mode and a dense layer), folders both ways,
 the contrastive losses against sentence-transformers' own, negatives from the global batch on 8 devices, and
 gradient caching against the full-batch gradient."""
+import json
+
 import numpy as np
 import pytest
 
@@ -257,6 +259,47 @@ def test_packed_pairs_give_the_unpacked_loss_gradients_and_embeddings(mode, symm
     for slot, j in enumerate(members):
       np.testing.assert_allclose(together["embedding"][i, slot], alone["embedding"][j], atol=1e-5)
       np.testing.assert_allclose(together["doc_embedding"][i, slot], alone["doc_embedding"][j], atol=1e-5)
+
+
+def test_corpus_embedding_resumes_a_killed_run_and_equals_sentence_transformers(tmp_path, make_vocab):
+  """`--corpus`: JSONL records (title before text) embedded block by block into .npy files with their ids. A run
+  that dies after two blocks (and leaves a half-written file, as a kill does) is continued by the same command:
+  the finished blocks are not embedded again, and the whole equals SentenceTransformer.encode. A repeated id is
+  one line naming the file and line, before the model loads."""
+  from bertjax import retrieval
+  path, model = _st_folder(tmp_path, "bert", "mean", False, make_vocab)
+  texts = real_sentences(12)
+  corpus = tmp_path / "corpus.jsonl"
+  corpus.write_text("".join(json.dumps({"_id": f"d{i}", "title": "T" if i % 3 == 0 else "", "text": t}) + "\n"
+                            for i, t in enumerate(texts)))
+  ids, docs = retrieval.read_corpus([str(corpus)])
+  assert ids == [f"d{i}" for i in range(len(texts))] and docs[0] == "T " + texts[0]
+  enc = embeddings.Encoder.load(path)
+  out = tmp_path / "emb"
+  calls = []
+
+  class Killed(Exception):
+    pass
+
+  def dies_after_two(batch, *a):
+    if len(calls) == 2:
+      (out / "block-00002.npy.tmp").write_bytes(b"half")  # what a kill during a write leaves
+      raise Killed
+    calls.append(len(batch))
+    return real(batch, *a)
+  real, enc.encode = enc.encode, dies_after_two
+  with pytest.raises(Killed):
+    embeddings.embed_corpus(enc, ids, docs, str(out), block=4, log=lambda *a, **k: None)
+  first = {p.name: p.stat().st_mtime_ns for p in out.glob("block-*.npy")}
+  assert sorted(first) == ["block-00000.npy", "block-00001.npy"]
+  assert embeddings.main(["--model", path, "--corpus", str(corpus), "--out", str(out), "--block", "4"]) == 0
+  assert {p.name: p.stat().st_mtime_ns for p in out.glob("block-0000[01].npy")} == first  # not embedded again
+  got = np.concatenate([np.load(f) for f in sorted(out.glob("block-*.npy"))])
+  assert json.loads((out / "ids.json").read_text()) == ids
+  np.testing.assert_allclose(got, model.encode(docs, convert_to_numpy=True), atol=1e-5)
+  corpus.write_text(corpus.read_text() + json.dumps({"_id": "d1", "text": "again"}) + "\n")
+  with pytest.raises(retrieval.RetrievalDataError, match=rf"corpus.jsonl:{len(texts) + 1}: document id 'd1' repeats"):
+    retrieval.read_corpus([str(corpus)])
 
 
 def test_matryoshka_truncation_renormalises():
