@@ -42,22 +42,34 @@ class Beir:
   empty_docs: int
 
 
+def _decoded(path: str, f) -> Iterator[tuple[int, str]]:
+  """(line number, text) of a binary file's lines; a line that is not UTF-8 is a one-line error."""
+  for line, raw in enumerate(f, 1):
+    try:
+      yield line, raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+      raise RetrievalDataError(f"{path}:{line}: not UTF-8 ({e.reason} at byte {e.start})") from None
+
+
+def _json_object(path: str, line: int, text: str) -> dict:
+  try:
+    row = json.loads(text)
+  except json.JSONDecodeError as e:
+    raise RetrievalDataError(f"{path}:{line}: not a JSON object ({e.msg})") from None
+  if not isinstance(row, dict):
+    raise RetrievalDataError(f"{path}:{line}: not a JSON object")
+  return row
+
+
 def _jsonl(path: str) -> Iterator[tuple[int, dict]]:
   if not os.path.isfile(path):
     raise RetrievalDataError(f"{path}: no such file")
   with open(path, "rb") as f:
-    for line, raw in enumerate(f, 1):
-      try:
-        text = raw.decode("utf-8")
-      except UnicodeDecodeError as e:
-        raise RetrievalDataError(f"{path}:{line}: not UTF-8 ({e.reason} at byte {e.start})") from None
+    for line, text in _decoded(path, f):
       if not text.strip():
         continue
-      try:
-        row = json.loads(text)
-      except json.JSONDecodeError as e:
-        raise RetrievalDataError(f"{path}:{line}: not a JSON object ({e.msg})") from None
-      if not isinstance(row, dict) or "_id" not in row:
+      row = _json_object(path, line, text)
+      if "_id" not in row:
         raise RetrievalDataError(f"{path}:{line}: a record needs an \"_id\"")
       yield line, row
 
@@ -100,21 +112,14 @@ def read_corpus(patterns: Sequence[str], id_field: str = "_id", text_field: str 
       continue
     jsonl = stem.endswith((".jsonl", ".json", ".ndjson"))
     with shards.open_shard(path) as f:
-      for line, raw in enumerate(f, 1):
-        try:
-          text = raw.decode("utf-8").rstrip("\r\n")
-        except UnicodeDecodeError as e:
-          raise RetrievalDataError(f"{path}:{line}: not UTF-8 ({e.reason} at byte {e.start})") from None
+      for line, text in _decoded(path, f):
         if not jsonl:
-          add(f"{os.path.basename(path)}:{line}", text, f"{path}:{line}")
+          add(f"{os.path.basename(path)}:{line}", text.rstrip("\r\n"), f"{path}:{line}")
           continue
         if not text.strip():
           continue
-        try:
-          row = json.loads(text)
-        except json.JSONDecodeError as e:
-          raise RetrievalDataError(f"{path}:{line}: not a JSON object ({e.msg})") from None
-        if not isinstance(row, dict) or id_field not in row or text_field not in row:
+        row = _json_object(path, line, text)
+        if id_field not in row or text_field not in row:
           raise RetrievalDataError(f"{path}:{line}: a record needs {id_field!r} and {text_field!r}")
         add(row[id_field], f"{row.get(title_field) or ''} {row[text_field] or ''}".strip(), f"{path}:{line}")
   return ids, texts
