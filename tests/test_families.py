@@ -55,7 +55,7 @@ def hf_run(m, batch):
   with torch.no_grad():
     out = m(input_ids=torch.tensor(batch["input_ids"]), attention_mask=torch.tensor(batch["input_mask"]),
             output_hidden_states=True)
-    base = m.roberta if hasattr(m, "roberta") else m.model
+    base = next(getattr(m, a) for a in ("roberta", "bert", "model") if hasattr(m, a))
     hidden = base(input_ids=torch.tensor(batch["input_ids"]),
                   attention_mask=torch.tensor(batch["input_mask"])).last_hidden_state.numpy()
   logits = np.take_along_axis(out.logits.numpy(), batch["masked_lm_positions"][..., None], axis=1)
@@ -201,3 +201,22 @@ def test_finetuning_starts_from_a_family_checkpoint(tmp_path, family):
       probs = torch.softmax(hf_clf(**hf_tok(text, return_tensors="pt")).logits[0], -1).numpy()
     ours = predict.predict_text(str(tmp_path / "w"), text)["probabilities"]
     np.testing.assert_allclose([ours["neg"], ours["pos"]], probs, atol=1e-4)
+
+
+def test_mlm_only_bert_exports_as_bert_for_masked_lm(tmp_path):
+  """A BERT pre-trained without NSP (no pooler, no NSP head) exports as HF's BertForMaskedLM and matches it."""
+  from bertjax.model.config import BertConfig
+  cfg = BertConfig(vocab_size=300, hidden_size=64, num_layers=2, num_heads=4, intermediate_size=128,
+                   max_position_embeddings=32, nsp_head=False)
+  batch = batch_for(300, pad_id=0)
+  params = jax.tree_util.tree_map(np.asarray, model.for_pretraining(cfg).init(
+      jax.random.key(0), {k: np.asarray(v, np.int32) for k, v in batch.items()})["params"])
+  params = __import__("flax").linen.meta.unbox(params)
+  assert "nsp" not in params and "pooler" not in params["bert"]
+  convert.to_hf(cfg, params, str(tmp_path / "out"))
+  back = transformers.AutoModelForMaskedLM.from_pretrained(str(tmp_path / "out")).eval()
+  assert type(back).__name__ == "BertForMaskedLM"
+  hidden, logits = hf_run(back, batch)
+  _, ours_logits, full = ours_run(cfg, params, batch)
+  assert np.abs(full - hidden)[batch["input_mask"].astype(bool)].max() <= ATOL
+  np.testing.assert_allclose(ours_logits, logits, atol=ATOL)

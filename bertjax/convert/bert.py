@@ -81,7 +81,11 @@ def _rows(cfg: model_lib.BertConfig, head: str, tf: bool = False):
   pick = (lambda hf, t: t) if tf else (lambda hf, t: hf)
   sep = "/" if tf else "."
   if head == "pretraining":
-    return [(p, pick(hf, t), kind) for p, hf, t, kind in NAME_TABLE(cfg, pretraining=True)]
+    rows = [(p, pick(hf, t), kind) for p, hf, t, kind in NAME_TABLE(cfg, pretraining=True)]
+    if cfg.nsp_head:
+      return rows
+    # MLM-only pre-training: HF's BertForMaskedLM, which has neither the NSP classifier nor a pooler.
+    return [r + ("extra",) if r[0][1:2] == ("pooler",) else r for r in rows if r[0][0] != "nsp"]
   enc = [(p, "bert" + sep + pick(hf, t), kind) for p, hf, t, kind in NAME_TABLE(cfg, pretraining=False)]
   if head == "encoder":  # an embedding model's export has no pooler: nothing reads it
     return [r + ("extra",) if r[0][0] == "pooler" else r for r in enc]
@@ -117,6 +121,8 @@ def config_from_hf(hf: Mapping, defaults: Mapping | None = None, **overrides) ->
 
 
 def config_to_hf(cfg: model_lib.BertConfig, architecture: str = "BertForPreTraining") -> dict:
+  if architecture == "BertForPreTraining" and not cfg.nsp_head:
+    architecture = "BertForMaskedLM"
   return {"architectures": [architecture], "model_type": "bert", "vocab_size": cfg.vocab_size,
           "hidden_size": cfg.hidden_size, "num_hidden_layers": cfg.num_layers,
           "num_attention_heads": cfg.num_heads, "intermediate_size": cfg.intermediate_size,
