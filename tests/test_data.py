@@ -307,6 +307,30 @@ def test_demo_corpus_is_deterministic(tmp_path):
   assert s1.documents > 200 and os.path.getsize(tmp_path / "a.txt") > 1_000_000
 
 
+def test_man_page_prose_keeps_descriptions_and_the_corpus_keeps_each_paragraph_once(tmp_path, monkeypatch):
+  page = ("LS(1)        User Commands        LS(1)\n\nNAME\n       ls - list directory contents\n\nSYNOPSIS\n"
+          "       ls [OPTION]... [FILE]...\n\nDESCRIPTION\n       List information about the FILEs. Sort entries "
+          "alphabetically if none of the options is given.\n\n       -a, --all\n              do not ignore "
+          "the entries whose names start with a dot\n\nEXAMPLES\n       Run ls in a directory to see what it holds "
+          "today.\n\n"
+          "GNU coreutils 9.1        April 2022        LS(1)\n")
+  paragraphs = demo_corpus._prose_paragraphs(demo_corpus._man_prose(page))
+  assert paragraphs == ["List information about the FILEs. Sort entries alphabetically if none of the options is "
+                        "given.", "do not ignore the entries whose names start with a dot"]
+  shared = "Every page of this set repeats this licence paragraph. It says the same thing each time."
+  docs = [("a", [shared, "The first page describes its own tool. It has two sentences."]),
+          ("b", [shared, "The second page is different. It has its own words."])]
+  monkeypatch.setitem(demo_corpus.SOURCES, "fake", lambda: iter(docs))
+  out = tmp_path / "c.txt"
+  demo_corpus.build_offline_corpus(str(out), ("fake",), dedupe=True)
+  text = out.read_text()
+  assert text.count("repeats this licence") == 1 and "The second page is different." in text
+  demo_corpus.build_offline_corpus(str(out), ("fake",))
+  assert out.read_text().count("repeats this licence") == 2
+  with pytest.raises(corpus.CorpusError, match="unknown corpus source"):
+    demo_corpus.build_offline_corpus(str(out), ("nope",))
+
+
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
   d = tmp_path_factory.mktemp("data")
