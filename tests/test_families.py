@@ -220,3 +220,16 @@ def test_mlm_only_bert_exports_as_bert_for_masked_lm(tmp_path):
   _, ours_logits, full = ours_run(cfg, params, batch)
   assert np.abs(full - hidden)[batch["input_mask"].astype(bool)].max() <= ATOL
   np.testing.assert_allclose(ours_logits, logits, atol=ATOL)
+  # ... and reads back, as it reads HF's own BertForMaskedLM (what run_mlm.py saves)
+  cfg2, params2 = convert.from_hf(str(tmp_path / "out"))
+  assert not cfg2.nsp_head
+  jax.tree_util.tree_map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), np.asarray(b)), params2, params)
+  theirs = transformers.BertForMaskedLM(transformers.BertConfig(
+      vocab_size=300, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
+      max_position_embeddings=32, pad_token_id=0)).eval()
+  theirs.save_pretrained(tmp_path / "theirs")
+  cfg3, params3 = convert.from_hf(str(tmp_path / "theirs"))
+  hidden, logits = hf_run(theirs, batch)
+  _, ours_logits, full = ours_run(cfg3, params3, batch)
+  assert np.abs(full - hidden)[batch["input_mask"].astype(bool)].max() <= ATOL
+  np.testing.assert_allclose(ours_logits, logits, atol=ATOL)

@@ -68,7 +68,7 @@ def head_of_architecture(hf_cfg: Mapping) -> str | None:
 
 
 def supported_architectures() -> list[str]:
-  return sorted(a for f in FAMILIES.values() for a in f.architectures.values())
+  return sorted({a for f in FAMILIES.values() for a in (*f.architectures.values(), *f.reads)})
 
 
 def from_state_dict(cfg: model_lib.BertConfig, state: Mapping[str, np.ndarray], *, head: str = "auto",
@@ -80,6 +80,8 @@ def from_state_dict(cfg: model_lib.BertConfig, state: Mapping[str, np.ndarray], 
   fam = family(family_name)
   if head == "auto":
     head = fam.auto_head(state)
+  if fam.name == "bert" and head == "pretraining" and not any(k.startswith("cls.seq_relationship.") for k in state):
+    cfg = cfg.replace(nsp_head=False)  # BertForMaskedLM: the MLM head alone, and no pooler
   return cfg, table.load(fam, cfg, state, head)
 
 

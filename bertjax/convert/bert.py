@@ -135,7 +135,7 @@ def config_to_hf(cfg: model_lib.BertConfig, architecture: str = "BertForPreTrain
 
 
 FAMILY = table.Family(
-    name="bert", mlm=("cls.", "pretraining"),
+    name="bert", mlm=("cls.", "pretraining"), reads={"BertForMaskedLM": "pretraining"},
     config_from_hf=config_from_hf, config_to_hf=config_to_hf, rows=_rows, prefix="bert.",
     heads=("cls.", "classifier.", "qa_outputs."),
     architectures={"pretraining": "BertForPreTraining", "encoder": "BertModel",

@@ -45,7 +45,8 @@ class Family:
 
   config_from_hf(hf_config, **overrides) -> BertConfig; config_to_hf(cfg, architecture) -> config.json dict.
   rows(cfg, head) -> rows (see the module doc) of the model with that head, layers unstacked.
-  architectures: {head: HF architecture}; heads without one do not export.
+  architectures: {head: HF architecture}; heads without one do not export. reads: {HF architecture: head} of
+  further architectures it imports (BERT's MLM-only `BertForMaskedLM` as its pre-training model).
   prefix: the encoder's name prefix ("bert."); heads: name prefixes of the tensors of its heads (what an encoder
   import passes over).
   tied: tensor names equal to others the rows read (the tied decoder), skipped on import.
@@ -63,6 +64,7 @@ class Family:
   prefix: str
   heads: tuple
   mlm: tuple = ("", "pretraining")
+  reads: Mapping[str, str] = dataclasses.field(default_factory=dict)
   discriminator: str = ""
   tied: tuple = ()
   read: Callable = lambda state, cfg: state
@@ -81,7 +83,8 @@ class Family:
   def head_of(self, hf_cfg: Mapping) -> str | None:
     """The head config.json's `architectures` names, or None."""
     archs = hf_cfg.get("architectures") or []
-    return next((h for h, a in self.architectures.items() if a in archs), None)
+    return next((h for h, a in self.architectures.items() if a in archs),
+                next((self.reads[a] for a in archs if a in self.reads), None))
 
 
 # ----------------------------------------------------------------------------- layouts and rows
