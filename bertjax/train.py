@@ -144,6 +144,35 @@ def load_init_params(path: str, mcfg: model_lib.BertConfig, seq: int = 0):
   return w.params
 
 
+HEAD_NAMES = {"mlm_transform": "MLM head", "mlm_ln": "MLM head", "mlm_bias": "MLM head", "nsp": "NSP head",
+              "pooler": "pooler"}
+
+
+def fit_init_params(init: dict, abstract: dict, path: str, announce=print) -> dict:
+  """The init params this model takes: the encoder must be whole and every shared parameter of the model's shape;
+  heads the checkpoint lacks start fresh (an HF encoder without an MLM head; BertForMaskedLM, without NSP head
+  and pooler, continued with NSP) and heads this model lacks are left out (NSP continued MLM-only), each said."""
+  if "bert" not in abstract or "bert" not in init:  # another objective's tree (ELECTRA): every leaf must fit
+    checkpoint_lib.check_params_fit(init, abstract)
+    return init
+  bert = {k: v for k, v in init["bert"].items() if k in abstract["bert"]}
+  missing = sorted(k for k in abstract["bert"] if k not in bert and k != "pooler")
+  if missing:
+    raise checkpoint_lib.CheckpointError(f"init_checkpoint {path}: its encoder lacks {missing}; an init needs the "
+                                         "whole encoder")
+  out = {"bert": bert, **{k: v for k, v in init.items() if k != "bert" and k in abstract}}
+  fresh = sorted({HEAD_NAMES.get(k, k) for k in [*abstract, *abstract["bert"]] if k not in out and k not in bert})
+  dropped = sorted({HEAD_NAMES.get(k, k) for k in [*init, *init["bert"]]
+                    if k not in abstract and k not in abstract["bert"]})
+  if fresh:
+    announce(f"init_checkpoint {path}: has no {', '.join(fresh)}: drawn fresh")
+  if dropped:
+    announce(f"init_checkpoint {path}: its {', '.join(dropped)} is not in this model: left out")
+  checkpoint_lib.check_params_fit(out, {"bert": {k: abstract["bert"][k] for k in bert},
+                                        **{k: abstract[k] for k in out if k != "bert"}})
+  return out
+
+
 def build(config, mcfg: model_lib.BertConfig, devices=None, special_ids=None) -> trainer.Trainer:
   """The trainer of the config's objective (`bertjax.objectives`); `special_ids`: the tokenizer's (cls, sep, mask)
   ids, for an objective that masks in the graph."""
@@ -223,8 +252,8 @@ def _train_and_evaluate(config, workdir: str) -> dict:
   # Resume order: this workdir's checkpoint, else the init checkpoint, else from scratch.
   init_params = None
   if ckpt.latest_step() is None and config.init_checkpoint:
-    init_params = load_init_params(config.init_checkpoint, mcfg, seq)
-    checkpoint_lib.check_params_fit(init_params, run.abstract.params)  # every leaf: nothing stays fresh
+    init_params = fit_init_params(load_init_params(config.init_checkpoint, mcfg, seq), run.abstract.params,
+                                  config.init_checkpoint, announce=print if is_main else lambda _: None)
   state, data_state, restored = trainer.resume_or_init(run, ckpt, config.seed, init_params,
                                                        announce=lambda m: print(m, flush=True))
   if data_state is not None:

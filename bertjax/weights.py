@@ -50,6 +50,20 @@ def source_of(path: str) -> str:
                                "folder (config.json + model.safetensors)")
 
 
+def config_of(path: str) -> model_lib.BertConfig:
+  """The architecture at `path` from its config files alone (no weights read)."""
+  kind = source_of(path)
+  name = "finetune.json" if kind == "finetuned" else "config.json"
+  try:
+    with open(os.path.join(path, name), encoding="utf-8") as f:
+      meta = json.load(f)
+  except (OSError, ValueError) as e:
+    raise errors.CheckpointError(f"{os.path.join(path, name)}: unreadable ({e})") from None
+  if kind == "hf":
+    return convert.config_from_hf(meta)
+  return model_lib.BertConfig.from_dict(meta["model"])
+
+
 def load(path: str, *, overrides: Mapping[str, Any] | None = None, head: str = "all", num_labels: int = 0) -> Weights:
   """The weights at `path`.
 
@@ -106,8 +120,9 @@ def _hf_params(path: str, meta: dict, state: dict, cfg, head: str, num_labels: i
       raise convert.ConversionError(f"{path}: {e}") from None
   if head == "all":
     params = read(arch or "auto")
-  elif head == "pretraining":
-    params = read(convert.family(family).mlm[1])
+  elif head == "pretraining":  # the MLM model where the folder holds one, else its encoder (heads start fresh)
+    fam = convert.family(family)
+    params = read(fam.mlm[1] if fam.auto_head(state) == fam.mlm[1] else "encoder")
   elif head in convert.TASK_HEADS and arch == head:
     params = read(head)
     out = params.get("qa_outputs", params.get("classifier"))

@@ -451,6 +451,37 @@ def test_init_from_hf_checkpoint(tmp_path, data_dir):
       assert not np.array_equal(at(fresh, path), np.asarray(value)), jax.tree_util.keystr(path)
 
 
+def test_continued_pretraining_from_an_hf_encoder_draws_its_heads_and_resumes_exactly(tmp_path, data_dir, capsys):
+  """An HF encoder without heads (BertModel) continues pre-training through configs/continued.py (the model is the
+  folder's architecture): the MLM and NSP heads and the pooler are drawn fresh and said so; stopped and resumed
+  it equals the uninterrupted run bit for bit."""
+  from bertjax import convert
+  c = small_config(data_dir)
+  mcfg = model_lib.BertConfig.from_dict(c.model.to_dict())
+  params = jax.device_get(train.init_state(train.build(c, mcfg), 5).params)
+  convert.to_hf(mcfg, {k: v for k, v in params["bert"].items() if k != "pooler"}, str(tmp_path / "hf"),
+                head="encoder")
+
+  def config(**train_kw):  # configs/continued.py on the test's data (NSP pairs, 5 predictions, 6 steps)
+    from configs import continued
+    cc = continued.get_config(f"init={tmp_path / 'hf'},seq=32,batch=16,steps=6,nsp=True")
+    cc.data.data_dir, cc.data.example_mode, cc.data.prefetch = data_dir, "nsp_pairs", 0
+    cc.log_every, cc.eval_every, cc.eval_batches, cc.checkpoint_every = 1, 3, 2, 3
+    for k, v in train_kw.items():
+      cc.train[k] = v
+    return cc
+  cc = config()
+  assert model_lib.BertConfig.from_dict(cc.model.to_dict()) == mcfg.replace(scan_layers=cc.model.scan_layers)
+  full, full_rows = run_loop(cc, tmp_path / "full")
+  assert "has no MLM head, NSP head, pooler: drawn fresh" in capsys.readouterr().out
+  run_loop(config(stop_after_steps=3), tmp_path / "resumed")
+  resumed, rows = run_loop(config(), tmp_path / "resumed")
+  assert resumed["start_step"] == 3 and resumed["final_step"] == 6
+  assert {r["step"]: r["loss"] for r in full_rows} == {r["step"]: r["loss"] for r in rows}
+  jax.tree_util.tree_map(lambda x, y: np.testing.assert_array_equal(np.asarray(x), np.asarray(y)),
+                         full["state"].params, resumed["state"].params)
+
+
 def test_nonfinite_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path, data_dir):
   c = small_config(data_dir, stop_after_steps=3)
   run_loop(c, tmp_path / "w")
