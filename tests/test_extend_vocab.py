@@ -1,0 +1,83 @@
+"""Vocabulary extension: new rows are the mean of the pieces they replace, HF loads the extended model and
+tokenizer (equal logits, the new words as single ids), and bad tokens are one-line errors."""
+import json
+import os
+
+import numpy as np
+import pytest
+import torch
+import transformers
+
+from bertjax import convert, errors, extend_vocab
+from bertjax.data import tokenizer as tokenizer_lib
+
+WORDS = "the model reads text and predicts masked words from both sides of each sentence".split()
+NEW = ["Sentences", "remodels"]
+
+
+@pytest.fixture(scope="module")
+def hf_mlm(make_vocab, tmp_path_factory):
+  """An HF BertForMaskedLM (random weights, what run_mlm.py saves) with a small WordPiece vocabulary."""
+  vocab = make_vocab(WORDS, 120)
+  d = tmp_path_factory.mktemp("hf_mlm")
+  tok = tokenizer_lib.load(vocab)
+  torch.manual_seed(0)
+  m = transformers.BertForMaskedLM(transformers.BertConfig(
+      vocab_size=tok.vocab_size, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+      max_position_embeddings=32, pad_token_id=tok.pad_id))
+  with torch.no_grad():  # a non-zero output bias, so its extension is checked too
+    m.cls.predictions.bias.normal_(0, 0.1)
+  m.save_pretrained(d)
+  with open(vocab, encoding="utf-8") as src, open(d / "vocab.txt", "w", encoding="utf-8") as dst:
+    dst.write(src.read())
+  (d / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "BertTokenizer", "do_lower_case": True}))
+  return d, m, tok
+
+
+def test_extended_model_and_tokenizer_load_in_hf_with_mean_initialised_rows(hf_mlm, tmp_path):
+  d, m, tok = hf_mlm
+  assert all(t.lower() not in tok.pieces for t in NEW) and all(len(tok.encode(t)) > 1 for t in NEW)
+  report = extend_vocab.extend(str(d), NEW, str(tmp_path / "out"))
+  old = tok.vocab_size
+  assert [a["id"] for a in report["added"]] == [old, old + 1] and report["vocab_size"] == old + 2
+
+  back = transformers.AutoModelForMaskedLM.from_pretrained(tmp_path / "out").eval()
+  hf_tok = transformers.AutoTokenizer.from_pretrained(tmp_path / "out")
+  ours_tok = tokenizer_lib.load(str(tmp_path / "out" / "vocab.txt"))
+  text = "the model reads remodels sentences"
+  ids = hf_tok(text, add_special_tokens=False)["input_ids"]
+  assert ids == ours_tok.encode(text) and ids[-2:] == [old + 1, old]
+
+  emb_old = m.bert.embeddings.word_embeddings.weight.detach().numpy()
+  emb_new = back.bert.embeddings.word_embeddings.weight.detach().numpy()
+  bias_old, bias_new = m.cls.predictions.bias.detach().numpy(), back.cls.predictions.bias.detach().numpy()
+  np.testing.assert_array_equal(emb_new[:old], emb_old)
+  np.testing.assert_array_equal(bias_new[:old], bias_old)
+  for i, word in enumerate(NEW):
+    pieces = tok.encode(word.lower())
+    np.testing.assert_allclose(emb_new[old + i], emb_old[pieces].mean(0), rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(bias_new[old + i], bias_old[pieces].mean(0), rtol=1e-6, atol=1e-7)
+  # The decoder stays tied to the grown table, and bertjax reads the folder back with HF's logits.
+  assert back.cls.predictions.decoder.weight.data_ptr() == back.bert.embeddings.word_embeddings.weight.data_ptr()
+  cfg, params = convert.from_hf(str(tmp_path / "out"))
+  from bertjax import model
+  batch = {"input_ids": np.array([[tok.cls_id, *ids, tok.sep_id]], np.int32)}
+  batch["input_mask"] = np.ones_like(batch["input_ids"])
+  batch["segment_ids"] = np.zeros_like(batch["input_ids"])
+  batch["masked_lm_positions"] = np.arange(batch["input_ids"].shape[1], dtype=np.int32)[None]
+  ours = np.asarray(model.for_pretraining(cfg).apply({"params": params}, batch, deterministic=True)["mlm_logits"])
+  with torch.no_grad():
+    theirs = back(input_ids=torch.tensor(batch["input_ids"], dtype=torch.long)).logits.numpy()
+  np.testing.assert_allclose(ours, theirs, atol=1e-5)
+
+
+@pytest.mark.parametrize("tokens, message", [
+    (["the"], r"token 'the' is already in the vocabulary \(id \d+\)"),
+    (["state-of-art"], r"the tokenizer splits it into \['state', '-', 'of', '-', 'art'\]"),
+    (["newword", "NewWord"], r"token 'NewWord' is given twice"),
+])
+def test_bad_tokens_are_one_line_errors(hf_mlm, tmp_path, tokens, message):
+  d, _, _ = hf_mlm
+  with pytest.raises(errors.ConfigError, match=message):
+    extend_vocab.extend(str(d), tokens, str(tmp_path / "out"))
+  assert not os.path.exists(tmp_path / "out")
