@@ -69,9 +69,12 @@ def main(argv=None) -> int:
   summary = train.train_and_evaluate(config, run_dir)
   first, last = summary.get("initial_eval", {}), summary.get("eval", {})
   if first and last:
+    base = dataset.unigram_baseline(data_dir)
     print(f"held-out MLM accuracy {first['mlm_accuracy']:.3f} -> {last['mlm_accuracy']:.3f}, MLM loss "
           f"{first['mlm_loss']:.3f} -> {last['mlm_loss']:.3f}; NSP accuracy {first['nsp_accuracy']:.3f} -> "
-          f"{last['nsp_accuracy']:.3f}", flush=True)
+          f"{last['nsp_accuracy']:.3f}\n  beside a model that ignores the context (each token's training "
+          f"frequency): accuracy {base['mlm_accuracy']:.3f}, loss {base['mlm_loss']:.3f}; NSP by chance 0.500",
+          flush=True)
   print("[5/5] fill in the blank:", flush=True)
   module, params, tok = predict.load(run_dir)
   for sentence in config.predict_examples:

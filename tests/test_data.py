@@ -531,3 +531,22 @@ def test_a_short_run_warms_up_for_a_tenth_of_it():
   from configs import pretrain
   assert pretrain.get_config("steps=20").train.warmup_steps == 2
   assert pretrain.get_config().train.warmup_steps == 10_000  # the original's 10,000 of 1,000,000
+
+
+def test_unigram_baseline_scores_the_held_out_labels_with_the_training_frequencies(data_dir):
+  import collections
+  import math
+  def labels(split):
+    src = dataset.load_source(data_dir, split)
+    return [int(t) for i in range(len(src)) for t, w in zip(src[i]["masked_lm_ids"], src[i]["masked_lm_weights"])
+            if w > 0]
+  train, held = labels("train"), labels("validation")
+  counts = collections.Counter(train)
+  vocab = dataset.read_creation(data_dir)["vocab_size"]
+  top = max(range(vocab), key=lambda t: (counts[t], -t))
+  total = len(train) + vocab
+  got = dataset.unigram_baseline(data_dir)
+  assert got["positions"] == len(held)
+  assert got["mlm_accuracy"] == pytest.approx(sum(t == top for t in held) / len(held))
+  assert got["mlm_loss"] == pytest.approx(-sum(math.log((counts[t] + 1) / total) for t in held) / len(held))
+  assert 0 < got["mlm_accuracy"] < 1 and got["mlm_loss"] < math.log(vocab)

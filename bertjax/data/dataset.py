@@ -331,6 +331,28 @@ def load_source(data_dir: str, split: str):
   return builder.as_data_source(split=split)
 
 
+def unigram_baseline(data_dir: str, train_split: str = "train", eval_split: str = "validation",
+                     max_examples: int = 20_000) -> dict:
+  """What a model that ignores the context scores on the held-out masked positions: the unigram distribution of
+  the training split's masked tokens (add-one smoothed) as its prediction; its accuracy (always the most frequent
+  token) and mean cross-entropy, the floor a pre-trained model's held-out numbers should clear."""
+  def labels(split):
+    src = load_source(data_dir, split)
+    out = []
+    for i in range(min(len(src), max_examples)):
+      ex = src[i]
+      out.append(np.asarray(ex["masked_lm_ids"])[np.asarray(ex["masked_lm_weights"]) > 0])
+    return np.concatenate(out) if out else np.zeros(0, np.int64)
+  train, held = labels(train_split), labels(eval_split)
+  if not len(train) or not len(held):
+    raise errors.DataError(f"{data_dir}: no masked positions in {train_split!r} or {eval_split!r}")
+  size = max(read_creation(data_dir)["vocab_size"], int(train.max()) + 1, int(held.max()) + 1)
+  counts = np.bincount(train, minlength=size).astype(np.float64) + 1.0
+  logp = np.log(counts / counts.sum())
+  return {"mlm_accuracy": float(np.mean(held == np.argmax(counts))), "mlm_loss": float(-logp[held].mean()),
+          "positions": int(len(held))}
+
+
 @errors.guard
 def main(argv=None):
   p = errors.ArgumentParser(description="Create BERT pre-training data (create_pretraining_data.py semantics).")
