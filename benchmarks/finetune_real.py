@@ -45,6 +45,7 @@ import sys
 import tempfile
 import time
 import zipfile
+import zlib
 
 import numpy as np
 
@@ -159,7 +160,7 @@ def run_bertjax(task, files, labels, seed, work, extra=(), cache="", init=""):
   kind = {"ner": "ner", "sentiment": "local", "qa": "squad_json"}[task]
   if task == "qa":  # HF's windows (see the module docstring); the original's start doc_stride apart
     extra = ("--config.data.doc_stride_is_overlap=True", *extra)
-  workdir = os.path.join(work, f"bertjax_{task}_{seed}_{abs(hash((extra, init))) % 10**8}")
+  workdir = os.path.join(work, f"bertjax_{task}_{seed}_{zlib.crc32(repr((extra, init)).encode()):08x}")
   label_arg = [f"--config.data.labels=({','.join(repr(x) for x in labels)},)"] if labels else []
   cmd = [sys.executable, "-m", "bertjax.main",
          f"--config=configs/finetune.py:task={kind},init={init or minilm_dir()},lr={lr},batch={batch},epochs={epochs},"

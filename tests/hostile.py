@@ -191,6 +191,19 @@ CASES = [
      r"test.tsv: query '1' judges document id 'z', which is not in", "qrels naming a document the corpus lacks"),
     ("emb_beir_missing", "embeddings", ["--model", "{pre}", "--beir", "{tmp}/none"], r"corpus.jsonl: no such file",
      "a BEIR folder that does not exist"),
+    ("emb_corpus_no_out", "embeddings", ["--model", "{pre}", "--corpus", "{corpus_dup}"],
+     r"--corpus needs --out", "a corpus to embed without an output folder"),
+    ("emb_corpus_dup", "embeddings", ["--model", "{pre}", "--corpus", "{corpus_dup}", "--out", "{tmp}/e1"],
+     r"corpus_dup.jsonl:2: document id 'a' repeats .*corpus_dup.jsonl:1",
+     "a corpus to embed with a repeated id"),
+    ("emb_corpus_field", "embeddings", ["--model", "{pre}", "--corpus", "{corpus_no_text}", "--out", "{tmp}/e2"],
+     r"corpus_no_text.jsonl:1: a record needs '_id' and 'text'", "a corpus record without its text field"),
+    ("emb_corpus_json", "embeddings", ["--model", "{pre}", "--corpus", "{corpus_bad_json}", "--out", "{tmp}/e3"],
+     r"corpus_bad_json.jsonl:2: ", "a corpus line that is not JSON"),
+    ("emb_corpus_utf8", "embeddings", ["--model", "{pre}", "--corpus", "{corpus_utf8}", "--out", "{tmp}/e4"],
+     r"corpus_utf8.txt:2: not UTF-8", "a plain-text corpus line that is not UTF-8"),
+    ("emb_corpus_none", "embeddings", ["--model", "{pre}", "--corpus", "{tmp}/nothing*.jsonl", "--out", "{tmp}/e5"],
+     r"nothing\*.jsonl: no file matches this pattern", "corpus globs that match nothing"),
     ("emb_sts_column", "embeddings", ["--model", "{pre}", "--sts", "{sts_no_score}"],
      r"missing column\(s\) \['score'\]", "an STS file without its score column"),
     ("emb_two_tasks", "embeddings", ["--model", "{pre}", "--sts", "{sts_no_score}", "--beir", "{beir_dup}"],
@@ -270,6 +283,10 @@ def fixtures(tmp: str) -> dict:
   f["conll_no_tag"] = write("conll_no_tag.txt", "John B-PER\nSmith\n")
   f["pairs_same"] = write("pairs_same.csv", "anchor,positive\nthe model,reads text\nthe text,reads text\n")
   f["sts_no_score"] = write("sts_no_score.csv", "sentence1,sentence2\nthe model,reads text\n")
+  f["corpus_dup"] = write("corpus_dup.jsonl", '{"_id": "a", "text": "one"}\n{"_id": "a", "text": "two"}\n')
+  f["corpus_no_text"] = write("corpus_no_text.jsonl", '{"_id": "a", "body": "one"}\n')
+  f["corpus_bad_json"] = write("corpus_bad_json.jsonl", '{"_id": "a", "text": "one"}\n{"_id": "b", "text"\n')
+  f["corpus_utf8"] = write("corpus_utf8.txt", b"first document\ncaf\xe9 au lait\n", "wb")
   for name, corpus, qrels in (
       ("beir_dup", b'{"_id": "a", "text": "one"}\n{"_id": "a", "text": "two"}\n', b"1\ta\t1\n"),
       ("beir_utf8", b'{"_id": "a", "text": "one"}\n{"_id": "b", "text": "caf\xe9"}\n', b"1\ta\t1\n"),

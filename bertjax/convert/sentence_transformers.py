@@ -14,6 +14,7 @@ import os
 import numpy as np
 from safetensors.numpy import save_file
 
+from bertjax import convert
 from bertjax import model as model_lib
 from bertjax.convert import files
 from bertjax.convert.table import ConversionError, host_params
@@ -79,7 +80,6 @@ def _activation(sub: str, conf: dict) -> str:
 def read(path: str, **overrides):
   """(BertConfig, params {"bert": ..., "dense"?: ...}, Pooling, transformer sub-folder) of a sentence-transformers
   folder; a module bertjax does not compute is a one-line error naming it."""
-  from bertjax import convert
   stack = _json(os.path.join(path, "modules.json"))
   kinds = [m.get("type", "").rsplit(".", 1)[-1] for m in stack]
   unknown = [k for k in kinds if k not in _MODULES]
@@ -103,7 +103,6 @@ def write(cfg: model_lib.BertConfig, params, pooling: Pooling, out: str, max_seq
           family: str | None = None) -> None:
   """A sentence-transformers folder: the encoder as the family's HF model in `out`, 1_Pooling, and 2_Dense /
   Normalize where the model has them (the tokenizer files are the caller's)."""
-  from bertjax import convert
   params = host_params(params)
   convert.to_hf(cfg, params["bert"], out, head="encoder", family=family)
   stack = [{"idx": 0, "name": "0", "path": "", "type": _TRANSFORMER}]
