@@ -30,15 +30,19 @@ from bertjax.tasks import contrastive as contrastive_task
 from bertjax.model.embedding import EmbeddingModel, Pooling
 
 
-def batch_of(tok, texts: Sequence[str], max_len: int, rows: int = 0, multiple: int = 1) -> dict:
-  """[CLS] text [SEP] rows (cut to `max_len` tokens), padded to the longest row (rounded up to `multiple`, at most
-  `max_len`) and with empty rows up to `rows`, as the encoder's batch."""
-  ids_list = [[tok.cls_id] + tok.encode(t)[:max_len - 2] + [tok.sep_id] for t in texts]
-  n = max(len(r) for r in ids_list)
+def token_rows(tok, texts: Sequence[str], max_len: int) -> list[list[int]]:
+  """[CLS] text [SEP] of each text, cut to `max_len` tokens."""
+  return [[tok.cls_id] + tok.encode(t)[:max_len - 2] + [tok.sep_id] for t in texts]
+
+
+def batch_of(rows_ids: Sequence[Sequence[int]], pad_id: int, max_len: int, rows: int = 0, multiple: int = 1) -> dict:
+  """The encoder's batch of token rows: padded to the longest row (rounded up to `multiple`, at most `max_len`)
+  and with empty rows up to `rows`."""
+  n = max(len(r) for r in rows_ids)
   n = min(-(-n // multiple) * multiple, max_len)
-  ids = np.full((max(rows, len(ids_list)), n), tok.pad_id, np.int32)
+  ids = np.full((max(rows, len(rows_ids)), n), pad_id, np.int32)
   mask = np.zeros_like(ids)
-  for i, r in enumerate(ids_list):
+  for i, r in enumerate(rows_ids):
     ids[i, :len(r)], mask[i, :len(r)] = r, 1
   return {"input_ids": ids, "input_mask": mask, "segment_ids": np.zeros_like(ids)}
 
@@ -95,21 +99,22 @@ class Encoder:
       h.update(np.ascontiguousarray(leaf).tobytes())
     return h.hexdigest()
 
-  def encode(self, texts: Sequence[str], batch_size: int = 32) -> np.ndarray:
-    """Embeddings [len(texts), D] in the order given. Texts run longest first (as sentence-transformers does) in
-    batches of `batch_size` rows padded to a multiple of 32 tokens, so a long list compiles a few shapes."""
+  def encode(self, texts: Sequence[str], batch_size: int = 32, multiple: int = 8) -> np.ndarray:
+    """Embeddings [len(texts), D] in the order given. Texts run longest first by token count, in batches of
+    `batch_size` rows padded to their longest row rounded up to `multiple` tokens: little compute goes to padding,
+    and a long list compiles at most max_seq_length / multiple shapes."""
     if not len(texts):
       return np.zeros((0, 0), np.float32)
-    lengths = [len(t) for t in texts]
-    order = np.argsort([-n for n in lengths], kind="stable")
+    rows = token_rows(self.tok, texts, self.max_seq_length)
+    order = np.argsort([-len(r) for r in rows], kind="stable")
     devices = jax.local_devices()
     # Rows split over this host's devices when they divide the batch; the weights are replicated.
     sharding = (NamedSharding(Mesh(np.array(devices), ("batch",)), P("batch"))
                 if len(devices) > 1 and batch_size % len(devices) == 0 else None)
     out = []
     for i in range(0, len(texts), batch_size):
-      chunk = [texts[j] for j in order[i:i + batch_size]]
-      batch = batch_of(self.tok, chunk, self.max_seq_length, rows=batch_size, multiple=32)
+      chunk = [rows[j] for j in order[i:i + batch_size]]
+      batch = batch_of(chunk, self.tok.pad_id, self.max_seq_length, rows=batch_size, multiple=multiple)
       if sharding is not None:
         batch = jax.device_put(batch, sharding)
       out.append(np.asarray(self._apply(self.params, batch))[:len(chunk)])
