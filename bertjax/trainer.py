@@ -8,6 +8,7 @@ eval functions to `build`; the core never imports an objective.
 """
 from __future__ import annotations
 
+import collections
 import dataclasses
 import json
 import math
@@ -273,6 +274,9 @@ class Hooks:
   begin: Callable[[Any], None] = lambda state: None  # before the first step (under the stop flag and the mesh)
 
 
+IN_FLIGHT = 2  # train steps dispatched and not yet finished, at most
+
+
 def loop(t: Trainer, state, batches, start: int, total: int, hooks: Hooks, stop_after_steps: int = 0,
          step_args: tuple = ()):
   """The training loop of every mode: steps start+1..total over `batches` (an iterator of the batches of exactly
@@ -280,11 +284,18 @@ def loop(t: Trainer, state, batches, start: int, total: int, hooks: Hooks, stop_
   non-finite check before anything is logged or saved. Returns (state, last step run, the stop's reason or None).
   The train step donates its state, so only the returned state is valid afterwards."""
   pending: list = []
+  in_flight: collections.deque = collections.deque(maxlen=IN_FLIGHT)
   step = start
   with StopFlag() as stop, sharding_lib.use_mesh(t.mesh, t.rules):
     hooks.begin(state)
     for step in range(start + 1, total + 1):
       state, m = t.train_step(state, next(batches), *step_args)
+      # Dispatch is asynchronous: unbounded, the host would queue every step up to the next log before the
+      # device ran them, and a stop signal (a preemption notice) would wait for all of them. Waiting for the step
+      # IN_FLIGHT back keeps the device fed and answers a signal within IN_FLIGHT steps.
+      if len(in_flight) == IN_FLIGHT:
+        jax.block_until_ready(in_flight[0])
+      in_flight.append(m["loss"])
       pending.append((step, m))
       if stop_after_steps and step - start >= stop_after_steps and stop.signal is None:
         stop.signal = "stop_after_steps"

@@ -339,3 +339,42 @@ def test_truncating_one_huge_segment_is_linear():
   a, b = list(range(2_000_000)), [1, 2, 3]
   pretraining.truncate_seq_pair(a, b, 125, random.Random(0))
   assert len(a) + len(b) == 125 and a == list(range(a[0], a[0] + len(a)))
+
+
+@pytest.mark.parametrize("bound", [True, False])
+def test_the_host_runs_at_most_two_steps_ahead_of_the_device(monkeypatch, bound):
+  """Dispatch is asynchronous; the loop keeps at most trainer.IN_FLIGHT steps unfinished, so a stop signal
+  (a preemption notice) is answered within two steps rather than after every step queued before the next log.
+  Unbounded (the second case), the host does run far ahead: the check can fail."""
+  import types
+  import jax.numpy as jnp
+  from bertjax import trainer
+  if not bound:
+    monkeypatch.setattr(trainer, "IN_FLIGHT", 10_000)
+
+  @jax.jit
+  def slow(x, batch):
+    for _ in range(30):
+      x = jnp.tanh(x @ x) * batch
+    return x, {"loss": x[0, 0], "grad_norm": x[0, 1]}
+
+  losses, unfinished = [], []
+
+  def train_step(state, batch):
+    unfinished.append(sum(not loss.is_ready() for loss in losses))
+    state, m = slow(state, batch)
+    losses.append(m["loss"])
+    return state, m
+
+  mesh = jax.make_mesh((1,), ("data",), axis_types=(jax.sharding.AxisType.Auto,))
+  t = types.SimpleNamespace(train_step=train_step, mesh=mesh, rules=())
+  hooks = trainer.Hooks(log=lambda s, h: None, save=lambda s, st: None, log_due=lambda s: False,
+                        save_due=lambda s: False)
+  slow(jnp.eye(384), 1.0)[0].block_until_ready()  # compiled before timing matters
+  state, step, _ = trainer.loop(t, jnp.eye(384) * 0.5, iter([1.0] * 40), 0, 40, hooks)
+  jax.block_until_ready(state)
+  assert step == 40
+  if bound:
+    assert max(unfinished) <= trainer.IN_FLIGHT, unfinished
+  else:
+    assert max(unfinished) > 2, unfinished
