@@ -3,7 +3,8 @@ same tokenizer, the same model shape, objective and wall-clock budget, both fina
 by one evaluator on the same held-out masked positions.
 
   python benchmarks/pretrain_vs_hf.py --root runs/ttq --minutes 15 \
-      --sides bertjax,hf,bertjax_nsp --out benchmarks/results/pretrain_vs_hf_cpu.json
+      --sides bertjax,hf,bertjax_nsp --downstream bertjax,hf --lrs 1e-4,1e-3 \
+      --out benchmarks/results/pretrain_vs_hf_cpu.json
 
 Stages (each skipped when its output exists, so a rerun resumes; `--rerun SIDE` repeats one side):
   corpus    the machine's English manual pages and Python's own documentation, every paragraph once
@@ -22,8 +23,8 @@ Stages (each skipped when its output exists, so a rerun resumes; `--rerun SIDE` 
             clipping at 1.0, dropout 0.1; each optimizer with its own defaults otherwise (bertjax: the original's
             Adam without bias correction, eps 1e-6; torch AdamW: bias correction, eps 1e-8). The shape is chosen
             so that a 15-minute run on 2 CPU cores leaves the unigram plateau (held-out loss about 6.5 on this
-            corpus); bertjax's 4 x 256 model stays on it for 20 minutes at batch 64 (learning rate 5e-4) and
-            at batch 32 (1e-3).
+            corpus); bertjax's 4 x 256 model stayed on it for 20 minutes at batch 64 (learning rate 5e-4) and
+            for 525 steps at batch 32 (1e-3).
   budget    a short probe run of each side measures its start-up time and step rate; the side's number of steps is
             set so that its whole run (start-up, compilation, training, checkpoints) fills the budget, and its
             schedule ends there. Data preparation (bertjax's creation; HF's tokenizing and grouping) is timed apart.
