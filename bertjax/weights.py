@@ -210,9 +210,10 @@ def run_tokenizer(workdir: str, run) -> tuple[str, bool]:
 
 
 def hf_tokenizer(path: str) -> tuple[str, bool]:
-  """The folder's tokenizer file: BERT's vocab.txt, else a byte-level BPE's vocab.json or tokenizer.json."""
+  """The folder's tokenizer file: BERT's vocab.txt, else a sentencepiece model (spiece.model, as bertjax exports
+  one; its casing is in its normaliser), else a byte-level BPE's vocab.json or tokenizer.json."""
   vocab = os.path.join(path, "vocab.txt")
-  for name in ("vocab.json", "tokenizer.json"):
+  for name in ("spiece.model", "vocab.json", "tokenizer.json"):
     if not os.path.isfile(vocab) and os.path.isfile(os.path.join(path, name)):
       return os.path.join(path, name), False
   lower = True

@@ -84,6 +84,43 @@ def test_train_and_load_round_trip(tmp_path, kind):
     assert [not s for s in starts] == [bool(tok.continues_word[i]) for i in ids]
 
 
+def stdlib_prose() -> list[str]:
+  """Lines of English that ship with Python: the docstrings of some standard modules."""
+  import importlib
+  modules = [importlib.import_module(m) for m in ("argparse", "collections", "email", "json", "logging",
+                                                   "subprocess", "textwrap")]
+  return [ln.strip() for m in modules for ln in (m.__doc__ or "").splitlines() if ln.strip()]
+
+
+@pytest.mark.parametrize("kind", ["unigram", "bpe"])
+def test_a_sentencepiece_tokenizer_exports_as_a_tokenizer_hf_reads_with_bertjaxs_ids(tmp_path, kind):
+  """The HF folder of a sentencepiece run: AutoTokenizer reads its tokenizer.json with the ids bertjax's
+  sentencepiece gives (prose, spacing, accents, full-width forms, pairs, [MASK]); bertjax reads it back."""
+  transformers = pytest.importorskip("transformers")
+  from bertjax import weights
+  from bertjax.convert import __main__ as convert_cli
+  lines = stdlib_prose()
+  (tmp_path / "train.txt").write_text("\n".join(lines * 3), encoding="utf-8")
+  path = tokenizer.train([tmp_path / "train.txt"], tmp_path / kind, kind=kind, vocab_size=400, do_lower_case=True)
+  ours = tokenizer.load(path)
+  out = tmp_path / "hf"
+  out.mkdir()
+  (out / "config.json").write_text(json.dumps({"model_type": "bert", "type_vocab_size": 2}))
+  convert_cli.copy_tokenizer(path, True, str(out))
+  hf = transformers.AutoTokenizer.from_pretrained(str(out))
+  texts = lines + ["  Hello   World,  Café naïve\tTAB ", "ＦＵＬＬ ｗｉｄｔｈ ①", "日本語 ☃ 🙂", ""]
+  for text in texts:
+    assert hf(text)["input_ids"] == [ours.cls_id, *ours.encode(text), ours.sep_id], text
+  pair = hf("the first", "and second")
+  a, b = ours.encode("the first"), ours.encode("and second")
+  assert pair["input_ids"] == [ours.cls_id, *a, ours.sep_id, *b, ours.sep_id]
+  assert pair["token_type_ids"] == [0] * (len(a) + 2) + [1] * (len(b) + 1)
+  masked = hf("the [MASK] value")["input_ids"]
+  assert masked.count(ours.mask_id) == 1 and hf.mask_token_id == ours.mask_id and hf.pad_token_id == ours.pad_id
+  back, _ = weights.hf_tokenizer(str(out))
+  assert tokenizer.load(back).encode(lines[0]) == ours.encode(lines[0])
+
+
 def test_bad_tokenizer_files(tmp_path):
   with pytest.raises(FileNotFoundError, match="tokenizer file not found"):
     tokenizer.load(tmp_path / "nope.txt")

@@ -4,7 +4,8 @@ A pre-training workdir becomes its family's MLM model (its latest checkpoint): `
 `RobertaForMaskedLM` or `ModernBertForMaskedLM`; a fine-tuning workdir of a BERT its best parameters as
 `BertForSequenceClassification`, `BertForTokenClassification` or `BertForQuestionAnswering`, with the labels in
 config.json. The tokenizer is copied beside it (a WordPiece vocabulary with its casing; a byte-level BPE's
-vocab.json + merges.txt or tokenizer.json), so that `AutoTokenizer.from_pretrained(DIR)` reads the same ids.
+vocab.json + merges.txt or tokenizer.json; a sentencepiece model with a tokenizer.json made from it), so that
+`AutoTokenizer.from_pretrained(DIR)` reads the same ids.
 """
 from __future__ import annotations
 
@@ -76,11 +77,21 @@ def copy_tokenizer(tok_path: str, lower: bool, out: str) -> None:
     elif not os.path.isfile(os.path.join(out, "tokenizer_config.json")):
       with open(os.path.join(out, "tokenizer_config.json"), "w", encoding="utf-8") as f:
         json.dump({"tokenizer_class": "RobertaTokenizer"}, f, indent=2)
-  else:  # a sentencepiece model: its ids are bertjax's layout, which no HF tokenizer class reads as it is
+  else:  # a sentencepiece model: the model file, and tokenizer.json with bertjax's ids for AutoTokenizer
     shutil.copyfile(tok_path, os.path.join(out, "spiece.model"))
-    print(f"note: {out}/spiece.model is the run's sentencepiece model ([PAD] 0, [UNK] 1, [CLS] [SEP] [MASK] as "
-          "control pieces); AutoTokenizer does not read it: tokenize with sentencepiece and add [CLS]/[SEP]",
-          flush=True)
+    tokenizer_lib.sentencepiece_as_hf(tok_path).save(os.path.join(out, "tokenizer.json"))
+    names = dict(zip(("pad_token", "unk_token", "cls_token", "sep_token", "mask_token"), tokenizer_lib.SPECIAL_TOKENS))
+    with open(os.path.join(out, "tokenizer_config.json"), "w", encoding="utf-8") as f:
+      json.dump({"tokenizer_class": "PreTrainedTokenizerFast", **names,
+                 "model_input_names": _input_names(out)}, f, indent=2)
+
+
+def _input_names(out: str) -> list[str]:
+  """What the tokenizer hands the model: segment ids only to a model with more than one segment type (a
+  ModernBERT takes none; RoBERTa's single type would make a pair's second segment out of range)."""
+  with open(os.path.join(out, "config.json"), encoding="utf-8") as f:
+    types = json.load(f).get("type_vocab_size", 0)
+  return ["input_ids", *(["token_type_ids"] if types > 1 else []), "attention_mask"]
 
 
 def _write_special_ids(tok, out: str) -> None:

@@ -171,6 +171,59 @@ def _load_sentencepiece(path: str) -> Tokenizer:
                    pieces, continues)
 
 
+def sentencepiece_as_hf(path: str):
+  """A sentencepiece model as an HF `tokenizers` Tokenizer with the same ids: the model's own normaliser (its
+  precompiled character map, then its whitespace rules), "▁"-prefixed words, its unigram or BPE pieces and scores,
+  the special pieces matched as special tokens, and BERT's [CLS] A [SEP] (B [SEP]) template. What tokenizer.json
+  holds for `AutoTokenizer`; read from the file's records, so no protobuf runtime is needed."""
+  from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
+  with open(path, "rb") as f:
+    top = vocab_files.proto_records(f.read())
+  if top is None:
+    raise TokenizerError(f"{path}: not a whole sentencepiece model")
+
+  def spec(field):  # a sub-message of the model (proto2 defaults where a field is absent)
+    raw = next((v for k, v in top if k == field and isinstance(v, bytes)), b"")
+    return dict(vocab_files.proto_records(raw) or [])
+  trainer, norm = spec(2), spec(3)
+  model_type, byte_fallback = trainer.get(3, 1), bool(trainer.get(35, 0))
+  tok = _load_sentencepiece(path)
+  import sentencepiece as spm
+  sp = spm.SentencePieceProcessor(model_file=path)
+  pieces = [(sp.IdToPiece(i), sp.GetScore(i)) for i in range(sp.GetPieceSize())]
+  special = [i for i in range(len(pieces)) if sp.IsControl(i) or sp.IsUnknown(i)]
+  if model_type == 1:
+    model = models.Unigram(pieces, unk_id=sp.unk_id(), byte_fallback=byte_fallback)
+  elif model_type == 2:
+    vocab = {p: i for i, (p, _) in enumerate(pieces)}
+    plain = {p for i, (p, _) in enumerate(pieces) if i not in special and not sp.IsByte(i)}
+    merges = []  # every split of a piece into two pieces, applied in the order of the merged piece's score
+    for piece, score in pieces:
+      if piece in plain:
+        merges += [(score, vocab[piece[:k]], vocab[piece[k:]], piece[:k], piece[k:]) for k in range(1, len(piece))
+                   if piece[:k] in plain and piece[k:] in plain]
+    merges.sort(key=lambda m: (-m[0], m[1], m[2]))
+    model = models.BPE(vocab, [(a, b) for *_, a, b in merges], unk_token=pieces[sp.unk_id()][0], fuse_unk=True,
+                       byte_fallback=byte_fallback)
+  else:
+    raise TokenizerError(f"{path}: a sentencepiece {'word' if model_type == 3 else 'char'} model has no HF "
+                         "tokenizer here; train a unigram or bpe model")
+  hf = Tokenizer(model)
+  steps = [normalizers.Precompiled(norm[2])] if norm.get(2) else []
+  if norm.get(4, 1):  # remove_extra_whitespaces
+    steps += [normalizers.Strip(), normalizers.Replace(Regex(" {2,}"), " ")]
+  hf.normalizer = normalizers.Sequence(steps)
+  prepend = "always" if norm.get(3, 1) else "never"  # add_dummy_prefix
+  hf.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme=prepend)
+  hf.decoder = decoders.Metaspace(replacement="\u2581", prepend_scheme=prepend)
+  hf.add_special_tokens([AddedToken(pieces[i][0], special=True, normalized=False) for i in special])
+  cls, sep = pieces[tok.cls_id][0], pieces[tok.sep_id][0]
+  hf.post_processor = processors.TemplateProcessing(
+      single=f"{cls}:0 $A:0 {sep}:0", pair=f"{cls}:0 $A:0 {sep}:0 $B:1 {sep}:1",
+      special_tokens=[(cls, tok.cls_id), (sep, tok.sep_id)])
+  return hf
+
+
 def _load_byte_bpe(path: str) -> Tokenizer:
   """Byte-level BPE: RoBERTa's `vocab.json` with `merges.txt` beside it (built as RobertaTokenizerFast builds
   itself), or a saved HF `tokenizer.json` (given, or beside vocab.json; its own added-token rules, e.g.

@@ -55,8 +55,9 @@ def find_in(folder: str) -> str | None:
   return os.path.join(folder, models[0]) if models else None
 
 
-def proto_fields(raw: bytes) -> set[int] | None:
-  """The top-level field numbers of a serialised protobuf message, or None if it ends inside a record."""
+def proto_records(raw: bytes) -> list[tuple[int, int | bytes]] | None:
+  """(field number, value) of each top-level record of a serialised protobuf message (a varint or fixed-width
+  field as an int, a length-delimited one as bytes), or None if it ends inside a record."""
   def varint(i):
     shift = value = 0
     while True:
@@ -67,23 +68,32 @@ def proto_fields(raw: bytes) -> set[int] | None:
       i, shift = i + 1, shift + 7
       if not b & 0x80:
         return value, i
-  seen, i = set(), 0
+  out, i = [], 0
   try:
     while i < len(raw):
       key, i = varint(i)
       wire = key & 7
       if wire == 0:
-        _, i = varint(i)
-      elif wire == 1:
-        i += 8
+        value, i = varint(i)
+      elif wire in (1, 5):
+        width = 8 if wire == 1 else 4
+        if i + width > len(raw):
+          raise IndexError
+        value, i = int.from_bytes(raw[i:i + width], "little"), i + width
       elif wire == 2:
         n, i = varint(i)
-        i += n
-      elif wire == 5:
-        i += 4
+        if i + n > len(raw):
+          raise IndexError
+        value, i = raw[i:i + n], i + n
       else:
         return None
-      seen.add(key >> 3)
+      out.append((key >> 3, value))
   except IndexError:
     return None
-  return seen if i == len(raw) else None
+  return out
+
+
+def proto_fields(raw: bytes) -> set[int] | None:
+  """The top-level field numbers of a serialised protobuf message, or None if it ends inside a record."""
+  records = proto_records(raw)
+  return None if records is None else {field for field, _ in records}
