@@ -8,6 +8,7 @@ in pre-training, fine-tuning and every other mode alike. Anything else is a bug 
 from __future__ import annotations
 
 import argparse
+import json
 import ast
 import difflib
 import functools
@@ -67,6 +68,17 @@ def one_line(e: BaseException) -> str:
     except (ValueError, SyntaxError):
       pass
   return "; ".join(" ".join(line.split()) for line in msg.splitlines() if line.strip()) or type(e).__name__
+
+
+def json_object(text: str, where: str, error: type[Exception]) -> dict:
+  """One JSONL record as a dict; anything else is `error` naming `where` (path:line)."""
+  try:
+    row = json.loads(text)
+  except json.JSONDecodeError as e:
+    raise error(f"{where}: not a JSON object ({e.msg} at column {e.colno})") from None
+  if not isinstance(row, dict):
+    raise error(f"{where}: not a JSON object (a {type(row).__name__})")
+  return row
 
 
 def fail(message: str) -> None:

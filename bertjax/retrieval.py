@@ -51,16 +51,6 @@ def _decoded(path: str, f) -> Iterator[tuple[int, str]]:
       raise RetrievalDataError(f"{path}:{line}: not UTF-8 ({e.reason} at byte {e.start})") from None
 
 
-def _json_object(path: str, line: int, text: str) -> dict:
-  try:
-    row = json.loads(text)
-  except json.JSONDecodeError as e:
-    raise RetrievalDataError(f"{path}:{line}: not a JSON object ({e.msg})") from None
-  if not isinstance(row, dict):
-    raise RetrievalDataError(f"{path}:{line}: not a JSON object")
-  return row
-
-
 def _jsonl(path: str) -> Iterator[tuple[int, dict]]:
   if not os.path.isfile(path):
     raise RetrievalDataError(f"{path}: no such file")
@@ -68,7 +58,7 @@ def _jsonl(path: str) -> Iterator[tuple[int, dict]]:
     for line, text in _decoded(path, f):
       if not text.strip():
         continue
-      row = _json_object(path, line, text)
+      row = errors.json_object(text, f"{path}:{line}", RetrievalDataError)
       if "_id" not in row:
         raise RetrievalDataError(f"{path}:{line}: a record needs an \"_id\"")
       yield line, row
@@ -118,7 +108,7 @@ def read_corpus(patterns: Sequence[str], id_field: str = "_id", text_field: str 
           continue
         if not text.strip():
           continue
-        row = _json_object(path, line, text)
+        row = errors.json_object(text, f"{path}:{line}", RetrievalDataError)
         if id_field not in row or text_field not in row:
           raise RetrievalDataError(f"{path}:{line}: a record needs {id_field!r} and {text_field!r}")
         add(row[id_field], f"{row.get(title_field) or ''} {row[text_field] or ''}".strip(), f"{path}:{line}")

@@ -119,7 +119,7 @@ CASES = [
      "a training file that does not exist"),
     ("ft_init_missing", "main", FINE + ["--config.init={tmp}/no_such_model"], r"no_such_model",
      "an init path that does not exist"),
-    ("ft_jsonl_bad", "main", FINE + ["--config.data.train_file={jsonl_bad}"], r"jsonl_bad.jsonl:2: not JSON",
+    ("ft_jsonl_bad", "main", FINE + ["--config.data.train_file={jsonl_bad}"], r"jsonl_bad.jsonl:2: not a JSON object",
      "a JSONL line that is not JSON"),
     ("ft_ner_no_tag", "main", [FINE[0].replace("task=local", "task=ner"), FINE[1],
                                "--config.data.train_file={conll_no_tag}", "--config.data.eval_file={conll_no_tag}",

@@ -594,7 +594,7 @@ def test_bad_task_files(tmp_path, vocab):
   with pytest.raises(tasks.TaskDataError, match=r"b.tsv:3: label 'maybe' is not in the declared set \['neg', 'pos'\]"):
     tasks.local_examples(tmp_path / "b.tsv", task, "text")
   (tmp_path / "c.jsonl").write_text('{"text": "x", "label": "pos"}\n[1, 2]\n')
-  with pytest.raises(tasks.TaskDataError, match="c.jsonl:2: a JSON object per line"):
+  with pytest.raises(tasks.TaskDataError, match="c.jsonl:2: not a JSON object"):
     tasks.local_examples(tmp_path / "c.jsonl", task, "text")
   (tmp_path / "ner.txt").write_text("John B-PER\nSmith\n")
   with pytest.raises(tasks.TaskDataError, match=r"ner.txt:2: 'Smith' has no tag"):

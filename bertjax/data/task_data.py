@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import csv
 import dataclasses
-import json
 import os
 from typing import Sequence
 
@@ -185,13 +184,7 @@ def read_rows(path: str):
     with open(path, encoding="utf-8-sig", errors="replace") as f:
       for n, line in enumerate(f, 1):
         if line.strip():
-          try:
-            row = json.loads(line)
-          except json.JSONDecodeError as e:
-            raise TaskDataError(f"{path}:{n}: not JSON ({e})") from None
-          if not isinstance(row, dict):
-            raise TaskDataError(f"{path}:{n}: a JSON object per line is expected")
-          yield n, row
+          yield n, errors.json_object(line, f"{path}:{n}", TaskDataError)
     return
   delimiter = "\t" if path.endswith(".tsv") else ","
   # utf-8-sig: a byte-order mark (as spreadsheet programs write) is not part of the first column's name.
