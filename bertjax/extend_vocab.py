@@ -19,10 +19,12 @@ import os
 import shutil
 import tempfile
 
+import flax
 import numpy as np
 
 from bertjax import convert, errors, weights
 from bertjax.convert import __main__ as convert_cli
+from bertjax.convert import table as table_lib
 from bertjax.data import tokenizer as tokenizer_lib
 
 
@@ -73,7 +75,7 @@ def extend(model: str, tokens: list[str], out: str, overwrite: bool = False) -> 
   tok = tokenizer_lib.load(w.tokenizer, do_lower_case=w.do_lower_case)
   todo = plan(tok, tokens, w.do_lower_case)
   old = tok.vocab_size
-  params = jax_free(w.params)
+  params = flax.core.unfreeze(table_lib.host_params(w.params))  # a mutable copy on the host
   emb = params["bert"]["embeddings"]["word_embeddings"]["embedding"]
   rows = max(emb.shape[0], old + len(todo))
   if w.cfg.vocab_multiple > 1:
@@ -112,13 +114,6 @@ def extend(model: str, tokens: list[str], out: str, overwrite: bool = False) -> 
     shutil.rmtree(tmp, ignore_errors=True)
     raise
   return report
-
-
-def jax_free(params):
-  """A mutable nested-dict copy of the params as NumPy arrays."""
-  if isinstance(params, dict) or hasattr(params, "items"):
-    return {k: jax_free(v) for k, v in params.items()}
-  return np.asarray(params)
 
 
 @errors.guard
