@@ -220,7 +220,8 @@ def test_adamw_step_matches_a_numpy_adamw(fused, clip, bias_correction):
 
 def test_lamb_matches_the_reference_lamb_in_numpy():
   """LAMB as TF-Addons' and NVIDIA's reference (bias-corrected Adam, decoupled decay, trust ratio ‖θ‖/‖u‖ per
-  parameter), LayerNorm and biases excluded from the trust ratio as from weight decay; optax.lamb differs."""
+  parameter), LayerNorm and biases excluded from the trust ratio as from weight decay: against the published rule
+  in NumPy, and against optax's LAMB and Adam on the parameters each rule covers."""
   c = small_config(optimizer="lamb", grad_clip_norm=0.0, weight_decay=0.01)
   tx, lr = optim.make(c.train)
   params = {"w": np.array([[1.0, -2.0], [3.0, 0.5]], np.float32), "bias": np.array([0.5, 0.25], np.float32),
@@ -251,14 +252,23 @@ def test_lamb_matches_the_reference_lamb_in_numpy():
       p[k] = p[k] - rate * u
   for k, want in p.items():
     np.testing.assert_allclose(flat(params)[k], want, rtol=1e-5, atol=1e-7)
-  # optax.lamb scales the bias and LayerNorm steps too: a different result
-  ref = optax.lamb(lr, b1=0.9, b2=0.999, eps=1e-6, weight_decay=0.01, mask=optim.decay_mask)
-  st, q = ref.init(grads), {"w": np.array([[1.0, -2.0], [3.0, 0.5]], np.float32),
-                             "bias": np.array([0.5, 0.25], np.float32), "ln": {"scale": np.ones(2, np.float32)}}
-  for _ in range(3):
-    u, st = ref.update(grads, st, q)
-    q = optax.apply_updates(q, u)
-  assert not np.allclose(np.asarray(q["bias"]), p["bias"], rtol=1e-3)
+  # Against kept implementations: the decayed weight takes optax.lamb's step, the bias and LayerNorm scale (trust
+  # ratio 1 in the reference) optax.adam's; optax.lamb alone scales those two as well, a different result.
+  start = {"w": np.array([[1.0, -2.0], [3.0, 0.5]], np.float32), "bias": np.array([0.5, 0.25], np.float32),
+           "ln": {"scale": np.ones(2, np.float32)}}
+
+  def run(ref):
+    st, q = ref.init(start), start
+    for _ in range(3):
+      u, st = ref.update(grads, st, q)
+      q = optax.apply_updates(q, u)
+    return q
+  by_lamb = run(optax.lamb(lr, b1=0.9, b2=0.999, eps=1e-6, weight_decay=0.01, mask=optim.decay_mask))
+  by_adam = run(optax.adam(lr, b1=0.9, b2=0.999, eps=1e-6))
+  np.testing.assert_allclose(params["w"], by_lamb["w"], rtol=1e-6)
+  np.testing.assert_allclose(params["bias"], by_adam["bias"], rtol=1e-6)
+  np.testing.assert_allclose(params["ln"]["scale"], by_adam["ln"]["scale"], rtol=1e-6)
+  assert not np.allclose(np.asarray(by_lamb["bias"]), p["bias"], rtol=1e-3)
 
 
 def test_fused_update_equals_optax_chain_on_bert():
@@ -449,6 +459,27 @@ def test_init_from_hf_checkpoint(tmp_path, data_dir):
     np.testing.assert_array_equal(at(after, path), np.asarray(value), err_msg=jax.tree_util.keystr(path))
     if np.asarray(value).std() > 0:
       assert not np.array_equal(at(fresh, path), np.asarray(value)), jax.tree_util.keystr(path)
+
+
+def test_an_init_is_fitted_to_the_model_head_by_head_and_refused_without_its_whole_encoder():
+  """fit_init_params on trees of shapes: heads the checkpoint lacks are announced as fresh, heads the model lacks
+  as left out; an encoder part missing or of another shape is a CheckpointError naming it."""
+  a = lambda *shape: jax.ShapeDtypeStruct(shape, np.float32)  # noqa: E731
+  z = lambda *shape: np.zeros(shape, np.float32)  # noqa: E731
+  model = {"bert": {"embeddings": {"w": a(8, 4)}, "encoder": {"k": a(4, 4)}, "pooler": {"k": a(4, 4)}},
+           "mlm_bias": a(8), "nsp": {"k": a(4, 2)}}
+  said = []
+  # BertForMaskedLM's tree continued with NSP: no pooler, no NSP head; an extra head is left out.
+  init = {"bert": {"embeddings": {"w": z(8, 4)}, "encoder": {"k": z(4, 4)}}, "mlm_bias": z(8), "sop": {"k": z(4, 2)}}
+  out = train.fit_init_params(init, model, "CKPT", announce=said.append)
+  assert sorted(out) == ["bert", "mlm_bias"] and sorted(out["bert"]) == ["embeddings", "encoder"]
+  assert said == ["init_checkpoint CKPT: has no NSP head, pooler: drawn fresh",
+                  "init_checkpoint CKPT: its sop is not in this model: left out"]
+  with pytest.raises(checkpoint_lib.CheckpointError, match=r"CKPT: its encoder lacks \['encoder'\]"):
+    train.fit_init_params({"bert": {"embeddings": {"w": z(8, 4)}}}, model, "CKPT", announce=said.append)
+  with pytest.raises(checkpoint_lib.CheckpointError, match=r"\['bert'\]\['encoder'\]\['k'\]: checkpoint \(4, 3\)"):
+    train.fit_init_params({"bert": {"embeddings": {"w": z(8, 4)}, "encoder": {"k": z(4, 3)}}}, model, "CKPT",
+                          announce=said.append)
 
 
 def test_continued_pretraining_from_an_hf_encoder_draws_its_heads_and_resumes_exactly(tmp_path, data_dir, capsys):
