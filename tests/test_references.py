@@ -140,6 +140,82 @@ def test_overlapping_squad_windows_are_hfs_overflowing_tokens(vocab):
     squad.featurize([ex], tok, max_seq_length=64, doc_stride=60, max_query_length=16, stride_is_overlap=True)
 
 
+def _run_qa_train_features(hf, questions, contexts, answers, max_length, stride):
+  """HF's run_qa.py `prepare_train_features`, transcribed: windows by the fast tokenizer's overflow, each answer's
+  first and last token found through the offsets, [CLS] (0) when the answer is absent or not whole in a window."""
+  enc = hf([q.lstrip() for q in questions], contexts, truncation="only_second", max_length=max_length,
+           stride=stride, return_overflowing_tokens=True, return_offsets_mapping=True, padding="max_length")
+  starts, ends = [], []
+  for i, offsets in enumerate(enc["offset_mapping"]):
+    ids, seq = enc["input_ids"][i], enc.sequence_ids(i)
+    cls_index = ids.index(hf.cls_token_id)
+    answer = answers[enc["overflow_to_sample_mapping"][i]]
+    if answer is None:
+      starts.append(cls_index)
+      ends.append(cls_index)
+      continue
+    start_char, end_char = answer[1], answer[1] + len(answer[0])
+    a = 0
+    while seq[a] != 1:
+      a += 1
+    b = len(ids) - 1
+    while seq[b] != 1:
+      b -= 1
+    if not (offsets[a][0] <= start_char and offsets[b][1] >= end_char):
+      starts.append(cls_index)
+      ends.append(cls_index)
+      continue
+    while a < len(offsets) and offsets[a][0] <= start_char:
+      a += 1
+    starts.append(a - 1)
+    while offsets[b][1] >= end_char:
+      b -= 1
+    ends.append(b + 1)
+  return enc, starts, ends
+
+
+def test_squad_training_features_are_run_qas(vocab):
+  """Training windows and answer targets (first/last answer token; [CLS] for an unanswerable question or an answer
+  not whole in the window) equal run_qa.py's preprocessing over HF's tokenizer, on contexts long enough for
+  several windows, answers anywhere in them (punctuation beside them), and SQuAD v2.0 impossible questions; but
+  for run_qa's one slip, an answer at the end of a window."""
+  hf = transformers.BertTokenizerFast.from_pretrained(os.path.dirname(vocab))
+  tok = tokenizer.load(vocab)
+  rng = random.Random(7)
+  examples, answers = [], []
+  for n in range(40):
+    words = [rng.choice(WORDS) + rng.choice(["", "", "", ",", "."]) for _ in range(rng.randint(8, 90))]
+    context = " ".join(words)
+    question = " " * rng.randint(0, 2) + " ".join(rng.choice(WORDS) for _ in range(rng.randint(2, 6))) + "?"
+    if n % 5 == 0:
+      examples.append(squad.QAExample(f"q{n}", question, context, [], is_impossible=True))
+      answers.append(None)
+      continue
+    i = rng.randrange(len(words))
+    j = min(len(words), i + rng.randint(1, 4))
+    start = len(" ".join(words[:i])) + (1 if i else 0)
+    text = " ".join(words[i:j]).rstrip(",.")
+    examples.append(squad.QAExample(f"q{n}", question, context, [(text, start)]))
+    answers.append((text, start))
+  for seq, stride in ((48, 12), (64, 24)):
+    ours, windows = squad.featurize(examples, tok, max_seq_length=seq, doc_stride=stride, max_query_length=16,
+                                    training=True, stride_is_overlap=True)
+    enc, starts, ends = _run_qa_train_features(hf, [e.question for e in examples], [e.context for e in examples],
+                                               answers, seq, stride)
+    assert len(windows) == len(enc["input_ids"]) > len(examples)
+    np.testing.assert_array_equal(ours["input_ids"], np.asarray(enc["input_ids"]))
+    np.testing.assert_array_equal(ours["segment_ids"], np.asarray(enc["token_type_ids"]))
+    for i, (s, e) in enumerate(zip(starts, ends)):
+      if s > e:
+        # run_qa's start scan passes the window's last context token when the answer is that token: the [SEP]
+        # and padding after it have offsets (0, 0), which pass its `offsets[a][0] <= start_char` test. The
+        # target is that one token.
+        s = e
+      assert (ours["start_positions"][i], ours["end_positions"][i]) == (s, e), (i, examples[windows[i].example])
+    answered = sum(s > 0 for s in starts)
+    assert 0 < answered < len(starts)  # both kinds of target occur
+
+
 # ------------------------------------------------------------------ SQuAD v2.0, as the official script scores it
 def _official_normalize(s):
   s = s.lower()
