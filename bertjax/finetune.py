@@ -340,6 +340,10 @@ def _finetune(config, workdir: str) -> dict:
       if report["best"] is None or main > report["best"]["value"]:
         report["best"] = {"epoch": epoch, "value": main, "metrics": {ev.name: row[ev.name] for ev in evals}}
         weights.save_best(workdir, state.params)
+        if is_main:
+          for ev in evals:
+            for name, content in kind.prediction_files(task, ev).items():
+              _write_json(os.path.join(workdir, name), content)
 
   # Evaluation and a checkpoint close every epoch (a resume starts the next one); checkpoint_every adds some within.
   hooks = trainer.Hooks(
@@ -362,6 +366,14 @@ def _finetune(config, workdir: str) -> dict:
   if is_main:
     _write_report(workdir, report)
   return result
+
+
+def _write_json(path: str, content) -> None:
+  """Written whole, then renamed: a killed run leaves the previous file, not half of one."""
+  tmp = f"{path}.tmp-{os.getpid()}"
+  with open(tmp, "w", encoding="utf-8") as f:
+    json.dump(content, f, indent=1, ensure_ascii=False)
+  os.replace(tmp, path)
 
 
 def _write_report(workdir: str, report: dict) -> None:

@@ -462,6 +462,38 @@ def test_squad_json_and_ner_end_to_end(tmp_path, vocab, monkeypatch):
   assert [t for _, t in tags] == first
 
 
+def test_squad_v2_end_to_end_writes_predictions_the_official_script_scores_as_the_report(tmp_path, vocab):
+  """A SQuAD v2.0 file with unanswerable questions: the run writes run_squad's / run_qa's prediction files (answers
+  with "" where the null score wins, and the null odds), and the official evaluation script's logic over those
+  files gives the report's exact, F1 and best-threshold numbers."""
+  from test_references import _official_v2
+  examples = [planted_example(f"q{i}", seed=i) for i in range(24)]
+  rng = random.Random(1)
+  filler = "alpha beta gamma delta river mountain city harbour north south east west".split()
+  paragraphs = [{"context": ex.context, "qas": [{"id": ex.qid, "question": ex.question, "answers": [
+      {"text": ex.answers[0][0], "answer_start": ex.answers[0][1]}], "is_impossible": False}]} for ex in examples]
+  for i in range(12):
+    context = " ".join(rng.choice(filler) for _ in range(300)) + "."
+    paragraphs.append({"context": context, "qas": [{"id": f"n{i}", "question": "which island has the old harbour",
+                                                    "answers": [], "is_impossible": True}]})
+  (tmp_path / "v2.json").write_text(json.dumps({"version": "v2.0", "data": [{"title": "t",
+                                                                             "paragraphs": paragraphs}]}))
+  c = tiny_config("squad_json", vocab, train_file=str(tmp_path / "v2.json"), eval_file=str(tmp_path / "v2.json"),
+                  max_seq_length=64, doc_stride=32, max_query_length=16)
+  c.train.num_epochs = 1
+  out = finetune.finetune(c, str(tmp_path / "qa"))
+  got = out["report"]["best"]["metrics"]["validation"]
+  assert {"HasAns_exact", "NoAns_exact", "best_f1", "best_f1_thresh"} <= set(got)
+  preds = json.loads((tmp_path / "qa" / "validation_predictions.json").read_text())
+  odds = json.loads((tmp_path / "qa" / "validation_null_odds.json").read_text())
+  golds = {q["id"]: [a["text"] for a in q["answers"]] for p in paragraphs for q in p["qas"]}
+  assert set(preds) == set(odds) == set(golds)
+  assert all(p == "" for q, p in preds.items() if odds[q] > 0) and all(p for q, p in preds.items() if odds[q] <= 0)
+  official = _official_v2(preds, odds, golds)
+  for key, value in official.items():
+    assert got[key] == pytest.approx(value, abs=1e-9), key
+
+
 def _predict_cli(argv) -> dict:
   """What `python -m bertjax.predict ARGV` prints, parsed."""
   import contextlib

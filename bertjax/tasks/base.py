@@ -73,6 +73,12 @@ class Kind:
     """The task's metrics from the predictions for every row of `ev.feats`, in order."""
     raise NotImplementedError
 
+  def prediction_files(self, task: task_data.Task, ev: EvalSet) -> dict[str, object]:
+    """JSON files (name -> content) of the predictions `score` last scored on `ev`, written into the workdir
+    beside the best parameters; none by default."""
+    del task, ev
+    return {}
+
   def predict_settings(self, config) -> dict:
     """Data settings a fine-tuned workdir keeps (in finetune.json) for `predict_text` to featurise as the run did."""
     del config

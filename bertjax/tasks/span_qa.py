@@ -9,6 +9,11 @@ from bertjax.data import squad
 from bertjax.tasks.base import EvalSet, Kind, example_mean
 
 
+def _with_null_answers(task, examples) -> bool:
+  """SQuAD v2.0 scoring: the v2.0 task, or a file with unanswerable questions."""
+  return task.name == "squad/v2.0" or any(ex.is_impossible for ex in examples)
+
+
 class SpanQA(Kind):
   name = "qa"
   hf_head = "question_answering"
@@ -43,9 +48,22 @@ class SpanQA(Kind):
     answers = squad.best_answers(examples, windows, preds["start_logits"], preds["end_logits"],
                                  config.data.n_best, config.data.max_answer_length)
     golds = {ex.qid: [a for a, _ in ex.answers] if not ex.is_impossible else [] for ex in examples}
-    if task.name == "squad/v2.0" or any(ex.is_impossible for ex in examples):
+    ev.meta["answers"] = answers
+    if _with_null_answers(task, examples):
       return squad.v2_scores(answers, golds, scores.squad_exact, scores.squad_f1)
     return scores.squad_scores({q: t for q, (t, _, _) in answers.items()}, golds)
+
+  def prediction_files(self, task, ev):
+    """What google-research/bert's run_squad.py and HF's run_qa.py write, for the official evaluation script:
+    {qid: answer} (v2.0: "" where the null score beats the best span, threshold 0) and, for v2.0, {qid: null
+    score - best span score} (its --na-prob-file)."""
+    answers = ev.meta.get("answers")
+    if answers is None:
+      return {}
+    if not _with_null_answers(task, ev.meta["examples"]):
+      return {f"{ev.name}_predictions.json": {q: text for q, (text, _, _) in answers.items()}}
+    return {f"{ev.name}_predictions.json": squad.apply_null_threshold(answers, 0.0),
+            f"{ev.name}_null_odds.json": {q: float(null - s) for q, (_, s, null) in answers.items()}}
 
   def predict_settings(self, config):  # a long context is cut into the windows the run trained on
     d = config.data
