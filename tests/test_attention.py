@@ -129,6 +129,51 @@ def test_splash_equals_softmax_attention_and_its_gradients(kind):
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5)
 
 
+@pytest.mark.parametrize("kind", ["padded", "packed"])
+def test_splash_with_a_sliding_window_equals_banded_softmax_attention(kind):
+  """A local layer's kernel (splash's LocalMask, |i - j| <= window / 2): outputs and gradients equal dense
+  attention under the banded mask at real tokens, for a length that is not a multiple of the kernel's block."""
+  length, window = 200, 64
+  q, k, v = qkv(length=length)
+  real = np.arange(length)[None] < np.array([length, 150])[:, None]
+  seg = (np.where(np.arange(length)[None] < 90, 1, 2) if kind == "packed" else 1) * real
+  seg = jnp.asarray(seg.astype(np.int32))
+  mask = model.attention_mask(seg > 0, seg) & model.band_mask(length, window)
+  proj = jnp.asarray(np.random.default_rng(3).normal(size=q.shape), jnp.float32) * real[:, :, None, None]
+  ref = lambda *a: model.dot_product_attention(*a, mask)  # noqa: E731
+  ours = lambda *a: attention.splash_attention(*a, seg, window=window)  # noqa: E731
+  np.testing.assert_allclose(np.asarray(ours(q, k, v))[real], np.asarray(ref(q, k, v))[real], atol=1e-5)
+  assert not np.allclose(np.asarray(ours(q, k, v))[real], np.asarray(attention.splash_attention(q, k, v, seg))[real],
+                         atol=1e-3)  # the window matters at this length
+  g = jax.grad(lambda *a: jnp.sum(ours(*a) * proj), argnums=(0, 1, 2))(q, k, v)
+  g_ref = jax.grad(lambda *a: jnp.sum(ref(*a) * proj), argnums=(0, 1, 2))(q, k, v)
+  for a, b in zip(g, g_ref):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5)
+
+
+@pytest.mark.parametrize("scan", [pytest.param(False, marks=pytest.mark.slow), True])
+def test_sliding_window_model_with_splash_equals_xla(scan):
+  """A ModernBERT-style stack (a global layer, then a local one) on packed rows: splash's loss and gradients
+  equal the xla path's, layer by layer (Python indices) and scanned (the layer's kernel picked by lax.cond)."""
+  cfg = model.BertConfig.from_variant("tiny", vocab_size=97, max_position_embeddings=64, local_attention=8,
+                                      global_every=2, num_layers=2, attention_dropout_rate=0.0,
+                                      scan_layers=scan, scan_unroll=1)
+  batch = packed_batch(cfg)
+  params = model.BertForPreTraining(cfg).init(jax.random.key(0), batch)["params"]
+  out = {}
+  for impl in ("xla", "splash"):
+    mi = model.BertForPreTraining(dataclasses.replace(cfg, attention_impl=impl))
+
+    def loss(p, mi=mi):
+      o = mi.apply({"params": p}, batch, deterministic=False, rngs={"dropout": jax.random.key(7)})
+      return jnp.sum(o["mlm_logits"] ** 2) * 1e-3 + jnp.sum(o["nsp_logits"] ** 2)
+
+    out[impl] = jax.value_and_grad(loss)(params)
+  np.testing.assert_allclose(out["splash"][0], out["xla"][0], rtol=1e-5)
+  for a, b in zip(jax.tree_util.tree_leaves(out["xla"][1]), jax.tree_util.tree_leaves(out["splash"][1])):
+    assert np.linalg.norm(np.asarray(a) - np.asarray(b)) <= 1e-4 * np.linalg.norm(np.asarray(a)) + 1e-5
+
+
 def packed_batch(cfg, n=2, length=32):
   rng = np.random.default_rng(0)
   seg = np.asarray(splash_segments(n, length)["packed"])

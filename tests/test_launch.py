@@ -42,13 +42,17 @@ def test_aot_compile_for_a_tpu_topology():
           "from configs import modernbert\n"
           "c = modernbert.get_config('variant=tiny,seq=256,shard=fsdp')\n"
           "modern = aot.compile_step(c, 'v5e:2x2', 8)\n"
-          "print(json.dumps([ok, big, splash, modern]))")
+          "c.model.attention_impl = 'splash'\n"
+          "modern_splash = aot.compile_step(c, 'v5e:2x2', 8)\n"
+          "print(json.dumps([ok, big, splash, modern, modern_splash]))")
   env = dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu")
   out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=ROOT, timeout=900)
   assert out.returncode == 0, out.stderr[-3000:]
   import json
-  ok, big, splash, modern = json.loads(out.stdout.strip().splitlines()[-1])
+  ok, big, splash, modern, modern_splash = json.loads(out.stdout.strip().splitlines()[-1])
   assert modern["fits"]  # the ModernBERT recipe (rotary, sliding windows, GeGLU, no NSP) compiles for the TPU
+  # and with splash: the global and the sliding-window (LocalMask) kernels, each compiled by Mosaic
+  assert modern_splash["fits"] and modern_splash["mosaic_kernels"] > 0
   assert ok["fits"] and ok["chips"] == 4 and ok["mesh"] == {"data": 1, "fsdp": 4, "tensor": 1}
   assert ok["scan_unroll"] == 1  # the config's auto unroll is resolved for the TPU, not for this CPU host
   # the splash attention step holds the kernel compiled by Mosaic for the chip (not Pallas' interpreter)

@@ -202,21 +202,25 @@ def splash_segments(input_mask, attention_segment_ids=None):
   return input_mask.astype(jnp.int32)
 
 
-def _splash_kernel(num_heads, length, interpret):
+def _splash_kernel(num_heads, length, interpret, window=0):
   """Built afresh in every trace: the kernel object holds arrays made while tracing, so a cached one leaks
-  tracers from one jit into the next."""
+  tracers from one jit into the next. `window`: a sliding window of that many tokens (|i - j| <= window / 2,
+  as `model.band_mask`), whose blocks outside the band the kernel skips; 0: every key."""
   from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as sk
   from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as sm
   block = min(length, SPLASH_MAX_BLOCK)
   sizes = sk.BlockSizes(block_q=block, block_kv=block, block_kv_compute=block, block_q_dkv=block,
                         block_kv_dkv=block, block_kv_dkv_compute=block, block_q_dq=block, block_kv_dq=block)
-  mask = sm.MultiHeadMask([sm.FullMask((length, length)) for _ in range(num_heads)])  # bidirectional
+  one = (sm.LocalMask((length, length), window_size=(window // 2, window // 2), offset=0) if window else
+         sm.FullMask((length, length)))  # bidirectional
+  mask = sm.MultiHeadMask([one for _ in range(num_heads)])
   return sk.make_splash_mha(mask, head_shards=1, q_seq_shards=1, block_sizes=sizes, interpret=interpret), sk
 
 
-def splash_attention(q, k, v, segment_ids, *, interpret=None, partition=None):
+def splash_attention(q, k, v, segment_ids, *, window=0, interpret=None, partition=None):
   """softmax(QKᵀ/√d_k)·V through the TPU splash kernel, without dropout. q, k, v [B, L, H, D];
-  segment_ids [B, L] from `splash_segments`. `partition` as in `fused_attention` (batch and heads may be split).
+  segment_ids [B, L] from `splash_segments`; `window` > 0: a sliding window (ModernBERT's local layers).
+  `partition` as in `fused_attention` (batch and heads may be split).
   The kernel's blocks are multiples of 128 long: shorter or uneven rows are padded to the next multiple of 128
   (of 512 past 512) with a segment id no real token has, and the padding is cut from the output.
   On CPU the kernel runs in Pallas' interpreter (tests); on GPU use attention_impl='pallas' or 'cudnn'."""
@@ -228,7 +232,7 @@ def splash_attention(q, k, v, segment_ids, *, interpret=None, partition=None):
   scale = np.float32(1.0 / np.sqrt(d))
 
   def run_with(interpret, q, k, v, segment_ids):
-    kernel, sk = _splash_kernel(q.shape[2], padded, interpret)
+    kernel, sk = _splash_kernel(q.shape[2], padded, interpret, window)
     pad = [(0, 0), (0, padded - length), (0, 0), (0, 0)]
     heads_first = lambda t: jnp.swapaxes(jnp.pad(t, pad), 1, 2)  # [B, L, H, D] -> [B, H, L', D]
     segment_ids = jnp.pad(segment_ids, [(0, 0), (0, padded - length)], constant_values=-1)

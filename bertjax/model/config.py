@@ -187,10 +187,10 @@ class BertConfig:
                   f"max_position_embeddings {self.max_position_embeddings}: every layer would be global")
     needs_bias = [what for what, on in (("position_embedding='alibi'", self.position_embedding == "alibi"),
                                         ("local_attention", self.local_attention > 0)) if on]
-    if needs_bias == ["local_attention"] and self.attention_impl == "blockwise":
+    if needs_bias == ["local_attention"] and self.attention_impl in ("blockwise", "splash"):
       needs_bias = []
     if needs_bias and self.attention_impl != "xla":
-      also = " or 'blockwise'" if needs_bias[0] == "local_attention" else ""
+      also = ", 'blockwise' or 'splash'" if needs_bias[0] == "local_attention" else ""
       raise bad(f"BertConfig: {needs_bias[0]} runs on attention_impl='xla'{also} (a bias or banded mask on the "
                 f"scores), not {self.attention_impl!r}")
     if self.position_offset + 1 > self.max_position_embeddings:

@@ -110,7 +110,7 @@ def context(cfg: BertConfig, batch):
     else:
       mask = attention_mask(batch["input_mask"], batch.get("attention_segment_ids"))
     ctx = {"mask": mask}
-    if cfg.local_attention:
+    if cfg.local_attention and cfg.attention_impl != "splash":  # splash takes the window as a kernel mask
       ctx["local_mask"] = mask & band_mask(length, cfg.local_attention)
   positions = batch.get("position_ids")
   positions = jnp.arange(length, dtype=jnp.int32)[None] if positions is None else positions

@@ -236,20 +236,31 @@ class SelfAttention(nn.Module):
                                      and q.dtype in (jnp.bfloat16, jnp.float16)))
       return out()(_constrain(z, names))
     mask, bias = ctx["mask"], ctx.get("alibi")
-    if cfg.local_attention:
+    impl = cfg.attention_impl
+    if cfg.local_attention and impl != "splash":
       mask = select(local, ctx["local_mask"], mask)
     if bias is not None and queries is not None:
       bias = rows_of(bias, queries)
-    use_fused = cfg.attention_impl in ("cudnn", "auto") and no_dropout
-    impl = cfg.attention_impl
+    use_fused = impl in ("cudnn", "auto") and no_dropout
+
+    def splash_as_boolean(ids):  # the [B, 1, L, L] mask the xla path takes in place of the kernel's segment ids
+      dense = attention_mask(ids > 0, ids)
+      return select(local, dense & band_mask(ids.shape[1], cfg.local_attention), dense) if cfg.local_attention \
+          else dense
     if queries is not None:  # a few query rows: the Pallas kernels take square blocks; masks as the XLA path has
-      mask = mask_rows(attention_mask(mask > 0, mask) if impl == "splash" else mask, queries)
+      mask = mask_rows(splash_as_boolean(mask) if impl == "splash" else mask, queries)
       impl = impl if use_fused else "xla"
     if impl == "splash":  # `mask` holds splash_segments ids [B, L]
       if no_dropout:
-        z = attention_lib.splash_attention(q, k, v, mask, partition=nn.logical_to_mesh_axes(names))
+        def kernel(window):  # a sliding-window layer's kernel skips the blocks outside its band
+          return lambda q, k, v: attention_lib.splash_attention(q, k, v, mask, window=window,
+                                                                partition=nn.logical_to_mesh_axes(names))
+        if not cfg.local_attention or isinstance(local, (bool, np.bool_)):
+          z = kernel(cfg.local_attention if local else 0)(q, k, v)
+        else:  # a scanned stack: the layer's own kernel runs, the other is not
+          z = jax.lax.cond(local, kernel(cfg.local_attention), kernel(0), q, k, v)
       else:
-        z = dot_product_attention(q, k, v, attention_mask(mask > 0, mask),
+        z = dot_product_attention(q, k, v, splash_as_boolean(mask),
                                   dropout_rate=cfg.attention_dropout_rate, dropout_rng=self.make_rng("dropout"),
                                   deterministic=False, dropout_impl=cfg.dropout_impl)
     elif impl == "pallas":
