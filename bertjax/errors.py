@@ -70,6 +70,18 @@ def one_line(e: BaseException) -> str:
   return "; ".join(" ".join(line.split()) for line in msg.splitlines() if line.strip()) or type(e).__name__
 
 
+def utf8_text(path: str, error: type[Exception]) -> str:
+  """A text file's contents (a leading byte-order mark dropped, as spreadsheet programs write one); bytes that
+  are not UTF-8 are `error` naming the line, not characters silently replaced."""
+  with open(path, "rb") as f:
+    raw = f.read()
+  try:
+    return raw.decode("utf-8-sig")
+  except UnicodeDecodeError as e:
+    line = raw[:e.start].count(b"\n") + 1
+    raise error(f"{path}:{line}: not UTF-8 ({e.reason} at byte {e.start}); save the file as UTF-8") from None
+
+
 def json_object(text: str, where: str, error: type[Exception]) -> dict:
   """One JSONL record as a dict; anything else is `error` naming `where` (path:line)."""
   try:

@@ -121,6 +121,8 @@ CASES = [
      "an init path that does not exist"),
     ("ft_jsonl_bad", "main", FINE + ["--config.data.train_file={jsonl_bad}"], r"jsonl_bad.jsonl:2: not a JSON object",
      "a JSONL line that is not JSON"),
+    ("ft_csv_utf8", "main", FINE + ["--config.data.train_file={csv_utf8}"], r"csv_utf8.csv:3: not UTF-8",
+     "a training file with bytes that are not UTF-8"),
     ("ft_ner_no_tag", "main", [FINE[0].replace("task=local", "task=ner"), FINE[1],
                                "--config.data.train_file={conll_no_tag}", "--config.data.eval_file={conll_no_tag}",
                                "--config.data.labels=('O','B-PER','I-PER')", "--config.data.tokenizer={vocab}"],
@@ -279,6 +281,7 @@ def fixtures(tmp: str) -> dict:
   f["csv_empty"] = write("csv_empty.csv", "sentence,label\nthe model reads,pos\n  ,neg\n")
   f["csv_all_empty"] = write("csv_all_empty.csv", "sentence,label\n,pos\n,neg\n")
   f["csv_bad_label"] = write("csv_bad_label.csv", "sentence,label\nthe model,pos\nthe text,maybe\n")
+  f["csv_utf8"] = write("csv_utf8.csv", b"sentence,label\nthe model reads,pos\ncaf\xe9 au lait,neg\n", "wb")
   f["jsonl_bad"] = write("jsonl_bad.jsonl", '{"sentence": "a", "label": "pos"}\n{not json\n')
   f["conll_no_tag"] = write("conll_no_tag.txt", "John B-PER\nSmith\n")
   f["pairs_same"] = write("pairs_same.csv", "anchor,positive\nthe model,reads text\nthe text,reads text\n")

@@ -631,6 +631,18 @@ def test_bad_task_files(tmp_path, vocab):
   (tmp_path / "ner.txt").write_text("John B-PER\nSmith\n")
   with pytest.raises(tasks.TaskDataError, match=r"ner.txt:2: 'Smith' has no tag"):
     conll.read(tmp_path / "ner.txt")
+  # Bytes that are not UTF-8: the file and line named in every format, nothing replaced in silence; a byte-order
+  # mark is not part of the first column's name.
+  bad = {"d.csv": b"text,label\ncaf\xe9,neg\nhello,pos\n", "d.jsonl": b'{"text": "x"}\n{"text": "\xff"}\n',
+         "d.txt": b"John B-PER\nSm\xefth I-PER\n", "d.json": b'{"data": []}\n"\xe9"'}
+  readers = {"csv": lambda p: tasks.local_examples(p, task, "text"), "jsonl": lambda p: list(tasks.read_rows(str(p))),
+             "txt": conll.read, "json": squad.json_examples}
+  for name, body in bad.items():
+    (tmp_path / name).write_bytes(body)
+    with pytest.raises(tasks.TaskDataError, match=rf"{name}:2: not UTF-8 \("):
+      readers[name.split(".")[1]](tmp_path / name)
+  (tmp_path / "bom.csv").write_bytes("\ufefftext,label\nhello,pos\n".encode("utf-8"))
+  assert [e["text_a"] for e in tasks.local_examples(tmp_path / "bom.csv", task, "text")] == ["hello"]
   tok = tokenizer.load(vocab)
   with pytest.raises(tasks.TaskDataError, match="tag 'B-ORG' is not in the declared labels"):
     conll.featurize([(["x"], ["B-ORG"])], tok, ("O", "B-PER"), 16)

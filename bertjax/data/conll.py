@@ -10,6 +10,7 @@ from typing import Sequence
 
 import numpy as np
 
+from bertjax import errors
 from bertjax.data.task_data import TaskDataError
 
 
@@ -18,19 +19,18 @@ def read(path: str) -> list[tuple[list[str], list[str]]]:
   if not os.path.isfile(path):
     raise TaskDataError(f"{path}: file not found")
   sentences, words, tags = [], [], []
-  with open(path, encoding="utf-8-sig", errors="replace") as f:
-    for n, line in enumerate(f, 1):
-      line = line.strip()
-      if not line or line.startswith("-DOCSTART-"):
-        if words:
-          sentences.append((words, tags))
-        words, tags = [], []
-        continue
-      parts = line.split()
-      if len(parts) < 2:
-        raise TaskDataError(f"{path}:{n}: {line!r} has no tag; expected 'token TAG' per line")
-      words.append(parts[0])
-      tags.append(parts[-1])
+  for n, line in enumerate(errors.utf8_text(path, TaskDataError).split("\n"), 1):
+    line = line.strip()
+    if not line or line.startswith("-DOCSTART-"):
+      if words:
+        sentences.append((words, tags))
+      words, tags = [], []
+      continue
+    parts = line.split()
+    if len(parts) < 2:
+      raise TaskDataError(f"{path}:{n}: {line!r} has no tag; expected 'token TAG' per line")
+    words.append(parts[0])
+    tags.append(parts[-1])
   if words:
     sentences.append((words, tags))
   if not sentences:

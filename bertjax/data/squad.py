@@ -15,6 +15,7 @@ import os
 
 import numpy as np
 
+from bertjax import errors
 from bertjax.data.task_data import TaskDataError, _text, tfds_source
 
 
@@ -44,11 +45,10 @@ def tfds_examples(name: str, split: str, data_dir: str | None = None) -> list[QA
 def json_examples(path: str) -> list[QAExample]:
   """SQuAD-format JSON: {"data": [{"paragraphs": [{"context", "qas": [{"id", "question", "answers", ...}]}]}]}."""
   path = os.fspath(path)
+  if not os.path.isfile(path):
+    raise TaskDataError(f"{path}: file not found")
   try:
-    with open(path, encoding="utf-8") as f:
-      data = json.load(f)["data"]
-  except FileNotFoundError:
-    raise TaskDataError(f"{path}: file not found") from None
+    data = json.loads(errors.utf8_text(path, TaskDataError))["data"]
   except (json.JSONDecodeError, KeyError, TypeError) as e:
     raise TaskDataError(f"{path}: not SQuAD-format JSON ({type(e).__name__}: {e})") from None
   out = []

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import io
 import os
 from typing import Sequence
 
@@ -180,15 +181,14 @@ def local_examples(path: str, task: Task, text_a: str, text_b: str = "", label: 
 
 
 def read_rows(path: str):
+  text = errors.utf8_text(path, TaskDataError)
   if path.endswith(".jsonl"):
-    with open(path, encoding="utf-8-sig", errors="replace") as f:
-      for n, line in enumerate(f, 1):
-        if line.strip():
-          yield n, errors.json_object(line, f"{path}:{n}", TaskDataError)
+    for n, line in enumerate(text.split("\n"), 1):  # a JSON string may hold U+2028, which splitlines() cuts at
+      if line.strip():
+        yield n, errors.json_object(line, f"{path}:{n}", TaskDataError)
     return
   delimiter = "\t" if path.endswith(".tsv") else ","
-  # utf-8-sig: a byte-order mark (as spreadsheet programs write) is not part of the first column's name.
-  with open(path, encoding="utf-8-sig", errors="replace", newline="") as f:
+  with io.StringIO(text, newline="") as f:
     reader = csv.DictReader(f, delimiter=delimiter, quoting=csv.QUOTE_MINIMAL)
     try:
       for row in reader:
