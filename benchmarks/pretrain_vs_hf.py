@@ -5,6 +5,9 @@ by one evaluator on the same held-out masked positions.
   python benchmarks/pretrain_vs_hf.py --root runs/ttq --minutes 15 \
       --sides bertjax,hf,bertjax_nsp --downstream bertjax,hf --lrs 1e-4,1e-3 \
       --out benchmarks/results/pretrain_vs_hf_cpu.json
+  python benchmarks/pretrain_vs_hf.py --root runs/ttq --minutes 15 \
+      --sides bertjax,roberta,modernbert,electra --downstream bertjax,roberta,modernbert,electra \
+      --lrs 1e-4,1e-3 --out benchmarks/results/family_bakeoff_cpu.json
 
 Stages (each skipped when its output exists, so a rerun resumes; `--rerun SIDE` repeats one side):
   corpus    the machine's English manual pages and Python's own documentation, every paragraph once
@@ -18,6 +21,9 @@ Stages (each skipped when its output exists, so a rerun resumes; `--rerun SIDE` 
             original recipe (NSP pairs, L = L_MLM + L_NSP, dynamic masking). hf: `run_mlm.py`'s way: `datasets`'
             text loader, each line tokenized with its special tokens and the texts grouped into full blocks,
             `DataCollatorForLanguageModeling`, `Trainer` with torch AdamW and the linear schedule.
+            The family bake-off adds `roberta`, `modernbert` and `electra`: bertjax's recipes of those families
+            (configs/roberta.py, configs/modernbert.py, configs/electra.py; see RECIPES below) on the same data,
+            shape and budget; ELECTRA's scored MLM model is its generator, its fine-tuned one the discriminator.
             Both: the same model (BERT, 2 layers x 128, 2 heads, FFN 512, 128 positions: the demo's), batch 32 x
             128, peak learning rate 1e-3 with 10% linear warmup then linear decay to 0, weight decay 0.01,
             clipping at 1.0, dropout 0.1; each optimizer with its own defaults otherwise (bertjax: the original's
@@ -57,7 +63,23 @@ SHAPE = dict(num_layers=2, hidden_size=128, num_heads=2, intermediate_size=512)
 SEQ, BATCH, VOCAB, LR, WARMUP, WD = 128, 32, 8192, 1e-3, 0.1, 0.01
 CHECKPOINTS = 8  # per run, evenly spaced in steps
 HELDOUT_BLOCKS = 512
-SIDES = ("bertjax", "hf", "bertjax_nsp")
+# bertjax's sides: side -> (config, its arguments, overrides beyond the shared ones, masking rate of its data).
+# Each family keeps what defines its recipe (objective, masking rate, architecture, its optimizer's β2 / ε / bias
+# correction, schedule shape, weight decay, clipping, dropout); the shape, batch, sequence, tokenizer, peak learning
+# rate, warmup fraction and budget are the shared ones. ModernBERT's GLU width (344 = 2/3 of 512) matches the
+# FFN's parameters; ELECTRA's discriminator is the shared shape with embeddings of the hidden width, its generator
+# half as wide (the tiny recipe's ratio).
+RECIPES = {
+    "bertjax": ("configs/pretrain.py", "variant=base,nsp=False,dynamic=True", 0.15,
+                {"model.max_position_embeddings": SEQ, "data.example_mode": "full_sentences"}),
+    "bertjax_nsp": ("configs/pretrain.py", "variant=base,nsp=True,dynamic=True", 0.15,
+                    {"model.max_position_embeddings": SEQ, "data.example_mode": "nsp_pairs"}),
+    "roberta": ("configs/roberta.py", "variant=base", 0.15, {}),
+    "modernbert": ("configs/modernbert.py", "variant=tiny,mask=0.3", 0.3, {"model.intermediate_size": 344}),
+    "electra": ("configs/electra.py", "variant=tiny", 0.15,
+                {"model.max_position_embeddings": SEQ, "model.embedding_size": SHAPE["hidden_size"]}),
+}
+SIDES = ("bertjax", "hf", "bertjax_nsp", "roberta", "modernbert", "electra")
 
 
 def log(msg):
@@ -148,9 +170,9 @@ def heldout_set(root: str, held: str, vocab: str) -> str:
 def evaluate(model_dir: str, heldout: str, batch: int = 64) -> dict:
   """Mean cross-entropy and accuracy of an HF masked-LM folder over the held-out masked positions."""
   import torch
-  from transformers import BertForMaskedLM
+  from transformers import AutoModelForMaskedLM
   d = np.load(heldout)
-  model = BertForMaskedLM.from_pretrained(model_dir).eval()
+  model = AutoModelForMaskedLM.from_pretrained(model_dir).eval()
   total, correct, count = 0.0, 0, 0
   with torch.no_grad():
     for i in range(0, len(d["input_ids"]), batch):
@@ -166,14 +188,21 @@ def evaluate(model_dir: str, heldout: str, batch: int = 64) -> dict:
 
 # ---------------------------------------------------------------- bertjax
 
-def bertjax_data(root: str, train: str, vocab: str, nsp: bool) -> tuple[str, float]:
-  data = os.path.join(root, "data_nsp" if nsp else "data")
+def data_key(side: str) -> str:
+  """The folder of the data a bertjax side reads: NSP pairs, or FULL-SENTENCES rows with room for its masks."""
+  mask = RECIPES[side][2]
+  return "data_nsp" if side == "bertjax_nsp" else "data" if mask == 0.15 else f"data_mask{round(mask * 100)}"
+
+
+def bertjax_data(root: str, train: str, vocab: str, side: str) -> tuple[str, float]:
+  nsp, mask = side == "bertjax_nsp", RECIPES[side][2]
+  data = os.path.join(root, data_key(side))
   record = os.path.join(data, "creation.json")
   if not os.path.exists(record):
     import tensorflow_datasets as tfds
     from bertjax.data import dataset, pretraining
     tfds.disable_progress_bar()
-    opts = pretraining.CreationOptions(max_seq_length=SEQ, max_predictions_per_seq=20, masked_lm_prob=0.15,
+    opts = pretraining.CreationOptions(max_seq_length=SEQ, max_predictions_per_seq=0, masked_lm_prob=mask,
                                        dupe_factor=1, example_mode="nsp_pairs" if nsp else "full_sentences")
     t = time.time()
     rec = dataset.create([train], vocab, data, opts, workers=os.cpu_count() or 1, overwrite=True,
@@ -181,20 +210,22 @@ def bertjax_data(root: str, train: str, vocab: str, nsp: bool) -> tuple[str, flo
     rec["bench_seconds"] = time.time() - t
     with open(os.path.join(data, "bench_prep.json"), "w") as f:
       json.dump({"seconds": rec["bench_seconds"]}, f)
-    log(f"bertjax data ({'nsp_pairs' if nsp else 'full_sentences'}): {rec['report']['train']['examples']} "
+    log(f"bertjax data ({opts.example_mode}, {mask:.0%} masks): {rec['report']['train']['examples']} "
         f"examples in {rec['bench_seconds']:.0f}s -> {data}")
   with open(os.path.join(data, "bench_prep.json")) as f:
     return data, json.load(f)["seconds"]
 
 
-def bertjax_command(data: str, workdir: str, steps: int, nsp: bool, every: int) -> list[str]:
-  args = f"variant=base,seq={SEQ},preds=20,batch={BATCH},steps={steps},shard=dp,nsp={nsp},dynamic=True,vocab={VOCAB}"
-  over = {**{f"model.{k}": v for k, v in SHAPE.items()}, "model.max_position_embeddings": SEQ,
-          "data.data_dir": data, "data.example_mode": "nsp_pairs" if nsp else "full_sentences",
-          "train.learning_rate": LR, "train.warmup_steps": max(1, int(WARMUP * steps)), "train.weight_decay": WD,
+def bertjax_command(side: str, data: str, workdir: str, steps: int, every: int) -> list[str]:
+  config, args, mask, own = RECIPES[side]
+  from bertjax.data import pretraining
+  preds = pretraining.max_predictions(SEQ, mask)
+  args += f",seq={SEQ},preds={preds},batch={BATCH},steps={steps},shard=dp,vocab={VOCAB}"
+  over = {**{f"model.{k}": v for k, v in SHAPE.items()}, "data.data_dir": data,
+          "train.learning_rate": LR, "train.warmup_steps": max(1, int(WARMUP * steps)),
           "log_every": min(50, max(1, every // 4)), "eval_every": 0, "eval_batches": 1, "checkpoint_every": every,
-          "keep_checkpoints": CHECKPOINTS + 2}
-  return ([sys.executable, "-m", "bertjax.main", f"--config=configs/pretrain.py:{args}", f"--workdir={workdir}"]
+          "keep_checkpoints": CHECKPOINTS + 2, **own}
+  return ([sys.executable, "-m", "bertjax.main", f"--config={config}:{args}", f"--workdir={workdir}"]
           + [f"--config.{k}={v}" for k, v in over.items()])
 
 
@@ -208,13 +239,33 @@ def bertjax_checkpoints(workdir: str):
 
 
 def bertjax_export(workdir: str, step: int, out: str) -> str:
-  if not os.path.exists(os.path.join(out, "config.json")):
+  """The checkpoint at `step` as HF's folder(s): the family's MLM model, or ELECTRA's two (OUT/discriminator,
+  OUT/generator), written whole or not at all."""
+  if not os.path.isdir(out):
     from bertjax import checkpoint as checkpoint_lib
-    from bertjax import convert, weights
-    cfg = weights.load(workdir).cfg
+    from bertjax import convert, objectives, weights
+    with open(os.path.join(workdir, "config.json"), encoding="utf-8") as f:
+      run = json.load(f)
     params = checkpoint_lib.Checkpointer(workdir).restore_params(step, announce=lambda m: None)
-    convert.to_hf(cfg, params, out)
+    tmp = out + ".tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    objective = objectives.get(run)
+    if objective.export is not None:
+      objective.export(run, params, tmp)
+    else:
+      convert.to_hf(weights.load(workdir).cfg, params, tmp)
+    os.replace(tmp, out)
   return out
+
+
+def mlm_folder(side: str, folder: str) -> str:
+  """The masked-LM model in an exported folder: ELECTRA's is its generator (half the discriminator's width)."""
+  return os.path.join(folder, "generator") if side == "electra" else folder
+
+
+def encoder_folder(side: str, folder: str) -> str:
+  """The model that is fine-tuned: ELECTRA's discriminator, every other side's MLM model."""
+  return os.path.join(folder, "discriminator") if side == "electra" else folder
 
 
 # ---------------------------------------------------------------- HF (run_mlm.py's recipe)
@@ -310,7 +361,6 @@ def side_run(side: str, root: str, paths: dict, budget_s: float, rerun: bool) ->
       return json.load(f)
   shutil.rmtree(folder, ignore_errors=True)
   os.makedirs(folder)
-  nsp = side == "bertjax_nsp"
   probe_steps = 40
 
   def launch(workdir, steps, every):
@@ -318,7 +368,7 @@ def side_run(side: str, root: str, paths: dict, budget_s: float, rerun: bool) ->
     if side == "hf":
       cmd = hf_command(paths["hf_data"], paths["vocab"], workdir, steps, every, t0)
     else:
-      cmd = bertjax_command(paths["data_nsp" if nsp else "data"], workdir, steps, nsp, every)
+      cmd = bertjax_command(side, paths[data_key(side)], workdir, steps, every)
     return run(cmd, workdir + ".log")
 
   probe = os.path.join(folder, "probe")
@@ -358,7 +408,8 @@ def score(side: str, root: str, record: dict, heldout: str) -> list[dict]:
       if side == "hf":
         model = os.path.join(folder, "run", f"checkpoint-{c['step']}")
       else:
-        model = bertjax_export(os.path.join(folder, "run"), c["step"], os.path.join(folder, f"hf_{c['step']}"))
+        model = mlm_folder(side, bertjax_export(os.path.join(folder, "run"), c["step"],
+                                                os.path.join(folder, f"hf_{c['step']}")))
       with open(cache, "w") as f:
         json.dump(evaluate(model, heldout), f)
     with open(cache) as f:
@@ -406,7 +457,7 @@ def final_model(side: str, root: str, record: dict, vocab: str) -> str:
   from bertjax.convert import __main__ as convert_cli
   step = record["checkpoints"][-1]["step"]
   folder = (os.path.join(root, side, "run", f"checkpoint-{step}") if side == "hf" else
-            os.path.join(root, side, f"hf_{step}"))
+            encoder_folder(side, os.path.join(root, side, f"hf_{step}")))
   if not os.path.exists(os.path.join(folder, "vocab.txt")):
     convert_cli.copy_tokenizer(vocab, True, folder)
   return folder
@@ -431,6 +482,7 @@ def plot(curves: dict, path: str) -> None:
   import matplotlib.pyplot as plt
   fig, axes = plt.subplots(1, 2, figsize=(11, 4))
   for side, curve in curves.items():
+    side = side + " (generator)" if side == "electra" else side
     axes[0].plot([c["seconds"] / 60 for c in curve], [c["mlm_loss"] for c in curve], "o-", label=side)
     axes[1].plot([c["tokens"] / 1e6 for c in curve], [c["mlm_loss"] for c in curve], "o-", label=side)
   axes[0].set_xlabel("wall-clock minutes (from process start)")
@@ -469,8 +521,7 @@ def main(argv=None):
     if s == "hf":
       paths["hf_data"], prep[s] = hf_data(root, train, vocab)
     else:
-      key = "data_nsp" if s == "bertjax_nsp" else "data"
-      paths[key], prep[s] = bertjax_data(root, train, vocab, s == "bertjax_nsp")
+      paths[data_key(s)], prep[s] = bertjax_data(root, train, vocab, s)
   records = {s: side_run(s, root, paths, args.minutes * 60, s in args.rerun.split(",")) for s in sides}
   curves = {s: score(s, root, records[s], heldout) for s in sides}
 
@@ -484,7 +535,9 @@ def main(argv=None):
     row = {"side": s, "steps": records[s]["steps"], "wall_s": records[s]["wall_s"], "prep_s": prep[s],
            "steps_per_s": records[s]["probe_steps_per_s"], "final_mlm_loss": final["mlm_loss"],
            "final_mlm_accuracy": final["mlm_accuracy"], "tokens": final["tokens"]}
-    if hf_final is not None:
+    if s == "electra":
+      row["scored_model"] = "generator"  # its MLM loss is the generator's, not comparable with the others'
+    if hf_final is not None and s != "electra":
       t = time_to(curves[s], hf_final["mlm_loss"])
       row["seconds_to_hf_final_loss"] = t
       row["fraction_of_hf_time"] = None if t is None else t / hf_final["seconds"]
@@ -497,9 +550,10 @@ def main(argv=None):
   print("|---|---|---|---|---|---|---|---|")
   for r in rows:
     frac = r.get("fraction_of_hf_time")
-    print(f"| {r['side']} | {r['steps']} | {r['steps_per_s']:.2f} | {r['prep_s']:.0f} | {r['wall_s']:.0f} | "
-          f"{r['final_mlm_loss']:.3f} | {r['final_mlm_accuracy']:.3f} | "
-          f"{'not reached' if frac is None else f'{frac:.2f}x'} |")
+    to_hf = ("-" if "seconds_to_hf_final_loss" not in r else "not reached" if frac is None else f"{frac:.2f}x")
+    name = r["side"] + (" (generator)" if r.get("scored_model") else "")
+    print(f"| {name} | {r['steps']} | {r['steps_per_s']:.2f} | {r['prep_s']:.0f} | {r['wall_s']:.0f} | "
+          f"{r['final_mlm_loss']:.3f} | {r['final_mlm_accuracy']:.3f} | {to_hf} |")
   for s, suite in suites.items():
     print(f"downstream {s}: " + ", ".join(f"{t['task']} {t['metric']} {t['mean']:.4f} ± {t['sd']:.4f}"
                                           for t in suite["tasks"] if t.get("runs")))
