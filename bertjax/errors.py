@@ -8,11 +8,11 @@ in pre-training, fine-tuning and every other mode alike. Anything else is a bug 
 from __future__ import annotations
 
 import argparse
-import json
 import ast
 import difflib
 import functools
 import importlib.util
+import json
 import logging
 import sys
 import threading
