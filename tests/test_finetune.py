@@ -800,18 +800,27 @@ def test_bucketed_batches_give_the_same_loss_as_full_length_ones(vocab):
   jax.tree_util.tree_map(lambda x, y: np.testing.assert_allclose(np.asarray(x), np.asarray(y), atol=2e-6), ga, gb)
 
 
-def test_length_grouped_plan_sees_every_example_once_in_single_bucket_batches():
-  lengths = np.random.default_rng(0).integers(3, 129, 500)
-  plan = batching.Plan(500, 16, 3, 7, 0.1, lengths, batching.bucket_multiple(128, 8))
+def test_length_grouped_plan_sees_every_example_once_in_batches_of_neighbouring_lengths():
+  rng = np.random.default_rng(0)
+  # Most rows long, a few sparse short buckets (long documents cut at max length): no step per sparse bucket.
+  lengths = np.concatenate([rng.integers(3, 129, 200), np.full(300, 128), [20, 40, 60]])
+  plan = batching.Plan(503, 16, 3, 7, 0.1, lengths, batching.bucket_multiple(128, 8))
   assert batching.bucket_multiple(128, 8) == 16 and batching.bucket_multiple(384, 8) == 48
   assert batching.bucket_multiple(64, 8) == 16 and batching.bucket_multiple(128, 0) == 0
+  assert plan.steps_per_epoch == 32  # ceil(503 / 16), as without grouping
   epochs = plan.epoch_batches()
   for batches in epochs:
     assert len(batches) == plan.steps_per_epoch
-    assert sorted(np.concatenate(batches).tolist()) == list(range(500))
-    assert all(len(set(plan.row_bucket[b].tolist())) == 1 and 0 < len(b) <= 16 for b in batches)
+    assert sorted(np.concatenate(batches).tolist()) == list(range(503))
+    sizes = sorted(len(b) for b in batches)
+    assert sizes[0] == 503 % 16 and sizes[1:] == [16] * 31  # only one batch partial
+    spans = sorted((int(plan.row_bucket[b].min()), int(plan.row_bucket[b].max())) for b in batches)
+    assert all(hi <= nxt_lo for (_, hi), (nxt_lo, _) in zip(spans, spans[1:]))  # no bucket interleaves
+    assert sum(lo != hi for lo, hi in spans) <= 8  # a batch spans buckets only where one ends
+    partial = next(b for b in batches if len(b) < 16)  # the partial batch holds the shortest rows
+    assert plan.row_bucket[partial].max() <= min(plan.row_bucket[b].min() for b in batches if len(b) == 16)
   assert [b.tolist() for b in epochs[0]] != [b.tolist() for b in epochs[1]]  # reshuffled every epoch
-  again = batching.Plan(500, 16, 3, 7, 0.1, lengths, 16).batches(2)  # a resume recomputes the same batches
+  again = batching.Plan(503, 16, 3, 7, 0.1, lengths, 16).batches(2)  # a resume recomputes the same batches
   assert [b.tolist() for b in again] == [b.tolist() for b in epochs[1]]
 
 

@@ -34,10 +34,12 @@ class Plan:
   `rows_per_step`; the last batch of an epoch may be partial (filled with zero-weight rows), so every example is
   seen once per epoch. A resume at step k recomputes the same batches and skips the first k.
 
-  With `lengths` and `bucket` (length grouping), the permuted rows are grouped by their bucket length (the
-  smallest multiple of `bucket` holding the row) and each group is cut into batches, whose order is then
-  shuffled: a batch holds `rows_per_step` random rows of one length bucket, so it is padded to that bucket
-  rather than to its longest row's (each group's last batch may be partial)."""
+  With `lengths` and `bucket` (length grouping), the permuted rows are sorted by their bucket length (the
+  smallest multiple of `bucket` holding the row; random order within a bucket) and cut into consecutive batches
+  from the longest end, whose order is then shuffled: a batch holds rows of one bucket, or of neighbouring
+  buckets where one ends, and is padded to the longest of them. An epoch has as many steps as without grouping,
+  and only its batch of the shortest rows may be partial: cutting each bucket apart would add a partial step
+  and a compiled program for every sparsely filled bucket."""
 
   def __init__(self, n_rows: int, rows_per_step: int, num_epochs: int, seed: int, warmup_fraction: float,
                lengths: np.ndarray | None = None, bucket: int = 0):
@@ -45,10 +47,7 @@ class Plan:
     self.row_bucket = None
     if lengths is not None and bucket:
       self.row_bucket = np.maximum(1, -(-np.asarray(lengths) // bucket))
-      counts = np.bincount(self.row_bucket)
-      self.steps_per_epoch = int(sum(-(-int(c) // rows_per_step) for c in counts if c))
-    else:
-      self.steps_per_epoch = -(-n_rows // rows_per_step)
+    self.steps_per_epoch = -(-n_rows // rows_per_step)
     self.total_steps = self.steps_per_epoch * num_epochs
     self.warmup_steps = int(warmup_fraction * self.total_steps)
 
@@ -60,8 +59,7 @@ class Plan:
     if self.row_bucket is None:
       return [order[s:s + r] for s in range(0, self.n_rows, r)]
     grouped = order[np.argsort(self.row_bucket[order], kind="stable")]  # random order within each bucket
-    edges = np.flatnonzero(np.diff(self.row_bucket[grouped])) + 1
-    out = [g[s:s + r] for g in np.split(grouped, edges) for s in range(0, len(g), r)]
+    out = [grouped[max(0, e - r):e] for e in range(self.n_rows, 0, -r)]
     shuffle = np.random.default_rng([self.seed, epoch, 1]).permutation(len(out))
     return [out[i] for i in shuffle]
 
