@@ -8,9 +8,10 @@ BERT, and elementwise passes over new buffers at a third of the memory bandwidth
 (docs/performance.md). One arena, no `mmap` for large blocks and no trimming make freed blocks come back on the
 next step, already mapped. Resident memory then stays at the run's peak rather than falling between steps.
 
-Steps of more than `LARGE_STEP_TOKENS` tokens keep glibc's defaults: their temporaries run to GBs in blocks of
-many sizes, and a single heap without `mmap` fragments under them (the MiniLM-L6 QA step at 16 x 384 peaked at
-11-19 GB resident in some runs, and slowed, against 4.7 GB under the defaults), while the page faults the
+Steps whose activations are wide keep glibc's defaults: above `LARGE_STEP_VALUES` (tokens per step x hidden
+width) their temporaries run to GBs in blocks of many sizes, and a single heap without `mmap` fragments under
+them (the MiniLM-L6 QA step at 16 x 384 peaked at 11-19 GB resident in some runs, and slowed, against 4.7 GB
+under the defaults; its classifier at 16 x 256 at 8.9 GB against 3.6 GB, 5% faster), while the page faults the
 setting saves are a small share of such a step.
 
 `keep_freed_memory()` must run before the JAX backend starts its threads (before the first device is used);
@@ -56,13 +57,34 @@ def keep_freed_memory() -> bool:
              ((M_ARENA_MAX, 1), (M_MMAP_MAX, 0), (M_TRIM_THRESHOLD, _INT_MAX)))
 
 
-LARGE_STEP_TOKENS = 4096  # global batch x sequence length above which glibc's defaults are kept
+# Tokens per step x hidden width above which glibc's defaults are kept: the demo's tiny BERT at 32 x 128 x 128
+# (0.5M; 17% faster with the setting) and MiniLM-L6 at 16 x 128 x 384 (0.8M) keep freed memory, MiniLM-L6 at
+# 16 x 256 (1.6M) does not.
+LARGE_STEP_VALUES = 2 ** 20
+DEFAULT_WIDTH = 768  # BERT-base's, where a config's width cannot be read
 
 
-def tune_for_cpu(tokens_per_step: int) -> bool:
-  """`keep_freed_memory()` when the run is on the CPU and its steps hold at most `LARGE_STEP_TOKENS` tokens
-  (global batch x sequence length); call before JAX's backend starts."""
-  return tokens_per_step <= LARGE_STEP_TOKENS and runs_on_cpu() and keep_freed_memory()
+def tune_for_cpu(step_values: int) -> bool:
+  """`keep_freed_memory()` when the run is on the CPU and one step's activations are at most
+  `LARGE_STEP_VALUES` values per layer (tokens per step x hidden width, `config_step_values`); call before JAX's
+  backend starts."""
+  return step_values <= LARGE_STEP_VALUES and runs_on_cpu() and keep_freed_memory()
+
+
+def config_step_values(config) -> int:
+  """Tokens per step x the hidden width of the model a bertjax config trains: its init's (read from the init's
+  config files, no weights) or its own model section's; BERT-base's width where neither can be read (the
+  config's own checks name what is wrong)."""
+  width = DEFAULT_WIDTH
+  try:
+    from bertjax import model as model_lib
+    from bertjax import weights
+    init = str(config.get("init", "") or "")
+    cfg = weights.config_of(init) if init else model_lib.BertConfig.from_dict(config.model.to_dict())
+    width = int(cfg.hidden_size) or DEFAULT_WIDTH
+  except Exception:  # noqa: BLE001 - only a tuning hint; the run reports a bad config or init itself
+    pass
+  return config_tokens(config) * width
 
 
 def config_tokens(config) -> int:

@@ -43,7 +43,7 @@ def init_distributed() -> None:
 
 def main(argv):
   del argv
-  hostmem.tune_for_cpu(hostmem.config_tokens(FLAGS.config))  # before JAX's backend starts its threads
+  hostmem.tune_for_cpu(hostmem.config_step_values(FLAGS.config))  # before JAX's backend starts its threads
   init_distributed()
   import jax
   # Library INFO logs (orbax writes several lines per save) are off; progress is printed by process 0.

