@@ -14,6 +14,7 @@ import functools
 import importlib.util
 import json
 import logging
+import os
 import sys
 import threading
 
@@ -91,6 +92,14 @@ def json_object(text: str, where: str, error: type[Exception]) -> dict:
   if not isinstance(row, dict):
     raise error(f"{where}: not a JSON object (a {type(row).__name__})")
   return row
+
+
+def write_whole(path: str, text: str) -> None:
+  """`text` into `path`, written whole, then renamed: a killed run leaves the previous file, not half of one."""
+  tmp = f"{path}.tmp-{os.getpid()}"
+  with open(tmp, "w", encoding="utf-8") as f:
+    f.write(text)
+  os.replace(tmp, path)
 
 
 def fail(message: str) -> None:

@@ -369,16 +369,11 @@ def _finetune(config, workdir: str) -> dict:
 
 
 def _write_json(path: str, content) -> None:
-  """Written whole, then renamed: a killed run leaves the previous file, not half of one."""
-  tmp = f"{path}.tmp-{os.getpid()}"
-  with open(tmp, "w", encoding="utf-8") as f:
-    json.dump(content, f, indent=1, ensure_ascii=False)
-  os.replace(tmp, path)
+  errors.write_whole(path, json.dumps(content, indent=1, ensure_ascii=False))
 
 
 def _write_report(workdir: str, report: dict) -> None:
-  with open(os.path.join(workdir, "report.json"), "w", encoding="utf-8") as f:
-    json.dump(report, f, indent=2)
+  errors.write_whole(os.path.join(workdir, "report.json"), json.dumps(report, indent=2))
   lines = [f"task {report['task']} (main metric: {report['main_metric']})", ""]
   for row in report["epochs"]:
     for split, ms in row.items():
@@ -386,6 +381,5 @@ def _write_report(workdir: str, report: dict) -> None:
         lines.append(f"epoch {row['epoch']:>2}  {split:24s} " + "  ".join(f"{k} {v:8.4f}" for k, v in ms.items()))
   if report["best"]:
     lines += ["", f"best: epoch {report['best']['epoch']}, {report['main_metric']} {report['best']['value']:.4f}"]
-  with open(os.path.join(workdir, "report.txt"), "w", encoding="utf-8") as f:
-    f.write("\n".join(lines) + "\n")
+  errors.write_whole(os.path.join(workdir, "report.txt"), "\n".join(lines) + "\n")
   print("\n".join(lines), flush=True)

@@ -357,8 +357,6 @@ def write_config(workdir: str, config, **json_files: dict) -> None:
   if jax.process_index() != 0:
     return
   os.makedirs(workdir, exist_ok=True)
-  with open(os.path.join(workdir, "config.json"), "w", encoding="utf-8") as f:
-    f.write(config.to_json(indent=2))
+  errors.write_whole(os.path.join(workdir, "config.json"), config.to_json(indent=2))
   for name, obj in json_files.items():
-    with open(os.path.join(workdir, f"{name}.json"), "w", encoding="utf-8") as f:
-      json.dump(obj, f, indent=2)
+    errors.write_whole(os.path.join(workdir, f"{name}.json"), json.dumps(obj, indent=2))

@@ -2,6 +2,7 @@
 random input."""
 import errno
 import gc
+import json
 import os
 import shutil
 import subprocess
@@ -279,6 +280,22 @@ def test_metrics_line_cut_by_a_kill_loses_only_that_line(tmp_path):
   w.close()
   rows = metrics.read_jsonl(str(tmp_path / "metrics.jsonl"))
   assert [(r["step"], r["loss"]) for r in rows] == [(1, 2.0), (2, 1.5)]
+
+
+def test_a_report_killed_while_written_leaves_the_previous_file(tmp_path, monkeypatch):
+  """A workdir's report.json (as its config.json and finetune.json) is written whole, then renamed: a kill after
+  the write and before the rename (simulated) leaves the previous file intact, and the next write completes."""
+  from bertjax import errors, finetune
+  (tmp_path / "report.json").write_text('{"old": true}')
+  report = {"task": "t", "main_metric": "accuracy", "epochs": [], "best": None}
+  monkeypatch.setattr(errors.os, "replace", lambda *a: (_ for _ in ()).throw(KeyboardInterrupt()))
+  with pytest.raises(KeyboardInterrupt):
+    finetune._write_report(str(tmp_path), report)
+  assert (tmp_path / "report.json").read_text() == '{"old": true}'
+  monkeypatch.undo()
+  finetune._write_report(str(tmp_path), report)
+  assert json.loads((tmp_path / "report.json").read_text())["task"] == "t"
+  assert sorted(p.name for p in tmp_path.iterdir()) == ["report.json", "report.txt"]
 
 
 # ------------------------------------------------------------------ property tests
