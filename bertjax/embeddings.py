@@ -168,10 +168,7 @@ def embed_corpus(encoder: Encoder, ids: Sequence[str], texts: Sequence[str], out
     raise errors.ConfigError(f"--block must be >= 1, got {block}")
   os.makedirs(out, exist_ok=True)
   if jax.process_index() == 0:
-    tmp = os.path.join(out, f"ids.json.tmp{os.getpid()}")
-    with open(tmp, "w", encoding="utf-8") as f:
-      json.dump(list(ids), f)
-    os.replace(tmp, os.path.join(out, "ids.json"))
+    errors.write_whole(os.path.join(out, "ids.json"), json.dumps(list(ids)))
   n_blocks = -(-len(texts) // block)
   mine = [b for b in range(n_blocks) if b % jax.process_count() == jax.process_index()]
   todo = [b for b in mine if not os.path.isfile(os.path.join(out, f"block-{b:05d}.npy"))]

@@ -75,10 +75,7 @@ def _drop_after(path: str, step: int) -> None:
     if step > 0 and row_step <= step:
       keep.append(line)
   if len(keep) != len(lines):
-    tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as f:
-      f.writelines(keep)
-    os.replace(tmp, path)
+    errors.write_whole(path, "".join(keep))
 
 
 def _summary_writer(logdir: str):
