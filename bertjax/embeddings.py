@@ -22,10 +22,12 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
+import bertjax
 from bertjax import convert, errors, retrieval, scores, weights
 from bertjax.convert import sentence_transformers as st_lib
 from bertjax.data import task_data
 from bertjax.data import tokenizer as tokenizer_lib
+from bertjax.data.batching import bucket_multiple
 from bertjax.tasks import contrastive as contrastive_task
 from bertjax.model.embedding import EmbeddingModel, Pooling
 
@@ -99,25 +101,44 @@ class Encoder:
       h.update(np.ascontiguousarray(leaf).tobytes())
     return h.hexdigest()
 
-  def encode(self, texts: Sequence[str], batch_size: int = 32, multiple: int = 8) -> np.ndarray:
+  @functools.cached_property
+  def _device_params(self):
+    """The weights on this host's devices (replicated), placed once rather than sent with every batch."""
+    devices = jax.local_devices()
+    if len(devices) == 1:
+      return jax.device_put(self.params, devices[0])
+    return jax.device_put(self.params, NamedSharding(Mesh(np.array(devices), ("batch",)), P()))
+
+  def _row_sharding(self, batch_size: int):
+    """Rows split over this host's devices when they divide the batch, else None (one device)."""
+    devices = jax.local_devices()
+    if len(devices) > 1 and batch_size % len(devices) == 0:
+      return NamedSharding(Mesh(np.array(devices), ("batch",)), P("batch"))
+    return None
+
+  def encode(self, texts: Sequence[str], batch_size: int = 32, multiple: int = 0) -> np.ndarray:
     """Embeddings [len(texts), D] in the order given. Texts run longest first by token count, in batches of
     `batch_size` rows padded to their longest row rounded up to `multiple` tokens: little compute goes to padding,
-    and a long list compiles at most max_seq_length / multiple shapes."""
+    and a long list compiles at most max_seq_length / multiple shapes. `multiple` 0: 8 on CPU, where compiling
+    is cheap and every padded token costs; on accelerators the fine-tuning buckets' (8 lengths up to
+    max_seq_length), where one compile (seconds) outweighs the padding's compute."""
     if not len(texts):
       return np.zeros((0, 0), np.float32)
+    if not multiple:
+      multiple = 8 if jax.default_backend() == "cpu" else bucket_multiple(self.max_seq_length, 8)
     rows = token_rows(self.tok, texts, self.max_seq_length)
     order = np.argsort([-len(r) for r in rows], kind="stable")
-    devices = jax.local_devices()
-    # Rows split over this host's devices when they divide the batch; the weights are replicated.
-    sharding = (NamedSharding(Mesh(np.array(devices), ("batch",)), P("batch"))
-                if len(devices) > 1 and batch_size % len(devices) == 0 else None)
+    sharding = self._row_sharding(batch_size)
+    params = self._device_params
     out = []
     for i in range(0, len(texts), batch_size):
       chunk = [rows[j] for j in order[i:i + batch_size]]
       batch = batch_of(chunk, self.tok.pad_id, self.max_seq_length, rows=batch_size, multiple=multiple)
       if sharding is not None:
         batch = jax.device_put(batch, sharding)
-      out.append(np.asarray(self._apply(self.params, batch))[:len(chunk)])
+      # Results stay on the device until the end, so the host pads the next batch while the device runs this one.
+      out.append((self._apply(params, batch), len(chunk)))
+    out = [np.asarray(v)[:n] for v, n in out]
     vectors = np.concatenate(out)
     result = np.empty_like(vectors)
     result[order] = vectors
@@ -216,6 +237,10 @@ def main(argv=None) -> int:
   p.add_argument("--pooling", default="", help="cls | mean | max (default: the folder's, else mean)")
   p.add_argument("--batch_size", type=int, default=32)
   args = p.parse_args(argv)
+  # Compiled programs persist as for `python -m bertjax.main`: on an accelerator each padded length compiles for
+  # seconds, and a second command over the same lengths loads them instead.
+  if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+    jax.config.update("jax_compilation_cache_dir", bertjax.COMPILE_CACHE)
   # The data is read (and any mistake in it reported) before the model is loaded.
   if args.corpus:
     if not args.out:

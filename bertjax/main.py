@@ -13,6 +13,7 @@ from absl import flags
 from absl import logging as absl_logging
 from ml_collections import config_flags
 
+import bertjax
 from bertjax import errors, hostmem
 
 FLAGS = flags.FLAGS
@@ -61,8 +62,6 @@ def main(argv):
           (f"; eval mlm_accuracy {ev['mlm_accuracy']:.4f}" if "mlm_accuracy" in ev else ""), flush=True)
 
 
-DEFAULT_CACHE = os.path.join(os.path.expanduser("~"), ".cache", "bertjax-xla")
-
 if __name__ == "__main__":
-  os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", DEFAULT_CACHE)  # read when jax is first imported
+  os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", bertjax.COMPILE_CACHE)  # read when jax is first imported
   errors.run_absl(main)
