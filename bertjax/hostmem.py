@@ -8,15 +8,17 @@ BERT, and elementwise passes over new buffers at a third of the memory bandwidth
 (docs/performance.md). One arena, no `mmap` for large blocks and no trimming make freed blocks come back on the
 next step, already mapped. Resident memory then stays at the run's peak rather than falling between steps.
 
-Steps whose activations are wide keep glibc's defaults: above `LARGE_STEP_VALUES` (tokens per step x hidden
-width) their temporaries run to GBs in blocks of many sizes, and a single heap without `mmap` fragments under
-them (the MiniLM-L6 QA step at 16 x 384 peaked at 11-19 GB resident in some runs, and slowed, against 4.7 GB
-under the defaults; its classifier at 16 x 256 at 8.9 GB against 3.6 GB, 5% faster), while the page faults the
-setting saves are a small share of such a step.
+Steps whose activations are wide keep `mmap` for large blocks: above `LARGE_STEP_VALUES` (tokens per step x
+hidden width) their temporaries run to GBs in blocks of many sizes, and a single heap without `mmap` fragments
+under them (the MiniLM-L6 QA step at 16 x 384 peaked at 11-19 GB resident in some runs, and slowed, against
+4.7 GB under the defaults; its classifier at 16 x 256 at 8.9 GB against 3.6 GB, 5% faster), while the page
+faults the setting saves are a small share of such a step. They get one arena alone (`one_arena`): the blocks
+below the mmap threshold that XLA's worker threads free go back to one heap that every thread draws on, rather
+than to per-thread arenas (the classifier at 16 x 256: 3.2 GB peak against 3.6 GB, in the same time).
 
-`keep_freed_memory()` must run before the JAX backend starts its threads (before the first device is used);
-the entry points (`python -m bertjax.main`, the demo) call `tune_for_cpu` with their step's size when the run is
-on the CPU. Elsewhere (glibc absent, a TPU or GPU run) it does nothing.
+Either setting must be made before the JAX backend starts its threads (before the first device is used); the
+entry points (`python -m bertjax.main`, the demo) call `tune_for_cpu` with their step's size, which applies the
+one `cpu_setting` picks when the run is on the CPU. Elsewhere (glibc absent, a TPU or GPU run) it does nothing.
 """
 from __future__ import annotations
 
@@ -42,33 +44,56 @@ def runs_on_cpu() -> bool:
                                                                   "jax_cuda13_plugin", "jax_rocm7_plugin"))
 
 
-def keep_freed_memory() -> bool:
-  """Sets glibc's allocator to reuse freed blocks (one arena, no mmap for large blocks, no trimming). Returns
-  whether it did: False off Linux/glibc, or when the environment already sets MALLOC_ARENA_MAX (the user's
+def _glibc():
+  """glibc's handle, or None off Linux/glibc or when the environment already sets MALLOC_ARENA_MAX (the user's
   choice wins)."""
   if not sys.platform.startswith("linux") or "MALLOC_ARENA_MAX" in os.environ:
-    return False
+    return None
   try:
     libc = ctypes.CDLL(None)
     _ = libc.gnu_get_libc_version  # glibc only (not musl): an AttributeError elsewhere
   except (OSError, AttributeError):
-    return False
-  return all(libc.mallopt(param, value) == 1 for param, value in
-             ((M_ARENA_MAX, 1), (M_MMAP_MAX, 0), (M_TRIM_THRESHOLD, _INT_MAX)))
+    return None
+  return libc
 
 
-# Tokens per step x hidden width above which glibc's defaults are kept: the demo's tiny BERT at 32 x 128 x 128
-# (0.5M; 17% faster with the setting) and MiniLM-L6 at 16 x 128 x 384 (0.8M) keep freed memory, MiniLM-L6 at
-# 16 x 256 (1.6M) does not.
+def keep_freed_memory() -> bool:
+  """Sets glibc's allocator to reuse freed blocks (one arena, no mmap for large blocks, no trimming). Returns
+  whether it did (see `_glibc`)."""
+  libc = _glibc()
+  return libc is not None and all(libc.mallopt(param, value) == 1 for param, value in
+                                  ((M_ARENA_MAX, 1), (M_MMAP_MAX, 0), (M_TRIM_THRESHOLD, _INT_MAX)))
+
+
+def one_arena() -> bool:
+  """Sets glibc's allocator to one arena for every thread, large blocks still mapped and returned: the blocks a
+  worker thread frees are reused by the others instead of staying in its own arena. Returns whether it did."""
+  libc = _glibc()
+  return libc is not None and libc.mallopt(M_ARENA_MAX, 1) == 1
+
+
+# Tokens per step x hidden width above which large blocks stay mapped: the demo's tiny BERT at 32 x 128 x 128
+# (0.5M; 17% faster with `keep_freed_memory`) and MiniLM-L6 at 16 x 128 x 384 (0.8M) keep freed memory,
+# MiniLM-L6 at 16 x 256 (1.6M) gets one arena.
 LARGE_STEP_VALUES = 2 ** 20
 DEFAULT_WIDTH = 768  # BERT-base's, where a config's width cannot be read
 
 
-def tune_for_cpu(step_values: int) -> bool:
-  """`keep_freed_memory()` when the run is on the CPU and one step's activations are at most
-  `LARGE_STEP_VALUES` values per layer (tokens per step x hidden width, `config_step_values`); call before JAX's
-  backend starts."""
-  return step_values <= LARGE_STEP_VALUES and runs_on_cpu() and keep_freed_memory()
+def cpu_setting(step_values: int) -> str:
+  """The allocator setting for a CPU run whose steps hold `step_values` activation values per layer (tokens per
+  step x hidden width, `config_step_values`): "reuse" (`keep_freed_memory`) up to `LARGE_STEP_VALUES`, else
+  "one arena" (`one_arena`)."""
+  return "reuse" if step_values <= LARGE_STEP_VALUES else "one arena"
+
+
+def tune_for_cpu(step_values: int) -> str:
+  """Applies `cpu_setting(step_values)` when the run is on the CPU; call before JAX's backend starts. Returns the
+  setting applied, or "" (not on the CPU, not glibc, or MALLOC_ARENA_MAX set)."""
+  if not runs_on_cpu():
+    return ""
+  setting = cpu_setting(step_values)
+  applied = keep_freed_memory() if setting == "reuse" else one_arena()
+  return setting if applied else ""
 
 
 def config_step_values(config) -> int:

