@@ -102,19 +102,21 @@ class Encoder:
     return h.hexdigest()
 
   @functools.cached_property
+  def _local_mesh(self) -> Mesh | None:
+    """A one-axis mesh over this host's devices, or None with one device."""
+    devices = jax.local_devices()
+    return Mesh(np.array(devices), ("batch",)) if len(devices) > 1 else None
+
+  @functools.cached_property
   def _device_params(self):
     """The weights on this host's devices (replicated), placed once rather than sent with every batch."""
-    devices = jax.local_devices()
-    if len(devices) == 1:
-      return jax.device_put(self.params, devices[0])
-    return jax.device_put(self.params, NamedSharding(Mesh(np.array(devices), ("batch",)), P()))
+    mesh = self._local_mesh
+    return jax.device_put(self.params, NamedSharding(mesh, P()) if mesh else jax.local_devices()[0])
 
-  def _row_sharding(self, batch_size: int):
+  def _row_sharding(self, batch_size: int) -> NamedSharding | None:
     """Rows split over this host's devices when they divide the batch, else None (one device)."""
-    devices = jax.local_devices()
-    if len(devices) > 1 and batch_size % len(devices) == 0:
-      return NamedSharding(Mesh(np.array(devices), ("batch",)), P("batch"))
-    return None
+    mesh = self._local_mesh
+    return NamedSharding(mesh, P("batch")) if mesh and batch_size % mesh.size == 0 else None
 
   def encode(self, texts: Sequence[str], batch_size: int = 32, multiple: int = 0) -> np.ndarray:
     """Embeddings [len(texts), D] in the order given. Texts run longest first by token count, in batches of
