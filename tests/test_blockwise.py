@@ -68,6 +68,14 @@ def test_key_blocks_with_an_online_softmax_equal_the_dense_path(window, few_rows
          lambda q, k, v: _dense(pick(q), k, v, valid, seg, window, queries), q, k, v, rows)
 
 
+@pytest.mark.parametrize("window", [0, 10])
+def test_one_head_at_a_time_equals_the_dense_path(window):
+  """The CPU's loop over heads (`per_head`): global layers tiled over queries and keys, local ones in chunks."""
+  q, k, v, valid, seg = _inputs(h=3)
+  _check(lambda *a: blockwise.attention(*a, valid, seg, local=bool(window), window=window, block=16, per_head=True),
+         lambda *a: _dense(*a, valid, seg, window), q, k, v, np.asarray(seg) > 0)
+
+
 def test_attention_dropout_keeps_the_expectation():
   """Dropping the unnormalised probabilities per block is dropout on the normalised ones: over many keys the
   mean output is the output without dropout, and each draw differs from it."""

@@ -20,9 +20,11 @@ import numpy as np
 from bertjax.kernels import dropout as dropout_lib
 
 
-# Query rows per tile of a global layer: 512 x 256-key score blocks were the fastest on the 2-core CPU at 4,096
-# tokens (2.25 s forward + backward for 12 heads, against 2.78 s untiled).
-QUERY_BLOCK = 512
+# Query rows per tile of a global layer. On the 2-core CPU, one head at a time in 1,024-row tiles of 256-key
+# blocks (1 MB of scores per tile) takes a 12-head global layer's attention, forward + backward, from 3.4-4.1 s
+# (all heads together in 512-row tiles: 6 MB of scores, out of cache) to 1.8-2.2 s at 4,096 tokens, and from
+# 14.6 to 8.1 s at 8,192.
+QUERY_BLOCK = 1024
 
 
 def _drop(p, rng, rate: float, impl: str):
@@ -46,12 +48,17 @@ def local_attention(q, k, v, valid, segments, window: int, chunk: int, *, dropou
   n = -(-half // chunk)
   padded = -(-length // chunk) * chunk
   nb, span = padded // chunk, (2 * n + 1) * chunk
-  q, k, v, valid = _pad(q, padded), _pad(k, padded), _pad(v, padded), _pad(valid.astype(bool), padded, False)
+  valid = _pad(valid.astype(bool), padded, False)
+  # Heads lead inside ([B, H, ...]): XLA:CPU runs the batched products ~1.6x faster in that layout.
+  q, k, v = (jnp.swapaxes(_pad(x, padded), 1, 2) for x in (q, k, v))
 
-  def windows(x, value=0):  # [B, Lp, ...] -> [B, nb, span, ...]: each chunk's neighbourhood of keys
-    xp = jnp.pad(x, [(0, 0), (n * chunk, n * chunk)] + [(0, 0)] * (x.ndim - 2), constant_values=value)
-    xb = xp.reshape((b, nb + 2 * n, chunk) + x.shape[2:])
-    return jnp.concatenate([xb[:, j:j + nb] for j in range(2 * n + 1)], axis=2)
+  def windows(x, value=0, axis=1):  # [..., Lp, ...] -> [..., nb, span, ...]: each chunk's neighbourhood of keys
+    pads = [(0, 0)] * x.ndim
+    pads[axis] = (n * chunk, n * chunk)
+    xb = jnp.pad(x, pads, constant_values=value)
+    xb = xb.reshape(x.shape[:axis] + (nb + 2 * n, chunk) + x.shape[axis + 1:])
+    index = (slice(None),) * axis
+    return jnp.concatenate([xb[index + (slice(j, j + nb),)] for j in range(2 * n + 1)], axis=axis + 1)
 
   qpos = np.arange(padded).reshape(nb, chunk)
   kpos = qpos[:, :1] - n * chunk + np.arange(span)[None]
@@ -60,7 +67,7 @@ def local_attention(q, k, v, valid, segments, window: int, chunk: int, *, dropou
     seg = _pad(segments, padded)
     segq = seg.reshape(b, nb, chunk)
     mask = mask & (segq[..., None] == windows(seg)[:, :, None]) & (segq[..., None] > 0)
-  s = jnp.einsum("bnqhd,bnkhd->bhnqk", q.reshape(b, nb, chunk, h, d), windows(k),
+  s = jnp.einsum("bhnqd,bhnkd->bhnqk", q.reshape(b, h, nb, chunk, d), windows(k, axis=2),
                  preferred_element_type=jnp.float32) / np.sqrt(d).astype(np.float32)
   s = jnp.where(mask[:, None], s, -jnp.inf)
   m = jax.lax.stop_gradient(jnp.max(s, axis=-1, keepdims=True))
@@ -69,8 +76,8 @@ def local_attention(q, k, v, valid, segments, window: int, chunk: int, *, dropou
   if dropout_rate > 0.0 and dropout_rng is not None:
     p = _drop(p, dropout_rng, dropout_rate, dropout_impl)
   p = p / jnp.maximum(total, jnp.finfo(jnp.float32).tiny)
-  out = jnp.einsum("bhnqk,bnkhd->bnqhd", p.astype(v.dtype), windows(v))
-  return out.reshape(b, padded, h, d)[:, :length]
+  out = jnp.einsum("bhnqk,bhnkd->bhnqd", p.astype(v.dtype), windows(v, axis=2))
+  return jnp.swapaxes(out.reshape(b, h, padded, d), 1, 2)[:, :length]
 
 
 def blocked_attention(q, k, v, valid, segments, *, block: int, window: int = 0, queries=None,
@@ -79,64 +86,85 @@ def blocked_attention(q, k, v, valid, segments, *, block: int, window: int = 0, 
   """Attention of q [B, Q, H, D] over k, v [B, L, H, D] in key blocks of `block` with an online softmax.
   `queries` [B, Q]: the positions of q's rows (None: q is every position); `window` > 0 limits each query to
   |i - j| <= window // 2. valid [B, L] marks real keys; segments [B, L] (or None) keeps a query to its segment.
+  With `query_block` < Q the queries go in tiles of that many rows, each over every key block, so that a tile's
+  score blocks stay in cache between the softmax's passes over them; each tile draws its dropout from a key of
+  its own.
 
   The backward pass is FlashAttention-2's: it keeps the output and each row's log-sum-exp, and recomputes each
   block's probabilities from them, so nothing of size [Q, L] is kept and no rescaling is differentiated
   (`flash_backward=False`: JAX's own derivative of the forward scan, the reference the tests compare with)."""
   b, length, h, d = k.shape
   nq = q.shape[1]
-  if query_block and nq > query_block:
-    return _in_query_blocks(q, k, v, valid, segments, queries, query_block, block=block, window=window,
-                            dropout_rate=dropout_rate, dropout_rng=dropout_rng, dropout_impl=dropout_impl,
-                            flash_backward=flash_backward)
+  tile = query_block if query_block and nq > query_block else nq
+  nt = -(-nq // tile)
   padded = -(-length // block) * block
   nk = padded // block
   qpos = jnp.broadcast_to(jnp.arange(nq, dtype=jnp.int32)[None], (b, nq)) if queries is None else queries
-  qseg = None
-  if segments is not None:
-    qseg = segments if queries is None else jnp.take_along_axis(segments, queries, axis=1)
+  # Rows that fill the last tile repeat the last query's position; their outputs are dropped.
+  qpos = jnp.concatenate([qpos, jnp.broadcast_to(qpos[:, -1:], (b, nt * tile - nq))], axis=1)
+  # Inside, heads lead ([B, H, L, D]): every product is then a plain batched matrix product, which XLA:CPU runs
+  # ~1.6x faster than the same product over [B, L, H, D], even for one head.
+  heads_first = lambda x: jnp.swapaxes(x, 1, 2)  # noqa: E731
+  row_tiles = lambda x: jnp.moveaxis(  # noqa: E731  [B, nt * tile, ...] -> [nt, B, tile, ...]
+      x.reshape((b, nt, tile) + x.shape[2:]), 1, 0)
+  head_tiles = lambda x: jnp.moveaxis(  # noqa: E731  [B, H, Q, ...] -> [nt, B, H, tile, ...]
+      _pad(jnp.swapaxes(x, 1, 2), nt * tile).reshape((b, nt, tile, h) + x.shape[3:]), 1, 0).swapaxes(2, 3)
+  untile = lambda x: jnp.moveaxis(x, 0, 2).reshape((b, h, nt * tile) + x.shape[4:])[:, :, :nq]  # noqa: E731
   blocks = lambda x, value=0: jnp.moveaxis(  # noqa: E731  [B, Lp, ...] -> [nk, B, block, ...]
       _pad(x, padded, value).reshape((b, nk, block) + x.shape[2:]), 1, 0)
+  head_blocks = lambda x: jnp.moveaxis(  # noqa: E731  [B, H, L, D] -> [nk, B, H, block, D]
+      jnp.pad(x, [(0, 0), (0, 0), (0, padded - length), (0, 0)]).reshape(b, h, nk, block, d), 2, 0)
   masks = {"valid": blocks(valid.astype(bool), False), "j": jnp.arange(nk)}
+  qtiles = {"pos": row_tiles(qpos), "i": jnp.arange(nt)}
   if segments is not None:
     masks["seg"] = blocks(segments)
+    qtiles["seg"] = row_tiles(jnp.take_along_axis(segments, qpos, axis=1))
   scale = np.float32(1.0 / np.sqrt(d))
   rng = dropout_rng if dropout_rate > 0.0 and dropout_rng is not None else None
 
-  def probabilities(q, kj, x, lse, qpos, qseg):
+  def probabilities(q, kj, x, lse, t):
     """exp(scores - lse) of one key block, 0 where masked; with lse None, the block's scores (masked at -inf)."""
-    s = jnp.einsum("bqhd,bkhd->bhqk", q, kj, preferred_element_type=jnp.float32) * scale
+    s = jnp.einsum("bhqd,bhkd->bhqk", q, kj, preferred_element_type=jnp.float32) * scale
     mask = x["valid"][:, None, None, :]
     if window:
       kpos = x["j"] * block + jnp.arange(block, dtype=jnp.int32)
-      mask = mask & (jnp.abs(qpos[:, None, :, None] - kpos[None, None, None, :]) <= window // 2)
-    if qseg is not None:
-      mask = mask & (qseg[:, None, :, None] == x["seg"][:, None, None, :]) & (qseg[:, None, :, None] > 0)
+      mask = mask & (jnp.abs(t["pos"][:, None, :, None] - kpos[None, None, None, :]) <= window // 2)
+    if "seg" in t:
+      mask = mask & (t["seg"][:, None, :, None] == x["seg"][:, None, None, :]) & (t["seg"][:, None, :, None] > 0)
     if lse is None:
       return jnp.where(mask, s, -jnp.inf)
     return jnp.where(mask, jnp.exp(s - lse[..., None]), 0.0)
 
+  def tile_rng(rng, t):
+    return rng if rng is None or nt == 1 else jax.random.fold_in(rng, t["i"])
+
   def drop(p, j, rng):
     return p if rng is None else _drop(p, jax.random.fold_in(rng, j), dropout_rate, dropout_impl)
 
-  def forward(q, k, v, rng, aux):
+  def forward_tile(q, kv, rng, t):
     def step(carry, x):
-      m, total, acc = carry  # [B, H, Q], [B, H, Q], [B, Q, H, D] float32
-      s = probabilities(q, x["k"], x, None, aux["qpos"], aux["qseg"])
+      m, total, acc = carry  # [B, H, T], [B, H, T], [B, H, T, D] float32
+      s = probabilities(q, x["k"], x, None, t)
       m_new = jnp.maximum(m, jnp.max(s, axis=-1))
       m_safe = jnp.where(jnp.isfinite(m_new), m_new, 0.0)
       p = jnp.exp(s - m_safe[..., None])
       correction = jnp.exp(m - m_safe)
       total = total * correction + jnp.sum(p, axis=-1)
-      acc = acc * jnp.moveaxis(correction, 1, 2)[..., None] + jnp.einsum(
-          "bhqk,bkhd->bqhd", drop(p, x["j"], rng).astype(v.dtype), x["v"], preferred_element_type=jnp.float32)
+      acc = acc * correction[..., None] + jnp.einsum(
+          "bhqk,bhkd->bhqd", drop(p, x["j"], rng).astype(x["v"].dtype), x["v"], preferred_element_type=jnp.float32)
       return (m_new, total, acc), None
-    init = (jnp.full((b, h, nq), -jnp.inf, jnp.float32), jnp.zeros((b, h, nq), jnp.float32),
-            jnp.zeros((b, nq, h, d), jnp.float32))
-    (m, total, acc), _ = jax.lax.scan(step, init, {"k": blocks(k), "v": blocks(v), **aux["masks"]})
-    out = (acc / jnp.maximum(jnp.moveaxis(total, 1, 2)[..., None], jnp.finfo(jnp.float32).tiny)).astype(v.dtype)
+    init = (jnp.full((b, h, tile), -jnp.inf, jnp.float32), jnp.zeros((b, h, tile), jnp.float32),
+            jnp.zeros((b, h, tile, d), jnp.float32))
+    (m, total, acc), _ = jax.lax.scan(step, init, kv)
+    out = (acc / jnp.maximum(total[..., None], jnp.finfo(jnp.float32).tiny)).astype(q.dtype)
     lse = jnp.where(total > 0, m + jnp.log(jnp.maximum(total, jnp.finfo(jnp.float32).tiny)), jnp.inf)
     return out, lse
+
+  def forward(q, k, v, rng, aux):  # q [B, H, Q, D], k and v [B, H, L, D]
+    kv = {"k": head_blocks(k), "v": head_blocks(v), **aux["masks"]}
+    out, lse = jax.lax.map(lambda t: forward_tile(t["q"], kv, tile_rng(rng, t), t),
+                           {"q": head_tiles(q), **aux["tiles"]})
+    return untile(out), untile(lse)
 
   # Everything traced goes in as an argument: a custom_vjp function may not close over traced values.
   @jax.custom_vjp
@@ -149,44 +177,34 @@ def blocked_attention(q, k, v, valid, segments, *, block: int, window: int = 0, 
 
   def attend_bwd(res, g):
     q, k, v, rng, aux, out, lse = res
-    g32 = g.astype(jnp.float32)
-    delta = jnp.moveaxis(jnp.sum(g32 * out.astype(jnp.float32), axis=-1), 1, 2)  # [B, H, Q]: rowsum(dO * O)
+    delta = jnp.sum(g.astype(jnp.float32) * out.astype(jnp.float32), axis=-1)  # [B, H, Q]: rowsum(dO * O)
+    kv = {"k": head_blocks(k), "v": head_blocks(v), **aux["masks"]}
+    rows = {"q": head_tiles(q), "g": head_tiles(g), "lse": head_tiles(lse), "delta": head_tiles(delta)}
 
-    def step(dq, x):
-      p = probabilities(q, x["k"], x, lse, aux["qpos"], aux["qseg"])
-      dv = jnp.einsum("bhqk,bqhd->bkhd", drop(p, x["j"], rng).astype(g.dtype), g, preferred_element_type=jnp.float32)
-      dp = drop(jnp.einsum("bqhd,bkhd->bhqk", g, x["v"], preferred_element_type=jnp.float32), x["j"], rng)
-      ds = p * (dp - delta[..., None]) * scale
-      dq = dq + jnp.einsum("bhqk,bkhd->bqhd", ds.astype(q.dtype), x["k"], preferred_element_type=jnp.float32)
-      dk = jnp.einsum("bhqk,bqhd->bkhd", ds.astype(q.dtype), q, preferred_element_type=jnp.float32)
-      return dq, (dk, dv)
-    dq, (dk, dv) = jax.lax.scan(step, jnp.zeros(q.shape, jnp.float32),
-                                {"k": blocks(k), "v": blocks(v), **aux["masks"]})
-    unblock = lambda x, like: jnp.moveaxis(x, 0, 1).reshape((b, padded) + x.shape[3:])[:, :length].astype(  # noqa
+    def backward_tile(acc, t):
+      q, g, lse, delta, tile_key = t["q"], t["g"], t["lse"], t["delta"], tile_rng(rng, t)
+
+      def step(dq, x):
+        p = probabilities(q, x["k"], x, lse, t)
+        dv = jnp.einsum("bhqk,bhqd->bhkd", drop(p, x["j"], tile_key).astype(g.dtype), g,
+                        preferred_element_type=jnp.float32)
+        dp = drop(jnp.einsum("bhqd,bhkd->bhqk", g, x["v"], preferred_element_type=jnp.float32), x["j"], tile_key)
+        ds = p * (dp - delta[..., None]) * scale
+        dq = dq + jnp.einsum("bhqk,bhkd->bhqd", ds.astype(q.dtype), x["k"], preferred_element_type=jnp.float32)
+        dk = jnp.einsum("bhqk,bhqd->bhkd", ds.astype(q.dtype), q, preferred_element_type=jnp.float32)
+        return dq, (dk, dv)
+      dq, (dk, dv) = jax.lax.scan(step, jnp.zeros(q.shape, jnp.float32), kv)
+      return (acc[0] + dk, acc[1] + dv), dq
+    zeros = jnp.zeros((nk, b, h, block, d), jnp.float32)
+    (dk, dv), dq = jax.lax.scan(backward_tile, (zeros, zeros), {**rows, **aux["tiles"]})
+    unblock = lambda x, like: jnp.moveaxis(x, 0, 2).reshape(b, h, padded, d)[:, :, :length].astype(  # noqa: E731
         like.dtype)
-    return dq.astype(q.dtype), unblock(dk, k), unblock(dv, v), None, None
+    return untile(dq).astype(q.dtype), unblock(dk, k), unblock(dv, v), None, None
 
   attend.defvjp(attend_fwd, attend_bwd)
-  aux = {"qpos": qpos, "qseg": qseg, "masks": masks}
-  return attend(q, k, v, rng, aux) if flash_backward else forward(q, k, v, rng, aux)[0]
-
-
-def _in_query_blocks(q, k, v, valid, segments, queries, query_block: int, *, dropout_rng, **kw):
-  """`blocked_attention` of `query_block` query rows at a time (a loop over query tiles, each over every key
-  block): each tile's score blocks are small enough to stay in cache between the softmax's passes over them.
-  Each tile draws its dropout from a key of its own."""
-  b, nq = q.shape[:2]
-  n = -(-nq // query_block)
-  pos = jnp.broadcast_to(jnp.arange(nq, dtype=jnp.int32)[None], (b, nq)) if queries is None else queries
-  pos = _pad(pos, n * query_block, nq - 1)  # padded rows repeat the last position; their outputs are dropped
-  tiles = {"q": jnp.moveaxis(_pad(q, n * query_block).reshape((b, n, query_block) + q.shape[2:]), 1, 0),
-           "pos": jnp.moveaxis(pos.reshape(b, n, query_block), 1, 0), "i": jnp.arange(n)}
-
-  def tile(x):
-    rng = None if dropout_rng is None else jax.random.fold_in(dropout_rng, x["i"])
-    return blocked_attention(x["q"], k, v, valid, segments, queries=x["pos"], dropout_rng=rng, **kw)
-  out = jax.lax.map(tile, tiles)
-  return jnp.moveaxis(out, 0, 1).reshape((b, n * query_block) + q.shape[2:])[:, :nq]
+  aux = {"tiles": qtiles, "masks": masks}
+  q, k, v = heads_first(q), heads_first(k), heads_first(v)
+  return heads_first(attend(q, k, v, rng, aux) if flash_backward else forward(q, k, v, rng, aux)[0])
 
 
 def fused_global(q, k, v, valid):
@@ -197,16 +215,30 @@ def fused_global(q, k, v, valid):
   return jax.nn.dot_product_attention(q, k, v, key_value_seq_lengths=lengths, implementation="cudnn")
 
 
+def _one_head_at_a_time(fn, q, k, v, dropout_rng):
+  """fn(q, k, v, rng) over [B, L, 1, D] slices of each head in turn (a loop, each head its own dropout key)."""
+  heads = lambda x: jnp.moveaxis(x, 2, 0)[..., None, :]  # noqa: E731  [B, L, H, D] -> [H, B, L, 1, D]
+  rngs = None if dropout_rng is None else jax.random.split(dropout_rng, q.shape[2])
+  out = jax.lax.map(lambda a: fn(*a), (heads(q), heads(k), heads(v), rngs))
+  return jnp.moveaxis(out[..., 0, :], 0, 2)
+
+
 def attention(q, k, v, valid, segments, *, local, window: int, block: int, queries=None, dropout_rate: float = 0.0,
-              dropout_rng=None, dropout_impl: str = "rng", fused: bool = False):
+              dropout_rng=None, dropout_impl: str = "rng", fused: bool = False, per_head: bool = False):
   """A layer's attention: local (sliding window) or global, `local` a Python bool or a traced one (a scanned
   stack, where the untaken branch is not run). Local layers over every position run in chunks of
   min(block, window / 2); global ones, and local ones asked for a few `queries`, in key blocks of `block`, or
-  with `fused` (see `fused_global`) in cuDNN's kernel."""
+  with `fused` (see `fused_global`) in cuDNN's kernel. `per_head`: the key-block path takes one head at a time,
+  so that a tile's scores stay in a CPU core's cache (on accelerators all heads together fill the chip)."""
   kw = dict(dropout_rate=dropout_rate, dropout_rng=dropout_rng, dropout_impl=dropout_impl)
 
   def blocked(q, k, v):
-    return blocked_attention(q, k, v, valid, segments, block=block, queries=queries, query_block=QUERY_BLOCK, **kw)
+    def run(q, k, v, rng):
+      return blocked_attention(q, k, v, valid, segments, block=block, queries=queries, query_block=QUERY_BLOCK,
+                               **{**kw, "dropout_rng": rng})
+    if per_head and q.shape[2] > 1:
+      return _one_head_at_a_time(run, q, k, v, dropout_rng if dropout_rate > 0.0 else None)
+    return run(q, k, v, dropout_rng)
 
   def global_(q, k, v):
     if fused and queries is None:

@@ -233,7 +233,8 @@ class SelfAttention(nn.Module):
                               dropout_rng=None if no_dropout else self.make_rng("dropout"),
                               dropout_impl=cfg.dropout_impl,
                               fused=(no_dropout and "segments" not in ctx and jax.default_backend() == "gpu"
-                                     and q.dtype in (jnp.bfloat16, jnp.float16)))
+                                     and q.dtype in (jnp.bfloat16, jnp.float16)),
+                              per_head=jax.default_backend() == "cpu")
       return out()(_constrain(z, names))
     mask, bias = ctx["mask"], ctx.get("alibi")
     impl = cfg.attention_impl
