@@ -9,7 +9,8 @@ side's growth from the previous length; then one local and one global layer alon
 Each row runs in its own process (its peak memory is its own; an out-of-memory row is reported, not fatal). Model
 FLOPs count what the masks need (a local layer's scores over its window only) and the MLM head at the masked
 positions (30%), for every side alike. Peak memory: the device's peak bytes in use on a GPU, the process's peak
-resident set on a CPU (weights and all).
+resident set on a CPU (weights and all). On a CPU the bertjax rows run under the host allocator setting that
+`python -m bertjax.main` makes for a step of that size (`bertjax.hostmem.tune_for_cpu`).
 """
 from __future__ import annotations
 
@@ -27,13 +28,13 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 
-def _config(variant, length, impl, dtype, block, unroll=0):
+def _config(variant, length, impl, dtype, block, unroll=0, remat="none"):
   from bertjax import model as model_lib
   from configs import modernbert
   c = modernbert.get_config(f"variant={variant},seq={length}")
   cfg = model_lib.BertConfig.from_dict(c.model.to_dict())
   return cfg.replace(attention_impl=impl if impl != "hf" else "xla", dtype=dtype, attention_block=block,
-                     scan_unroll=unroll or cfg.num_layers)
+                     scan_unroll=unroll or cfg.num_layers, remat=remat)
 
 
 def _batch(length, vocab, rate=0.3, seed=0):
@@ -71,10 +72,13 @@ def run_bertjax(args):
   import flax.linen as nn
   import jax
   import jax.numpy as jnp
-  from bertjax import losses, model as model_lib
+  from bertjax import hostmem, losses, model as model_lib
   from bertjax.model import encoder as encoder_lib
   from bertjax.model.layers import Layer
-  cfg = _config(args.variant, args.length, args.side, args.dtype, args.block, args.unroll)
+  cfg = _config(args.variant, args.length, args.side, args.dtype, args.block, args.unroll, args.remat)
+  # The host allocator setting bertjax's entry points make for a step of this size (bertjax.hostmem); it must
+  # precede the first use of a device.
+  hostmem.tune_for_cpu(args.length * cfg.hidden_size)
   batch = _batch(args.length, cfg.vocab_size)
   module = model_lib.for_pretraining(cfg)
   params = jax.jit(lambda: nn.meta.unbox(module.init(jax.random.key(0), batch)["params"]))()
@@ -159,6 +163,27 @@ def _peak_tflops(dtype):
   return peak, f"{source} dense bf16 spec"
 
 
+def plot(rows, path, title):
+  """Step time and peak memory of each side against length (log-log), as a PNG."""
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+  for side in dict.fromkeys(r["side"] for r in rows):
+    ok = [r for r in rows if r["side"] == side and "step_s" in r]
+    axes[0].plot([r["length"] for r in ok], [r["step_s"] for r in ok], "o-", label=side)
+    axes[1].plot([r["length"] for r in ok], [r["peak_bytes"] / 1e9 for r in ok], "o-", label=side)
+  for ax, label in zip(axes, ("forward + backward, s", "peak memory, GB")):
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("tokens per row")
+    ax.set_ylabel(label)
+    ax.legend()
+  fig.suptitle(title[:100])
+  fig.tight_layout()
+  fig.savefig(path, dpi=120)
+
+
 def main(argv=None):
   p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   p.add_argument("--lengths", default="1024,2048,4096,8192")
@@ -169,6 +194,8 @@ def main(argv=None):
   p.add_argument("--block", type=int, default=256, help="blockwise: keys per block of a global layer")
   p.add_argument("--unroll", type=int, default=0, help="layers per scan iteration (0: all, unrolled; 1: a loop, "
                                                        "which compiles faster)")
+  p.add_argument("--remat", default="none", help="bertjax sides: none | dots (keep matmul outputs, recompute the "
+                                                  "rest in the backward) | full")
   p.add_argument("--steps", type=int, default=2)
   p.add_argument("--warmup", type=int, default=1)
   p.add_argument("--layers", action="store_true", help="also time one local and one global layer (bertjax sides)")
@@ -190,9 +217,11 @@ def main(argv=None):
     for side in args.sides.split(","):
       cmd = [sys.executable, os.path.abspath(__file__), "--one", "--side", side, "--length", str(length),
              "--variant", args.variant, "--dtype", args.dtype, "--block", str(args.block), "--unroll",
-             str(args.unroll), "--steps", str(args.steps), "--warmup", str(args.warmup)]
+             str(args.unroll), "--steps", str(args.steps), "--warmup", str(args.warmup), "--remat", args.remat]
       cmd += ["--layers"] if args.layers else []
       row = {"side": side, "length": length, "variant": args.variant, "dtype": args.dtype}
+      if args.remat != "none" and not side.startswith("hf-"):
+        row["remat"] = args.remat
       failed = [q for q in rows if q["side"] == side and q.get("error") == "out of memory"]
       if failed:  # a side out of memory at a shorter length is not run longer
         row["error"] = f"out of memory (at {failed[0]['length']})"
@@ -223,34 +252,19 @@ def main(argv=None):
   print(f"{'length':>6s} {'side':18s} {'step s':>8s} {'tok/s':>8s} {'peak GB':>8s} {'MFU':>6s} {'x2 len':>7s} "
         f"{'vs HF':>6s} {'local s':>8s} {'global s':>8s}")
   for r in rows:
+    label = r["side"] + (f" remat={r['remat']}" if r.get("remat") else "")
     if "step_s" not in r:
-      print(f"{r['length']:6d} {r['side']:18s} {r['error']}")
+      print(f"{r['length']:6d} {label:18s} {r['error']}")
       continue
     vs = f"{r['tokens_per_s'] / hf[r['length']]['tokens_per_s']:6.2f}" if r["length"] in hf else f"{'-':>6s}"
     growth = f"{r['growth']:7.2f}" if r.get("growth") else f"{'-':>7s}"
     layer = "".join(f" {r[k]:8.3f}" if k in r else f" {'-':>8s}" for k in ("local_layer_s", "global_layer_s"))
-    print(f"{r['length']:6d} {r['side']:18s} {r['step_s']:8.3f} {r['tokens_per_s']:8.0f} {r['peak_bytes'] / 1e9:8.2f} "
+    print(f"{r['length']:6d} {label:18s} {r['step_s']:8.3f} {r['tokens_per_s']:8.0f} {r['peak_bytes'] / 1e9:8.2f} "
           f"{r['mfu']:6.3f} {growth} {vs}{layer}")
   with open(args.out, "w", encoding="utf-8") as f:
     json.dump({"peak_tflops": peak, "peak_source": peak_source, "rows": rows}, f, indent=2)
   if args.png:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
-    for side in dict.fromkeys(r["side"] for r in rows):
-      ok = [r for r in rows if r["side"] == side and "step_s" in r]
-      axes[0].plot([r["length"] for r in ok], [r["step_s"] for r in ok], "o-", label=side)
-      axes[1].plot([r["length"] for r in ok], [r["peak_bytes"] / 1e9 for r in ok], "o-", label=side)
-    for ax, label in zip(axes, ("forward + backward, s", "peak memory, GB")):
-      ax.set_xscale("log", base=2)
-      ax.set_yscale("log")
-      ax.set_xlabel("tokens per row")
-      ax.set_ylabel(label)
-      ax.legend()
-    fig.suptitle(f"ModernBERT-{args.variant} {args.dtype}, {rows[0].get('where', '')}"[:100])
-    fig.tight_layout()
-    fig.savefig(args.png, dpi=120)
+    plot(rows, args.png, f"ModernBERT-{args.variant} {args.dtype}, {rows[0].get('where', '')}")
   return 0
 
 
