@@ -23,7 +23,7 @@ from bertjax.kernels import dropout as dropout_lib
 # Query rows per tile of a global layer. On the 2-core AVX2 CPU, one head at a time in 1,024-row tiles of 256-key
 # blocks (1 MB of scores per tile) takes a 12-head global layer's attention, forward + backward, from 3.4-4.1 s
 # (all heads together in 512-row tiles: 6 MB of scores, out of cache) to 1.8-2.2 s at 4,096 tokens, and from
-# 14.6 to 8.1 s at 8,192.
+# 14.6 to 7.4 s at 8,192.
 QUERY_BLOCK = 1024
 
 
