@@ -253,7 +253,8 @@ def test_packed_pairs_give_the_unpacked_loss_gradients_and_embeddings(mode, symm
   got_loss, got = kind.value_and_grad(task, module, params, pbatch, rngs)
   np.testing.assert_allclose(float(got_loss), float(want_loss), rtol=1e-5)
   for a, b in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)):
-    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-6)
+    # Float32 sums in another order (packed rows, the CPU's vector width): within 1e-4 of each leaf's scale.
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=max(1e-6, 1e-4 * float(np.abs(b).max())))
   alone, together = module.apply({"params": params}, feats), module.apply({"params": params}, pbatch)
   for i, members in enumerate(rows):
     for slot, j in enumerate(members):
