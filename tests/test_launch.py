@@ -27,38 +27,47 @@ def test_tpu_vm_script_refuses_unknown_commands():
   assert out.returncode == 2 and "unknown command explode" in out.stderr
 
 
-@pytest.mark.slow
-@pytest.mark.ci
-def test_aot_compile_for_a_tpu_topology():
+def _aot(code):
+  """The last line `code` prints, as JSON: aot.compile_step results compiled for a TPU topology on this host."""
   pytest.importorskip("libtpu")
-  code = ("import json; from bertjax import aot; from configs import pretrain\n"
-          "c = pretrain.get_config('variant=tiny,seq=64,preds=8,shard=fsdp')\n"
-          "ok = aot.compile_step(c, 'v5e:2x2', 8)\n"
-          "c = pretrain.get_config('variant=large,seq=512,preds=80,shard=dp')\n"
-          "big = aot.compile_step(c, 'v5e:2x2', 64)\n"
-          "c = pretrain.get_config('variant=tiny,seq=64,preds=8,shard=fsdp')\n"
-          "c.model.attention_impl, c.model.attention_dropout_rate = 'splash', 0.0\n"
-          "splash = aot.compile_step(c, 'v5e:2x2', 8)\n"
-          "from configs import modernbert\n"
-          "c = modernbert.get_config('variant=tiny,seq=256,shard=fsdp')\n"
-          "modern = aot.compile_step(c, 'v5e:2x2', 8)\n"
-          "c.model.attention_impl = 'splash'\n"
-          "modern_splash = aot.compile_step(c, 'v5e:2x2', 8)\n"
-          "print(json.dumps([ok, big, splash, modern, modern_splash]))")
+  code = "import json; from bertjax import aot; from configs import modernbert, pretrain\n" + code
   env = dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu")
   out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=ROOT, timeout=900)
   assert out.returncode == 0, out.stderr[-3000:]
   import json
-  ok, big, splash, modern, modern_splash = json.loads(out.stdout.strip().splitlines()[-1])
-  assert modern["fits"]  # the ModernBERT recipe (rotary, sliding windows, GeGLU, no NSP) compiles for the TPU
-  # and with splash: the global and the sliding-window (LocalMask) kernels, each compiled by Mosaic
-  assert modern_splash["fits"] and modern_splash["mosaic_kernels"] > 0
+  return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.slow
+@pytest.mark.ci
+def test_aot_compile_for_a_tpu_topology():
+  ok, big, modern_splash = _aot(
+      "c = pretrain.get_config('variant=tiny,seq=64,preds=8,shard=fsdp')\n"
+      "ok = aot.compile_step(c, 'v5e:2x2', 8)\n"
+      "c = pretrain.get_config('variant=large,seq=512,preds=80,shard=dp')\n"
+      "big = aot.compile_step(c, 'v5e:2x2', 64)\n"
+      "c = modernbert.get_config('variant=tiny,seq=256,shard=fsdp')\n"
+      "c.model.attention_impl = 'splash'\n"
+      "print(json.dumps([ok, big, aot.compile_step(c, 'v5e:2x2', 8)]))")
   assert ok["fits"] and ok["chips"] == 4 and ok["mesh"] == {"data": 1, "fsdp": 4, "tensor": 1}
   assert ok["scan_unroll"] == 1  # the config's auto unroll is resolved for the TPU, not for this CPU host
-  # the splash attention step holds the kernel compiled by Mosaic for the chip (not Pallas' interpreter)
-  assert ok["mosaic_kernels"] == 0 and splash["fits"] and splash["mosaic_kernels"] > 0
-  assert 0 < ok["total_gib"] < ok["hbm_gib"] and ok["temporaries_gib"] > 0
+  assert ok["mosaic_kernels"] == 0 and 0 < ok["total_gib"] < ok["hbm_gib"] and ok["temporaries_gib"] > 0
   assert not big["fits"] and "RESOURCE_EXHAUSTED" in big["error"]  # BERT-large, 64 x 512 per 16 GiB chip: no
+  # The ModernBERT recipe (rotary, sliding windows, GeGLU, no NSP) with splash: the global and the sliding-window
+  # (LocalMask) kernels, each compiled by Mosaic for the chip (not Pallas' interpreter).
+  assert modern_splash["fits"] and modern_splash["mosaic_kernels"] > 0
+
+
+@pytest.mark.slow
+def test_aot_compile_of_bert_with_splash_and_modernbert_on_xla():
+  splash, modern = _aot(
+      "c = pretrain.get_config('variant=tiny,seq=64,preds=8,shard=fsdp')\n"
+      "c.model.attention_impl, c.model.attention_dropout_rate = 'splash', 0.0\n"
+      "splash = aot.compile_step(c, 'v5e:2x2', 8)\n"
+      "c = modernbert.get_config('variant=tiny,seq=256,shard=fsdp')\n"
+      "print(json.dumps([splash, aot.compile_step(c, 'v5e:2x2', 8)]))")
+  assert splash["fits"] and splash["mosaic_kernels"] > 0
+  assert modern["fits"]
 
 
 @pytest.mark.slow

@@ -91,7 +91,6 @@ def finetune_args(tmp_path, workdir):
 
 
 @pytest.mark.slow
-@pytest.mark.ci
 def test_two_process_finetuning_equals_one(tmp_path):
   """Fine-tuning on 2 processes x 4 devices: the same per-step losses and eval predictions as 1 x 8 (every
   process takes part in the prediction gather and the best-params save; process 0 writes the report)."""
