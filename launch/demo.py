@@ -1,4 +1,5 @@
-"""The README demo, end to end and offline: corpus -> tokenizer -> pre-training data -> pre-training -> predictions.
+"""The README demo, end to end and offline: corpus -> tokenizer -> pre-training data -> pre-training -> predictions
+-> fine-tuning on a real task, from the pre-trained model and from random weights.
 
   python launch/demo.py [--workdir runs/demo] [--steps N]
 
@@ -33,10 +34,10 @@ def main(argv=None) -> int:
   text = os.path.join(w, "corpus.txt")
   if not os.path.exists(text):
     s = demo_corpus.build_demo_corpus(text)
-    print(f"[1/5] corpus: {s.documents} documents, {s.sentences} sentences from Python's docstrings and pydoc "
+    print(f"[1/6] corpus: {s.documents} documents, {s.sentences} sentences from Python's docstrings and pydoc "
           f"topics -> {text}", flush=True)
   else:
-    print(f"[1/5] corpus: {text} (exists)", flush=True)
+    print(f"[1/6] corpus: {text} (exists)", flush=True)
   config = demo.get_config()
   if args.steps:
     config.train.num_steps = args.steps
@@ -45,7 +46,7 @@ def main(argv=None) -> int:
   if not os.path.exists(vocab):
     tokenizer.train([text], tok_dir, kind="wordpiece", vocab_size=config.model.vocab_size)
   tok = tokenizer.load(vocab)
-  print(f"[2/5] tokenizer: WordPiece, {tok.vocab_size} pieces -> {vocab}", flush=True)
+  print(f"[2/6] tokenizer: WordPiece, {tok.vocab_size} pieces -> {vocab}", flush=True)
   data_dir = os.path.join(w, "data")
   if not os.path.exists(os.path.join(data_dir, "creation.json")):
     import tensorflow_datasets as tfds
@@ -56,15 +57,15 @@ def main(argv=None) -> int:
                                        masked_lm_prob=config.data.masked_lm_prob, dupe_factor=5,
                                        whole_word_mask=config.data.whole_word_mask)
     rec = dataset.create([text], vocab, data_dir, opts, workers=1, overwrite=True)
-    print(f"[3/5] pre-training data: {rec['report']['train']['examples']} train / "
+    print(f"[3/6] pre-training data: {rec['report']['train']['examples']} train / "
           f"{rec['report']['validation']['examples']} held-out examples ({rec['examples_per_s']:.0f} examples/s) "
           f"-> {data_dir}", flush=True)
   else:
-    print(f"[3/5] pre-training data: {data_dir} (exists)", flush=True)
+    print(f"[3/6] pre-training data: {data_dir} (exists)", flush=True)
   config.data.data_dir = data_dir
   config.model.vocab_size = tok.vocab_size
   run_dir = os.path.join(w, "train")
-  print(f"[4/5] pre-training a tiny BERT ({config.train.num_steps} steps, batch {config.train.global_batch_size} x "
+  print(f"[4/6] pre-training a tiny BERT ({config.train.num_steps} steps, batch {config.train.global_batch_size} x "
         f"{config.data.max_seq_length}) on {jax.device_count()} {jax.devices()[0].platform} device(s)", flush=True)
   summary = train.train_and_evaluate(config, run_dir)
   first, last = summary.get("initial_eval", {}), summary.get("eval", {})
@@ -75,18 +76,48 @@ def main(argv=None) -> int:
           f"{last['nsp_accuracy']:.3f}\n  beside a model that ignores the context (each token's training "
           f"frequency): accuracy {base['mlm_accuracy']:.3f}, loss {base['mlm_loss']:.3f}; NSP by chance 0.500",
           flush=True)
-  print("[5/5] fill in the blank:", flush=True)
+  print("[5/6] fill in the blank:", flush=True)
   module, params, tok = predict.load(run_dir)
   for sentence in config.predict_examples:
     for _, cands in predict.fill_mask(module, params, tok, sentence, 5, config.model.max_position_embeddings):
       print(f"  {sentence}\n     [MASK] -> " + ", ".join(f"{t} ({p:.3f})" for t, p in cands), flush=True)
+  finetune_both(w, tok.vocab_size)
   print(f"\ndone in {time.time() - t0:.0f}s. Outputs in {w}:\n"
         f"  TensorBoard logs  {run_dir}/tensorboard   (tensorboard --logdir {run_dir}/tensorboard)\n"
         f"  checkpoints       {run_dir}/checkpoints\n"
         f"  curves (PNG)      {run_dir}/loss.png, mlm_accuracy.png, nsp_accuracy.png"
         f"   (redraw: python -m bertjax.metrics {run_dir})\n"
-        f"  predict           python -m bertjax.predict --workdir {run_dir} \"text with a [MASK] .\"", flush=True)
+        f"  predict           python -m bertjax.predict --workdir {run_dir} \"text with a [MASK] .\"\n"
+        f"  fine-tuned        python -m bertjax.predict --workdir {w}/finetune/pretrained \"a docstring paragraph\"",
+        flush=True)
   return 0
+
+
+def finetune_both(w: str, vocab_size: int) -> None:
+  """Step 6: the topic task fine-tuned from the pre-trained model and from random weights, same seed; a finished
+  run (its report.json) is read back, a stopped one resumes."""
+  import json
+  from bertjax import finetune
+  from bertjax.data import demo_corpus
+  from configs import demo
+  task_dir = os.path.join(w, "topic")
+  task = demo_corpus.write_topic_task(task_dir)
+  labels = task["labels"]
+  print(f"[6/6] fine-tuning on a real task: which of {len(labels)} standard-library packages ({', '.join(labels)}) "
+        f"a documentation paragraph describes; {task['train']} training / {task['dev']} held-out paragraphs, "
+        "3 epochs, from the pre-trained model and from random weights (the same seed)", flush=True)
+  accuracy = {}
+  for name, pretrained in (("pre-trained", True), ("random weights", False)):
+    out = os.path.join(w, "finetune", "pretrained" if pretrained else "random")
+    if not os.path.exists(os.path.join(out, "report.json")):
+      finetune.finetune(demo.finetune_config(w, labels, vocab_size, pretrained), out)
+    with open(os.path.join(out, "report.json"), encoding="utf-8") as f:
+      accuracy[name] = [e["validation"]["accuracy"] for e in json.load(f)["epochs"]]
+  print("held-out accuracy by epoch:", flush=True)
+  for name, acc in accuracy.items():
+    print(f"  {name:15s} " + "  ".join(f"{a:.3f}" for a in acc), flush=True)
+  print(f"  always the most frequent package: {task['majority']:.3f}\n  (one seed; ten paired seeds: python "
+        "benchmarks/demo_transfer.py, docs/training.md#what-the-demos-model-is-worth-downstream)", flush=True)
 
 
 if __name__ == "__main__":

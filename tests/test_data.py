@@ -344,6 +344,34 @@ def test_demo_corpus_is_deterministic(tmp_path):
   assert s1.documents > 200 and os.path.getsize(tmp_path / "a.txt") > 1_000_000
 
 
+def test_demo_topic_task_labels_paragraphs_by_package(tmp_path, monkeypatch):
+  """The demo's fine-tuning task: the largest packages are the labels (single-file and private modules are not
+  packages), a paragraph seen once already is not an example again, every 2nd of a package is held out."""
+  import csv
+  p = [f"Paragraph number {i} of the fake documentation here." for i in range(12)]
+  docs = [("email/parser.py", p[0:3]), ("email/utils.py", [p[3], p[0]]), ("asyncio/tasks.py", p[4:8]),
+          ("json/__init__.py", p[8:9]), ("_pydecimal/x.py", p[9:12]), ("os.py", p[9:12])]
+  monkeypatch.setattr(demo_corpus, "_stdlib_docstrings", lambda: iter(
+      (name.replace("/", os.sep), paras) for name, paras in docs))
+  got = demo_corpus.write_topic_task(str(tmp_path), classes=2, dev_every=2)
+  assert got == {"labels": ["asyncio", "email"], "train": 4, "dev": 4, "majority": 0.5}
+  rows = {split: list(csv.reader(open(tmp_path / f"{split}.csv", encoding="utf-8")))
+          for split in ("train", "dev")}
+  assert rows["train"] == [["text", "label"], [p[4], "asyncio"], [p[6], "asyncio"], [p[0], "email"], [p[2], "email"]]
+  assert rows["dev"] == [["text", "label"], [p[5], "asyncio"], [p[7], "asyncio"], [p[1], "email"], [p[3], "email"]]
+
+
+def test_demo_fine_tuning_from_random_weights_builds_the_pretrained_architecture():
+  from bertjax import finetune, model as model_lib
+  from configs import demo
+  pre = model_lib.BertConfig.from_dict(demo.get_config().model.to_dict())
+  fresh = finetune.model_config(demo.finetune_config("runs/demo", ("a", "b"), pre.vocab_size, pretrained=False))
+  for field in ("vocab_size", "hidden_size", "num_layers", "num_heads", "intermediate_size",
+                "max_position_embeddings", "type_vocab_size", "dropout_rate", "attention_dropout_rate", "hidden_act",
+                "layer_norm", "position_embedding"):
+    assert getattr(fresh, field) == getattr(pre, field), field
+
+
 def test_man_page_prose_keeps_descriptions_and_the_corpus_keeps_each_paragraph_once(tmp_path, monkeypatch):
   page = ("LS(1)        User Commands        LS(1)\n\nNAME\n       ls - list directory contents\n\nSYNOPSIS\n"
           "       ls [OPTION]... [FILE]...\n\nDESCRIPTION\n       List information about the FILEs. Sort entries "

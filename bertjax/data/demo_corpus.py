@@ -161,3 +161,42 @@ def build_offline_corpus(out_path: str, sources=("python",), min_sentences: int 
     raise CorpusError(f"the offline corpus from {list(sources)} came out empty: this machine ships none of its text")
   logging.info("offline corpus: %d documents, %d sentences -> %s", stats.documents, stats.sentences, out_path)
   return stats
+
+
+def write_topic_task(out_dir: str, classes: int = 6, dev_every: int = 5) -> dict:
+  """A real labelled task from the same text: which standard-library package a documentation paragraph describes.
+
+  The `classes` packages (directories, not single modules; none private) with the most docstring paragraphs are
+  the labels, so which ones depends on the Python version. Each distinct paragraph of theirs is one example, every
+  `dev_every`-th of a package (in source order) in the evaluation split. Writes train.csv and dev.csv (columns
+  text, label) into `out_dir`; returns the labels, each split's size and the evaluation split's most frequent
+  label's share (what a model that always answers it scores)."""
+  import csv
+  by_package: dict[str, list[str]] = {}
+  seen: set[str] = set()
+  for name, paragraphs in _stdlib_docstrings():
+    package = name.split(os.sep)[0]
+    if package.startswith("_") or os.sep not in name:
+      continue
+    for p in paragraphs:
+      key = " ".join(p.split()).lower()  # a paragraph repeated across modules would sit in both splits
+      if key not in seen:
+        seen.add(key)
+        by_package.setdefault(package, []).append(p)
+  labels = sorted(sorted(by_package, key=lambda k: (-len(by_package[k]), k))[:classes])
+  if len(labels) < 2:
+    raise CorpusError(f"this Python ships documented packages {labels}; the topic task needs at least two")
+  os.makedirs(out_dir, exist_ok=True)
+  sizes = {}
+  for split in ("train", "dev"):
+    rows = [(p, k) for k in labels for i, p in enumerate(by_package[k])
+            if (i % dev_every == dev_every - 1) == (split == "dev")]
+    tmp = os.path.join(out_dir, f"{split}.csv.tmp")
+    with open(tmp, "w", encoding="utf-8", newline="") as f:
+      w = csv.writer(f)
+      w.writerow(["text", "label"])
+      w.writerows(rows)
+    os.replace(tmp, os.path.join(out_dir, f"{split}.csv"))
+    sizes[split] = len(rows)
+  majority = max(sum(1 for i in range(len(by_package[k])) if i % dev_every == dev_every - 1) for k in labels)
+  return {"labels": labels, **sizes, "majority": majority / sizes["dev"]}
