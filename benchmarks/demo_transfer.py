@@ -22,8 +22,15 @@ from scipy import stats  # noqa: E402
 
 
 def seeds_arg(text: str) -> list[int]:
+  """'0-9' or '0,3,5' -> the seeds."""
   lo, _, hi = text.partition("-")
-  return list(range(int(lo), int(hi) + 1)) if hi else [int(s) for s in text.split(",")]
+  try:
+    seeds = list(range(int(lo), int(hi) + 1)) if hi else [int(s) for s in text.split(",")]
+  except ValueError:
+    seeds = []
+  if not seeds:
+    raise argparse.ArgumentTypeError(f"--seeds {text!r}: give a range such as 0-9 or a list such as 0,3,5")
+  return seeds
 
 
 def run(demo_dir: str, pretrained: bool, seed: int, vocab_size: int, task: dict) -> list[float]:
@@ -37,19 +44,20 @@ def run(demo_dir: str, pretrained: bool, seed: int, vocab_size: int, task: dict)
 
 
 def main() -> None:
-  p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  from bertjax import errors
+  p = errors.ArgumentParser(description=__doc__.split("\n\n")[0])
   p.add_argument("--demo", default="runs/demo")
-  p.add_argument("--seeds", default="0-9")
+  p.add_argument("--seeds", type=seeds_arg, default="0-9")
   p.add_argument("--out", default="")
   args = p.parse_args()
   from bertjax.data import demo_corpus, tokenizer
   train_dir = os.path.join(args.demo, "train")
   if not os.path.isdir(os.path.join(train_dir, "checkpoints")):
-    sys.exit(f"error: {train_dir} holds no pre-trained model: run bash launch/demo.sh first")
+    errors.fail(f"{train_dir} holds no pre-trained model: run bash launch/demo.sh first")
   task = demo_corpus.write_topic_task(os.path.join(args.demo, "topic"))
   vocab_size = tokenizer.load(os.path.join(args.demo, "tokenizer", "vocab.txt")).vocab_size
   rows = []
-  for seed in seeds_arg(args.seeds):
+  for seed in args.seeds:
     for pretrained in (True, False):
       rows.append({"seed": seed, "init": "pretrained" if pretrained else "random",
                    "accuracy": run(args.demo, pretrained, seed, vocab_size, task)})
