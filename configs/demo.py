@@ -19,7 +19,6 @@ def get_config(arg=None):
   return c
 
 
-
 def finetune_config(demo_dir, labels, vocab_size, pretrained=True, seed=0):
   """The demo's fine-tuning (launch/demo.py, step 6) on its topic task in `demo_dir` (topic/train.csv, dev.csv):
   from the demo's pre-trained model, or from random weights of the same architecture; 3 epochs at the rate a
