@@ -17,8 +17,10 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
 import numpy as np  # noqa: E402
-from scipy import stats  # noqa: E402
+from finetune_real import paired  # noqa: E402
 
 
 def seeds_arg(text: str) -> list[int]:
@@ -37,10 +39,8 @@ def run(demo_dir: str, pretrained: bool, seed: int, vocab_size: int, task: dict)
   from bertjax import finetune
   from configs import demo
   out = os.path.join(demo_dir, "transfer", f"{'pretrained' if pretrained else 'random'}_seed{seed}")
-  if not os.path.exists(os.path.join(out, "report.json")):
-    finetune.finetune(demo.finetune_config(demo_dir, task["labels"], vocab_size, pretrained, seed), out)
-  with open(os.path.join(out, "report.json"), encoding="utf-8") as f:
-    return [e["validation"]["accuracy"] for e in json.load(f)["epochs"]]
+  report = finetune.report_of(demo.finetune_config(demo_dir, task["labels"], vocab_size, pretrained, seed), out)
+  return [e["validation"]["accuracy"] for e in report["epochs"]]
 
 
 def main() -> None:
@@ -70,16 +70,15 @@ def main() -> None:
   print("| epoch | pre-trained | random weights | difference, 95% interval | pre-trained ahead |")
   print("|---|---|---|---|---|")
   for e in range(pre.shape[1]):
-    d = pre[:, e] - rnd[:, e]
-    half = stats.t.ppf(0.975, len(d) - 1) * d.std(ddof=1) / np.sqrt(len(d)) if len(d) > 1 else float("nan")
+    d = paired(pre[:, e], rnd[:, e])
     summary.append({"epoch": e + 1, "pretrained_mean": float(pre[:, e].mean()), "pretrained_sd": float(
         pre[:, e].std(ddof=1)), "random_mean": float(rnd[:, e].mean()), "random_sd": float(rnd[:, e].std(ddof=1)),
-        "difference": float(d.mean()), "interval": [float(d.mean() - half), float(d.mean() + half)],
-        "wins": int((d > 0).sum())})
+        "difference": d["mean"], "interval": [d["mean"] - d["ci95"], d["mean"] + d["ci95"]],
+        "wins": int((pre[:, e] > rnd[:, e]).sum())})
     s = summary[-1]
     print(f"| {e + 1} | {s['pretrained_mean']:.3f} ± {s['pretrained_sd']:.3f} | {s['random_mean']:.3f} ± "
           f"{s['random_sd']:.3f} | {s['difference']:+.3f} [{s['interval'][0]:+.3f}, {s['interval'][1]:+.3f}] | "
-          f"{s['wins']}/{len(d)} |")
+          f"{s['wins']}/{len(seeds)} |")
   if args.out:
     with open(args.out, "w", encoding="utf-8") as f:
       json.dump({"command": "python " + " ".join(sys.argv), "task": task, "runs": rows, "summary": summary}, f,

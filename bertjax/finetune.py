@@ -368,6 +368,16 @@ def _finetune(config, workdir: str) -> dict:
   return result
 
 
+def report_of(config, workdir: str) -> dict:
+  """The report of the fine-tuning run in `workdir`: read back when the run has finished (its report.json), else
+  the run made (a stopped one resumes) and its report."""
+  path = os.path.join(workdir, "report.json")
+  if not os.path.exists(path):
+    finetune(config, workdir)
+  with open(path, encoding="utf-8") as f:
+    return json.load(f)
+
+
 def _write_json(path: str, content) -> None:
   errors.write_whole(path, json.dumps(content, indent=1, ensure_ascii=False))
 

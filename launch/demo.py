@@ -96,7 +96,6 @@ def main(argv=None) -> int:
 def finetune_both(w: str, vocab_size: int) -> None:
   """Step 6: the topic task fine-tuned from the pre-trained model and from random weights, same seed; a finished
   run (its report.json) is read back, a stopped one resumes."""
-  import json
   from bertjax import finetune
   from bertjax.data import demo_corpus
   from configs import demo
@@ -108,11 +107,9 @@ def finetune_both(w: str, vocab_size: int) -> None:
         "3 epochs, from the pre-trained model and from random weights (the same seed)", flush=True)
   accuracy = {}
   for name, pretrained in (("pre-trained", True), ("random weights", False)):
-    out = os.path.join(w, "finetune", "pretrained" if pretrained else "random")
-    if not os.path.exists(os.path.join(out, "report.json")):
-      finetune.finetune(demo.finetune_config(w, labels, vocab_size, pretrained), out)
-    with open(os.path.join(out, "report.json"), encoding="utf-8") as f:
-      accuracy[name] = [e["validation"]["accuracy"] for e in json.load(f)["epochs"]]
+    report = finetune.report_of(demo.finetune_config(w, labels, vocab_size, pretrained),
+                                os.path.join(w, "finetune", "pretrained" if pretrained else "random"))
+    accuracy[name] = [e["validation"]["accuracy"] for e in report["epochs"]]
   print("held-out accuracy by epoch:", flush=True)
   for name, acc in accuracy.items():
     print(f"  {name:15s} " + "  ".join(f"{a:.3f}" for a in acc), flush=True)
