@@ -359,6 +359,9 @@ def test_demo_topic_task_labels_paragraphs_by_package(tmp_path, monkeypatch):
           for split in ("train", "dev")}
   assert rows["train"] == [["text", "label"], [p[4], "asyncio"], [p[6], "asyncio"], [p[0], "email"], [p[2], "email"]]
   assert rows["dev"] == [["text", "label"], [p[5], "asyncio"], [p[7], "asyncio"], [p[1], "email"], [p[3], "email"]]
+  monkeypatch.setattr(demo_corpus, "_stdlib_docstrings", lambda: iter([("email" + os.sep + "parser.py", p[:4])]))
+  with pytest.raises(demo_corpus.CorpusError, match=r"packages \['email'\]; the topic task needs at least two"):
+    demo_corpus.write_topic_task(str(tmp_path / "one"))
 
 
 def test_demo_fine_tuning_from_random_weights_builds_the_pretrained_architecture():
