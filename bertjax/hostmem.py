@@ -23,9 +23,9 @@ one `cpu_setting` picks when the run is on the CPU. Elsewhere (glibc absent, a T
 The blocks that stay mapped under one arena are faulted in 4 KiB at a time unless they are marked for
 transparent huge pages, and glibc marks its mapped blocks only under the start-up tunable
 `glibc.malloc.hugetlb=1`. For such steps `tune_for_cpu` therefore starts the process again with that tunable
-when it is missing (`exec_with_huge_pages`): a 2 MiB page is one fault instead of 512, and the MiniLM-L6
-classifier's step at 16 x 256 takes ~20% less time (docs/performance.md). Steps that reuse freed blocks fault
-little and keep 4 KiB pages.
+when it is missing (`exec_with_huge_pages`): a 2 MiB page is one fault instead of 512, and MiniLM-L6's train
+step at 16 x 256 takes ~20% less time (docs/performance.md). Steps that reuse freed blocks fault little and keep
+4 KiB pages.
 """
 from __future__ import annotations
 
