@@ -257,7 +257,6 @@ def test_metrics_writer_leaves_torch_unimported(tmp_path):
 
 def test_a_finished_run_is_read_back_not_run_again(tmp_path):
   """finetune.report_of: a workdir whose run wrote report.json gives that report; nothing is trained (no config)."""
-  import json
   report = {"task": "local", "main_metric": "accuracy", "epochs": [{"validation": {"accuracy": 0.5}}], "best": None}
   (tmp_path / "report.json").write_text(json.dumps(report))
   assert finetune.report_of(None, str(tmp_path)) == report
