@@ -80,6 +80,15 @@ def local_attention(q, k, v, valid, segments, window: int, chunk: int, *, dropou
   return jnp.swapaxes(out.reshape(b, h, padded, d), 1, 2)[:, :length]
 
 
+def balanced_block(block: int, length: int) -> int:
+  """The key-block size, at most `block`, that covers `length` keys in as few blocks as `block` does, with the
+  least padding (rounded up to a multiple of 8): 384 keys in two blocks of 192 rather than two of 256, half of
+  the second padding."""
+  n = -(-length // block)  # blocks
+  size = -(-length // n)
+  return min(block, -(-size // 8) * 8)
+
+
 def blocked_attention(q, k, v, valid, segments, *, block: int, window: int = 0, queries=None,
                       dropout_rate: float = 0.0, dropout_rng=None, dropout_impl: str = "rng",
                       flash_backward: bool = True, query_block: int = 0):
@@ -94,6 +103,7 @@ def blocked_attention(q, k, v, valid, segments, *, block: int, window: int = 0, 
   block's probabilities from them, so nothing of size [Q, L] is kept and no rescaling is differentiated
   (`flash_backward=False`: JAX's own derivative of the forward scan, the reference the tests compare with)."""
   b, length, h, d = k.shape
+  block = balanced_block(block, length)
   nq = q.shape[1]
   tile = query_block if query_block and nq > query_block else nq
   nt = -(-nq // tile)
