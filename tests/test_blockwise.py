@@ -149,3 +149,35 @@ def test_blockwise_takes_windows_but_not_alibi():
   with pytest.raises(errors.ConfigError, match="attention_block"):
     model_lib.BertConfig.from_variant("tiny", attention_impl="blockwise", attention_block=0)
   model_lib.BertConfig.from_variant("tiny", attention_impl="blockwise", local_attention=8, position_embedding="rotary")
+
+
+def test_by_length_runs_blockwise_from_its_length_and_equals_the_dense_path():
+  """attention_impl="by_length" (the fine-tuning default): xla below BLOCKWISE_FROM's length, blockwise from it,
+  xla for ALiBi; a padded classifier at 256 tokens on the CPU then runs blockwise, with the dense path's logits
+  and gradients."""
+  from bertjax.model.encoder import context
+  cfg = model_lib.BertConfig(vocab_size=97, hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32,
+                             max_position_embeddings=256, attention_impl="by_length")
+  assert [cfg.attention_at(n, "cpu") for n in (255, 256)] == ["xla", "blockwise"]
+  assert [cfg.attention_at(n, "gpu") for n in (1023, 1024)] == ["xla", "blockwise"]
+  assert cfg.replace(position_embedding="alibi").attention_at(4096, "cpu") == "xla"
+  rng = np.random.default_rng(0)
+  ids = rng.integers(1, 97, (2, 256)).astype(np.int32)
+  mask = (np.arange(256)[None] < np.array([[256], [131]])).astype(np.int32)
+  batch = {"input_ids": ids * mask, "input_mask": mask, "segment_ids": np.zeros_like(ids)}
+  assert "valid" in context(cfg, batch) and "mask" in context(cfg.replace(attention_impl="xla"), batch)
+  dense, ours = (model_lib.BertForSequenceClassification(cfg.replace(attention_impl=impl), 3)
+                 for impl in ("xla", "by_length"))
+  params = nn.meta.unbox(jax.jit(dense.init)(jax.random.key(0), batch)["params"])
+  outs = [jax.jit(jax.value_and_grad(lambda p, m=m: jnp.sum(m.apply({"params": p}, batch)["logits"] ** 2)))(params)
+          for m in (dense, ours)]
+  np.testing.assert_allclose(outs[1][0], outs[0][0], rtol=1e-5)
+  for a, b in zip(jax.tree_util.tree_leaves(outs[1][1]), jax.tree_util.tree_leaves(outs[0][1])):
+    np.testing.assert_allclose(a, b, atol=2e-5)
+
+
+def test_key_blocks_cover_a_length_with_the_least_padding():
+  # (block, length) -> the block size: ceil(length / blocks) rounded up to 8, never above `block`.
+  cases = {(256, 256): 256, (256, 384): 192, (256, 288): 144, (256, 8192): 256, (256, 100): 104, (8, 45): 8,
+           (16, 45): 16, (4, 45): 4}
+  assert {key: blockwise.balanced_block(*key) for key in cases} == cases

@@ -25,6 +25,14 @@ VARIANTS = {
 }
 
 
+# Row length from which attention_impl="by_length" runs blockwise attention. On the 2-core AVX2 CPU, MiniLM-L6's
+# fine-tuning step (16 rows, dropout on) is as fast blockwise at 256 tokens and at 384, with 37-49% less of XLA's
+# temporary memory (1.17 against 1.87 GiB at 256, 1.73 against 3.41 at 384), but 15-25% slower at 128. On an H200
+# (ModernBERT-base, bfloat16) blockwise leads from 1,024. docs/performance.md#attention-by-row-length has the
+# numbers and commands.
+BLOCKWISE_FROM = {"cpu": 256, "other": 1024}
+
+
 def gelu(x):
   """Exact GELU, x·Φ(x) = x·½·(1 + erf(x/√2)), written as google-research/bert's `gelu` and HF's "gelu" are.
 
@@ -109,9 +117,13 @@ class BertConfig:
   # (fused with dropout; GPU, L <= 256, batch and heads may be split over a mesh) | splash: TPU Pallas splash
   # attention (fused without dropout, packed rows by segment ids; the xla path when attention dropout is on) |
   # blockwise: bertjax.model.blockwise on XLA, any backend (local layers in chunks within their window, global
-  # ones in key blocks with an online softmax: time follows the mask, memory grows with L, not L²; for long rows)
+  # ones in key blocks with an online softmax: time follows the mask, memory grows with L, not L²; for long rows) |
+  # by_length: xla for rows shorter than BLOCKWISE_FROM's tokens on the backend, blockwise from there (ALiBi: xla);
+  # see `attention_at`
   attention_impl: str = "xla"
-  attention_block: int = 256  # blockwise: keys per block of a global layer (local layers: min(this, window / 2))
+  # blockwise: keys per block of a global layer at most, a row split evenly (`blockwise.balanced_block`); local
+  # layers: min(this, window / 2)
+  attention_block: int = 256
   # Word (and packed-position) lookups: gather | one_hot (a matmul: its gradient is a matmul, not a scatter-add;
   # the original's use_one_hot_embeddings) | auto (one_hot on GPU, where the scatter-add is slow; gather elsewhere).
   embedding_lookup: str = "auto"
@@ -142,7 +154,7 @@ class BertConfig:
                "embedding_norm": (False, True), "first_attention_norm": (False, True), "nsp_head": (False, True),
                "layer_norm": ("post", "pre"), "dtype": DTYPES, "param_dtype": DTYPES,
                "remat": ("none", "full", "dots"),
-               "attention_impl": ("xla", "cudnn", "auto", "pallas", "splash", "blockwise"),
+               "attention_impl": ("xla", "cudnn", "auto", "pallas", "splash", "blockwise", "by_length"),
                "embedding_lookup": ("gather", "one_hot", "auto"), "dropout_impl": ("rng", "hash"),
                "prune_final_layer": (False, True), "initializer": ("truncated_normal", "normal"),
                "classifier_head": CLASSIFIER_HEADS, "classifier_pooling": ("cls", "mean")}
@@ -189,13 +201,24 @@ class BertConfig:
                                         ("local_attention", self.local_attention > 0)) if on]
     if needs_bias == ["local_attention"] and self.attention_impl in ("blockwise", "splash"):
       needs_bias = []
-    if needs_bias and self.attention_impl != "xla":
+    if needs_bias and self.attention_impl not in ("xla", "by_length"):
       also = ", 'blockwise' or 'splash'" if needs_bias[0] == "local_attention" else ""
       raise bad(f"BertConfig: {needs_bias[0]} runs on attention_impl='xla'{also} (a bias or banded mask on the "
                 f"scores), not {self.attention_impl!r}")
     if self.position_offset + 1 > self.max_position_embeddings:
       raise bad(f"BertConfig.position_offset {self.position_offset} leaves no room in max_position_embeddings "
                 f"{self.max_position_embeddings}")
+
+  def attention_at(self, length: int, platform: str | None = None) -> str:
+    """The attention implementation that runs rows of `length` tokens on `platform` (default: JAX's backend):
+    `attention_impl`, or for "by_length" xla below `BLOCKWISE_FROM`'s length and blockwise from it (xla for
+    ALiBi, whose bias only the xla path adds)."""
+    if self.attention_impl != "by_length":
+      return self.attention_impl
+    if self.position_embedding == "alibi":
+      return "xla"
+    platform = platform or jax.default_backend()
+    return "blockwise" if length >= BLOCKWISE_FROM.get(platform, BLOCKWISE_FROM["other"]) else "xla"
 
   def layer_is_local(self, i: int) -> bool:
     """Whether layer i attends within the sliding window (ModernBERT: every layer but 0, N, 2N, ...)."""

@@ -100,17 +100,18 @@ def context(cfg: BertConfig, batch):
   """What every layer reads, made once per batch: the attention mask in the form the attention implementation
   takes, and as the switches ask, the sliding-window mask, rotary tables (global and local θ) and ALiBi bias."""
   length = batch["input_ids"].shape[1]
-  if cfg.attention_impl == "blockwise":  # masks made block by block from the key mask and segment ids
+  impl = cfg.attention_at(length)
+  if impl == "blockwise":  # masks made block by block from the key mask and segment ids
     ctx = {"valid": batch["input_mask"].astype(bool)}
     if batch.get("attention_segment_ids") is not None:
       ctx["segments"] = batch["attention_segment_ids"]
   else:
-    if cfg.attention_impl == "splash":  # the kernel masks by segment ids, not a boolean [L, L] mask
+    if impl == "splash":  # the kernel masks by segment ids, not a boolean [L, L] mask
       mask = attention_lib.splash_segments(batch["input_mask"], batch.get("attention_segment_ids"))
     else:
       mask = attention_mask(batch["input_mask"], batch.get("attention_segment_ids"))
     ctx = {"mask": mask}
-    if cfg.local_attention and cfg.attention_impl != "splash":  # splash takes the window as a kernel mask
+    if cfg.local_attention and impl != "splash":  # splash takes the window as a kernel mask
       ctx["local_mask"] = mask & band_mask(length, cfg.local_attention)
   positions = batch.get("position_ids")
   positions = jnp.arange(length, dtype=jnp.int32)[None] if positions is None else positions

@@ -226,7 +226,8 @@ class SelfAttention(nn.Module):
     no_dropout = deterministic or cfg.attention_dropout_rate == 0.0
     out = functools.partial(Dense, (cfg.hidden_size,), ("heads", "kv", "embed"), cfg, in_dims=2,
                             use_bias=cfg.use_bias, name="out")
-    if cfg.attention_impl == "blockwise":
+    impl = cfg.attention_at(k.shape[1])
+    if impl == "blockwise":
       z = blockwise.attention(q, k, v, ctx["valid"], ctx.get("segments"), local=local, window=cfg.local_attention,
                               block=cfg.attention_block, queries=queries,
                               dropout_rate=0.0 if no_dropout else cfg.attention_dropout_rate,
@@ -237,7 +238,6 @@ class SelfAttention(nn.Module):
                               per_head=jax.default_backend() == "cpu")
       return out()(_constrain(z, names))
     mask, bias = ctx["mask"], ctx.get("alibi")
-    impl = cfg.attention_impl
     if cfg.local_attention and impl != "splash":
       mask = select(local, ctx["local_mask"], mask)
     if bias is not None and queries is not None:
