@@ -14,7 +14,8 @@ from configs import common
 
 # The model fields a fine-tuning config sets on top of its init's architecture.
 RUN_FIELDS = ("dropout_rate", "attention_dropout_rate", "classifier_dropout", "dtype", "scan_layers", "scan_unroll",
-              "remat", "attention_impl", "embedding_lookup", "dropout_impl", "prune_final_layer", "initializer")
+              "remat", "attention_impl", "attention_block", "embedding_lookup", "dropout_impl", "prune_final_layer",
+              "initializer")
 # Rates left negative (INIT_RATES) are the init's own.
 
 
@@ -32,10 +33,11 @@ def get_config(arg=None):
   # The dropout rates stay the init's unless set (INIT_RATES).
   # Each at model.BertConfig's default (bertjax/model/config.py documents each) but for these deltas; the fresh task
   # head is drawn as HF transformers draws it, N(0, 0.02²) (the original's truncated normal is 12% narrower;
-  # docs/finetuning.md has the measured difference).
+  # docs/finetuning.md has the measured difference). Attention by the row length (`attention_impl="by_length"`):
+  # long documents' rows run blockwise, which keeps no [L, L] scores, short ones the dense path.
   c.model = common.model_section(a.variant, fields=("vocab_size", "max_position_embeddings") + RUN_FIELDS,
                                  vocab_size=a.vocab, dtype=a.dtype, scan_layers=a.scan, initializer="normal",
-                                 **{k: -1.0 for k in INIT_RATES})
+                                 attention_impl="by_length", **{k: -1.0 for k in INIT_RATES})
 
   c.data = ml_collections.ConfigDict()
   c.data.tfds_data_dir = ""  # where tfds keeps glue/squad ("" = tfds default)
