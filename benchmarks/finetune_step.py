@@ -1,5 +1,6 @@
 """One fine-tuning step of the MiniLM tagger (the tweet-NER run of finetune_real.py) timed in parts: the whole
-jitted train step, forward + backward, the forward alone and the optimizer update alone (median of --steps).
+jitted train step, forward + backward, the forward alone and the optimizer update alone (median of --steps);
+and the temporary memory XLA's compiled train step needs (its memory analysis).
 
   python benchmarks/finetune_step.py [--length 48] [--batch 16] [--steps 20] [--set attention_impl=blockwise]
       [--profile DIR]
@@ -55,6 +56,8 @@ def main():
        "label_weights": np.ones(shape, np.float32), "example_weights": np.ones(a.batch, np.float32)}
   t = trainer.build(c, module, tx, lr_fn, b, *finetune.make_steps(module, task, tx, lr_fn), train_scalars=2)
   state = trainer.with_params(t, trainer.merge_params(jax.device_get(trainer.init_state(t, 0).params), init))
+  lr = np.float32(c.train.learning_rate)
+  temp = t.train_step.lower(state, b, np.uint32(0), lr).compile().memory_analysis().temp_size_in_bytes
 
   def timed(f, *args):
     jax.block_until_ready(f(*args))
@@ -78,7 +81,7 @@ def main():
   times, cpu = [], []
   for _ in range(a.steps + 2):
     s, busy = time.perf_counter(), _cpu_seconds()
-    state, m = t.train_step(state, b, np.uint32(0), np.float32(c.train.learning_rate))
+    state, m = t.train_step(state, b, np.uint32(0), lr)
     jax.block_until_ready(m)
     times.append(time.perf_counter() - s)
     cpu.append(_cpu_seconds() - busy)
@@ -87,12 +90,13 @@ def main():
   if a.profile:
     with jax.profiler.trace(a.profile, create_perfetto_trace=True):
       for _ in range(3):
-        state, m = t.train_step(state, b, np.uint32(0), np.float32(c.train.learning_rate))
+        state, m = t.train_step(state, b, np.uint32(0), lr)
         jax.block_until_ready(m)
   flops = accounting.batch_flops(mcfg, b, mlm=False)
   print(f"batch {a.batch} x {a.length}, {accounting.count_params(state.params):,} parameters: train step "
         f"{whole * 1e3:.0f} ms ({flops / 1e9:.1f} GFLOP, {flops / whole / 1e12:.3f} TFLOP/s, {cores_busy:.2f} of "
-        f"{os.cpu_count()} cores busy); " +
+        f"{os.cpu_count()} cores busy; {mcfg.attention_at(a.length)} attention, XLA temporaries "
+        f"{temp / 2 ** 30:.2f} GiB); " +
         "; ".join(f"{k} {v * 1e3:.0f} ms" for k, v in parts.items()))
 
 
