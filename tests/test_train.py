@@ -690,8 +690,9 @@ def test_model_defaults_are_stated_once():
   scanned = {"scan_layers": True}
   deltas = {
       "pretrain": scanned, "demo": {**scanned, "max_position_embeddings": 128, "vocab_size": 8000},
-      # the fresh head drawn as HF draws it; the dropout rates the init's own
-      "finetune": {"initializer": "normal", "dropout_rate": -1.0, "attention_dropout_rate": -1.0},
+      # the fresh head drawn as HF draws it; the dropout rates the init's own; attention by row length
+      "finetune": {"initializer": "normal", "dropout_rate": -1.0, "attention_dropout_rate": -1.0,
+                   "attention_impl": "by_length"},
       "roberta": {**scanned, "classifier_head": "dense_tanh", "initializer": "normal", "layer_norm_eps": 1e-05,
                   "max_position_embeddings": 514,
                   "nsp_head": False, "position_offset": 2, "type_vocab_size": 1, "vocab_size": 50265},
