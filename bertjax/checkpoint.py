@@ -20,6 +20,15 @@ from bertjax import errors
 CheckpointError = errors.CheckpointError
 WorkdirLockedError = errors.WorkdirLockedError
 
+# Orbax splits each replicated array among its replicas to write it in parallel, one device-side slice per replica
+# (a dispatched and compiled op each). Below a few MiB per slice the writes are too small to gain from splitting,
+# and the slices cost more than they save: a one-process save of a small model on 8 devices spent ~6 s in ~1,300
+# of them. Larger arrays (BERT's embedding tables) are still written in parallel.
+REPLICA_PARALLEL_MIN_BYTES = 4 << 20
+ocp.type_handlers.register_type_handler(
+    jax.Array, ocp.type_handlers.ArrayHandler(min_slice_bytes_for_replica_parallel=REPLICA_PARALLEL_MIN_BYTES),
+    override=True)
+
 
 class WorkdirLock:
   """An exclusive lock on WORKDIR/.lock (released by the OS when the holder dies, even by kill -9).
