@@ -108,19 +108,13 @@ def _small(c, data_dir, steps=6):
   return c
 
 
-def test_roberta_recipe_end_to_end(tmp_path, packed_data):
-  from configs import roberta
-  c = roberta.get_config("variant=tiny,seq=64,mask=0.3")
-  c = _small(c, packed_data)
-  c.model.max_position_embeddings = 66
-  summary = train.train_and_evaluate(c, str(tmp_path / "w"))
-  assert summary["final_step"] == 6 and np.isfinite(summary["eval"]["mlm_loss"])
-  assert "nsp_loss" not in summary["eval"]
 
 
-def test_modernbert_recipe_end_to_end_evaluates_at_its_own_rate(tmp_path, packed_data):
+def test_modernbert_recipe_end_to_end_evaluates_at_its_own_rate(tmp_path, packed_data, capsys):
+  """ModernBERT's first phase (64 tokens, global θ 10,000): the run, its held-out rate, its HF export and a
+  fine-tuning run from it; then the context-extension recipe continues it at 128 tokens."""
   from configs import modernbert
-  c = _small(modernbert.get_config("variant=tiny,seq=64"), packed_data)
+  c = _small(modernbert.get_config("variant=tiny,seq=64,theta=10000"), packed_data)
   c.model.local_attention = 16
   summary = train.train_and_evaluate(c, str(tmp_path / "w"))
   assert summary["final_step"] == 6 and np.isfinite(summary["eval"]["mlm_loss"])
@@ -136,6 +130,7 @@ def test_modernbert_recipe_end_to_end_evaluates_at_its_own_rate(tmp_path, packed
   assert 0.12 < rate < 0.18
   assert all(np.array_equal(src[0][k], rows[0][k]) for k in rows[0])  # the same masks every read
   _modernbert_workdir_exports_and_fine_tunes(tmp_path, tok)
+  _context_extension_continues_a_short_checkpoint_at_a_longer_length(tmp_path, packed_data, capsys)
 
 
 def _modernbert_workdir_exports_and_fine_tunes(tmp_path, tok):
@@ -217,24 +212,28 @@ def test_schedules_match_their_formulas(kind, shape):
 
 
 def _train_and_export(c, tmp_path, architecture):
-  """Train c into tmp_path/w, then `python -m bertjax.convert` it into tmp_path/hf, which must name `architecture`."""
+  """Train c into tmp_path/w, then `python -m bertjax.convert` it into tmp_path/hf, which must name `architecture`;
+  the run's summary."""
   import helpers
-  train.train_and_evaluate(c, str(tmp_path / "w"))
+  summary = train.train_and_evaluate(c, str(tmp_path / "w"))
   proc = helpers.run_cmd([helpers.sys.executable, "-m", "bertjax.convert", "--workdir", str(tmp_path / "w"),
                           "--out", str(tmp_path / "hf")])
   assert proc.returncode == 0 and architecture in proc.stdout, proc.stderr[-2000:]
+  return summary
 
 
-def test_roberta_workdir_exports_with_its_tokenizer(tmp_path, packed_data):
-  """A RoBERTa-recipe workdir -> python -m bertjax.convert -> HF AutoTokenizer + AutoModelForMaskedLM give
-  bertjax's fill-in-the-blank scores."""
+def test_roberta_recipe_end_to_end_exports_with_its_tokenizer(tmp_path, packed_data):
+  """configs/roberta.py trains MLM only; its workdir -> python -m bertjax.convert -> HF AutoTokenizer +
+  AutoModelForMaskedLM give bertjax's fill-in-the-blank scores."""
   transformers = pytest.importorskip("transformers")
   torch = pytest.importorskip("torch")
   from bertjax import predict
   from configs import roberta
-  c = _small(roberta.get_config("variant=tiny,seq=64,mask=0.3"), packed_data, steps=2)
+  c = _small(roberta.get_config("variant=tiny,seq=64,mask=0.3"), packed_data)
   c.model.max_position_embeddings = 66
-  _train_and_export(c, tmp_path, "RobertaForMaskedLM")
+  summary = _train_and_export(c, tmp_path, "RobertaForMaskedLM")
+  assert summary["final_step"] == 6 and np.isfinite(summary["eval"]["mlm_loss"])
+  assert "nsp_loss" not in summary["eval"]
   hf_tok = transformers.AutoTokenizer.from_pretrained(str(tmp_path / "hf"))
   hf = transformers.AutoModelForMaskedLM.from_pretrained(str(tmp_path / "hf")).eval()
   module, params, tok = predict.load(str(tmp_path / "w"))
@@ -252,7 +251,9 @@ def test_roberta_workdir_exports_with_its_tokenizer(tmp_path, packed_data):
 
 def test_electra_recipe_end_to_end(tmp_path, packed_data):
   """configs/electra.py on the small corpus: both networks train in one step, the metrics carry the
-  discriminator's accuracy beside its all-original baseline, and a stopped run resumes to the same state."""
+  discriminator's accuracy beside its all-original baseline, a stopped run resumes to the same state, and
+  python -m bertjax.convert writes HF's discriminator and generator folders, each with the tokenizer, HF's
+  discriminator giving bertjax's replaced-token logits."""
   import jax
   from configs import electra
   def config(stop=0):
@@ -260,7 +261,7 @@ def test_electra_recipe_end_to_end(tmp_path, packed_data):
     c.model.embedding_size = 32
     c.train.stop_after_steps = stop
     return c
-  whole = train.train_and_evaluate(config(), str(tmp_path / "a"))
+  whole = _train_and_export(config(), tmp_path, "ElectraForPreTraining")
   ev = whole["eval"]
   assert whole["final_step"] == 6 and np.isfinite(ev["loss"])
   assert {"disc_accuracy", "disc_baseline_accuracy", "mlm_accuracy", "sampled_accuracy"} <= set(ev)
@@ -270,19 +271,14 @@ def test_electra_recipe_end_to_end(tmp_path, packed_data):
   for a, b in zip(jax.tree_util.tree_leaves(jax.device_get(whole["state"].params)),
                   jax.tree_util.tree_leaves(jax.device_get(resumed["state"].params))):
     np.testing.assert_array_equal(a, b)
+  _electra_export_gives_bertjax_logits(tmp_path, packed_data, config())
 
 
-def test_electra_workdir_exports_both_networks(tmp_path, packed_data):
-  """python -m bertjax.convert on an ELECTRA workdir writes HF's discriminator and generator folders, each with
-  the tokenizer; HF's discriminator gives bertjax's replaced-token logits."""
+def _electra_export_gives_bertjax_logits(tmp_path, packed_data, c):
   transformers = pytest.importorskip("transformers")
   torch = pytest.importorskip("torch")
   from bertjax import checkpoint as checkpoint_lib, model as model_lib
   from bertjax.model import electra as electra_lib
-  from configs import electra
-  c = _small(electra.get_config("variant=tiny,seq=64,preds=20"), packed_data, steps=2)
-  c.model.embedding_size = 32
-  _train_and_export(c, tmp_path, "ElectraForPreTraining")
   disc = transformers.AutoModelForPreTraining.from_pretrained(str(tmp_path / "hf" / "discriminator")).eval()
   assert (tmp_path / "hf" / "generator" / "vocab.json").exists()
   src = dataset.load_source(packed_data, "validation")
@@ -333,24 +329,20 @@ def test_electra_generator_held_fixed_from_freeze_step(tmp_path, packed_data):
     train.validate(c, 1)
 
 
-def test_modernbert_context_extension_continues_a_short_checkpoint_at_a_longer_length(tmp_path, packed_data,
-                                                                                       capsys):
-  """Phase one at 64 tokens (global θ 10,000, as ModernBERT's first phase), then the context-extension recipe at
-  128 tokens from that workdir: the run starts from phase one's weights, says which θ and length each uses, runs
-  its global layers at θ 160,000 on the blockwise attention, and trains."""
+def _context_extension_continues_a_short_checkpoint_at_a_longer_length(tmp_path, packed_data, capsys):
+  """The context-extension recipe at 128 tokens from phase one's workdir (tmp_path/w): the run starts from phase
+  one's weights, says which θ and length each uses, runs its global layers at θ 160,000 on the blockwise
+  attention, and trains."""
   import jax
   from bertjax import weights
   from configs import modernbert
-  short = _small(modernbert.get_config("variant=tiny,seq=64,theta=10000"), packed_data)
-  short.model.local_attention = 16
-  train.train_and_evaluate(short, str(tmp_path / "short"))
   d = tmp_path / "long_data"
   d.mkdir()
   made = dataset.read_creation(packed_data)
   opts = pretraining.CreationOptions(max_seq_length=128, max_predictions_per_seq=0, masked_lm_prob=0.3, dupe_factor=2,
                                      example_mode="full_sentences")
   dataset.create([_corpus(d)], made["tokenizer"], d / "data", opts, heldout_every=6)
-  c = _small(modernbert.get_config(f"variant=tiny,context=128,init={tmp_path / 'short'}"), str(d / "data"))
+  c = _small(modernbert.get_config(f"variant=tiny,context=128,init={tmp_path / 'w'}"), str(d / "data"))
   c.model.local_attention, c.data.max_seq_length = 16, 128
   assert (c.model.rope_theta, c.model.rope_theta_local, c.model.attention_impl) == (160_000.0, 10_000.0, "blockwise")
   capsys.readouterr()
@@ -360,7 +352,7 @@ def test_modernbert_context_extension_continues_a_short_checkpoint_at_a_longer_l
           "10000 local at 128 tokens") in said, said
   assert summary["final_step"] == 6 and np.isfinite(summary["eval"]["mlm_loss"])
   # Step 0's weights were phase one's: the long run's first checkpoint moved away from them by one schedule's worth.
-  a = weights.load(str(tmp_path / "short"), head="pretraining").params
+  a = weights.load(str(tmp_path / "w"), head="pretraining").params
   b = weights.load(str(tmp_path / "long"), head="pretraining").params
   diffs = [float(np.max(np.abs(np.asarray(x) - np.asarray(y)))) for x, y in
            zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b))]

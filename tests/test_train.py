@@ -49,6 +49,15 @@ def run_steps(config, devices, batches):
   return losses, state, run
 
 
+@functools.lru_cache(maxsize=None)
+def single_device_run(modern_switches: bool = False):
+  """(losses, parameters) of the default fixed batches on one device, shard=dp: the reference the sharded runs
+  must equal, computed once per test process."""
+  c = small_config(shard="dp")
+  losses, state, _ = run_steps(modern(c) if modern_switches else c, jax.devices()[:1], fixed_batches())
+  return losses, jax.device_get(state.params)
+
+
 MODERN = dict(position_embedding="rotary", rope_theta=160000.0, rope_theta_local=10000.0, local_attention=8,
               global_every=2, ffn="glu", layer_norm="pre", norm_bias=False, use_bias=False,
               first_attention_norm=False, type_vocab_size=0, vocab_multiple=64, nsp_head=False)
@@ -65,24 +74,22 @@ def modern(c, **more):
 
 @pytest.mark.parametrize("shard", ["fsdp", "dp_tp"])
 def test_sharded_step_with_modern_switches_equals_single_device(shard):
-  batches = fixed_batches()
-  single, s1, _ = run_steps(modern(small_config(shard="dp")), jax.devices()[:1], batches)
-  losses, state, _ = run_steps(modern(small_config(shard=shard)), jax.devices(), batches)
+  single, single_params = single_device_run(modern_switches=True)
+  losses, state, _ = run_steps(modern(small_config(shard=shard)), jax.devices(), fixed_batches())
   np.testing.assert_allclose(losses, single, atol=1e-5)
   jax.tree_util.tree_map(lambda a, b: np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=2e-5),
-                         state.params, s1.params)
+                         state.params, single_params)
 
 
 @pytest.mark.parametrize("shard,mesh", [("dp", (8, 1, 1)), ("fsdp", (1, 8, 1)), ("dp_tp", (2, 1, 4))])
 def test_sharded_step_equals_single_device(shard, mesh):
-  batches = fixed_batches()
-  single, s1, _ = run_steps(small_config(shard="dp"), jax.devices()[:1], batches)
+  single, single_params = single_device_run()
   config = small_config(shard=shard)
-  losses, state, run = run_steps(config, jax.devices(), batches)
+  losses, state, run = run_steps(config, jax.devices(), fixed_batches())
   assert dict(run.mesh.shape) == dict(zip(("data", "fsdp", "tensor"), mesh))
   np.testing.assert_allclose(losses, single, atol=1e-5)
   jax.tree_util.tree_map(lambda a, b: np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=2e-5),
-                         state.params, s1.params)
+                         state.params, single_params)
   emb = state.params["bert"]["embeddings"]["word_embeddings"]["embedding"]
   q = state.params["bert"]["encoder"]["layers"]["layer"]["attention"]["query"]["kernel"]  # [L, d, heads, kv]
   mu = state.opt_state[1][0].mu["bert"]["encoder"]["layers"]["layer"]["attention"]["query"]["kernel"]
@@ -98,11 +105,10 @@ def test_sharded_step_equals_single_device(shard, mesh):
 
 def test_one_hot_embeddings_sharded_equal_gather_on_one_device():
   """The GPU lookup (one-hot matmul against a table split over fsdp) trains like the gather on one device."""
-  batches = fixed_batches()
-  single, _, _ = run_steps(small_config(shard="dp"), jax.devices()[:1], batches)
+  single, _ = single_device_run()
   config = small_config(shard="fsdp")
   config.model.embedding_lookup = "one_hot"
-  losses, _, _ = run_steps(config, jax.devices(), batches)
+  losses, _, _ = run_steps(config, jax.devices(), fixed_batches())
   np.testing.assert_allclose(losses, single, atol=1e-5)
 
 
