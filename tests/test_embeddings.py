@@ -181,7 +181,7 @@ def test_gradient_caching_equals_the_full_batch_gradient():
 
   def loss_of(eq, ed):
     return contrastive.ranking_loss(eq, ed)
-  want_loss, want = jax.value_and_grad(lambda p: loss_of(embed(p, q), embed(p, d)))(params)
+  want_loss, want = jax.jit(jax.value_and_grad(lambda p: loss_of(embed(p, q), embed(p, d))))(params)
   got_loss, got = contrastive.cached_value_and_grad(embed, loss_of, params, [q, d], chunk=5)
   np.testing.assert_allclose(float(got_loss), float(want_loss), rtol=1e-6)
   for a, b in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)):
@@ -210,7 +210,7 @@ def test_gradient_caching_and_matryoshka_as_training_switches():
   batch = _pairs_batch(params)
   rngs = {"dropout": jax.random.key(0)}
   base = task_data.get("pairs", options=(("scale", 20.0),))
-  plain = tasks_lib.kind(base).value_and_grad(base, module, params, batch, rngs)
+  plain = jax.jit(lambda p: tasks_lib.kind(base).value_and_grad(base, module, p, batch, rngs))(params)
   cached_task = task_data.get("pairs", options=(("scale", 20.0), ("cache_chunk", 3)))
   cached = jax.jit(lambda p: tasks_lib.kind(cached_task).value_and_grad(cached_task, module, p, batch, rngs))(params)
   np.testing.assert_allclose(float(cached[0]), float(plain[0]), rtol=1e-6)

@@ -140,8 +140,9 @@ def test_family_heads_train_like_hf_with_dropout_off(tmp_path, family):
     return optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
   opt = torch.optim.SGD(m.parameters(), lr=0.5)
   m.train()
+  step = jax.jit(jax.value_and_grad(loss_fn))
   for _ in range(3):
-    loss, grads = jax.value_and_grad(loss_fn)(params)
+    loss, grads = step(params)
     updates, state = tx.update(grads, state)
     params = optax.apply_updates(params, updates)
     out = m(input_ids=torch.tensor(batch["input_ids"]), attention_mask=torch.tensor(batch["input_mask"]),
