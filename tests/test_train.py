@@ -50,6 +50,12 @@ def run_steps(config, devices, batches):
 
 
 @functools.lru_cache(maxsize=None)
+def repeated_batch_run():
+  """The plain config's losses over 5 steps of one fixed batch on one device, computed once per test process."""
+  return run_steps(small_config(shard="dp"), jax.devices()[:1], fixed_batches(1) * 5)[0]
+
+
+@functools.lru_cache(maxsize=None)
 def single_device_run(modern_switches: bool = False):
   """(losses, parameters) of the default fixed batches on one device, shard=dp: the reference the sharded runs
   must equal, computed once per test process."""
@@ -366,8 +372,8 @@ def test_config_overrides_are_typed_and_checked():
 def test_prng_impl_switch_changes_only_the_dropout_bits():
   """rbg dropout bits: deterministic run to run, different masks from threefry's, the same loss without dropout."""
   batches = fixed_batches(n=2)
-  runs = {}
-  for impl, rate in (("threefry2x32", 0.1), ("rbg", 0.1), ("rbg", 0.1), ("threefry2x32", 0.0), ("rbg", 0.0)):
+  runs = {("threefry2x32", 0.1): [single_device_run()[0][:2]]}  # the default config: threefry, dropout 0.1
+  for impl, rate in (("rbg", 0.1), ("rbg", 0.1), ("threefry2x32", 0.0), ("rbg", 0.0)):
     c = small_config(prng_impl=impl)
     c.model.dropout_rate = c.model.attention_dropout_rate = rate
     runs.setdefault((impl, rate), []).append(run_steps(c, jax.devices()[:1], batches)[0])
@@ -608,8 +614,10 @@ def test_cpu_peak_is_shared_by_fake_devices(monkeypatch):
   assert accounting.peak_tflops_per_device(2.5) == (2.5, "configured")
 
 
-@pytest.mark.parametrize("switch", ["lamb", "no_nsp", "remat_dots", "bfloat16", "modern_bfloat16_remat",
-                                    "alibi_rmsnorm_swiglu"])
+# Plain bfloat16 runs with -m slow: the default selection trains it under modern_bfloat16_remat and checks its
+# float32 islands in test_bfloat16_keeps_logits_softmax_and_losses_in_float32.
+@pytest.mark.parametrize("switch", ["lamb", "no_nsp", "remat_dots", pytest.param("bfloat16", marks=pytest.mark.slow),
+                                    "modern_bfloat16_remat", "alibi_rmsnorm_swiglu"])
 def test_each_switch_runs_training_steps(switch):
   """Steps that were only ever built: LAMB, the NSP ablation, remat of matmul outputs, bfloat16 activations, the
   modern switches under bfloat16 with remat, ALiBi with RMSNorm and SwiGLU. Each trains (the loss of a repeated
@@ -633,11 +641,9 @@ def test_each_switch_runs_training_steps(switch):
   assert all(np.isfinite(losses)) and losses[-1] < losses[0], losses
   assert all(x.dtype == np.float32 for x in jax.tree_util.tree_leaves(state.params))  # parameters stay float32
   if switch == "remat_dots":  # remat recomputes; the numbers are the plain step's
-    plain, _, _ = run_steps(small_config(shard="dp"), jax.devices()[:1], [batch] * 5)
-    np.testing.assert_allclose(losses, plain, rtol=1e-5)
+    np.testing.assert_allclose(losses, repeated_batch_run(), rtol=1e-5)
   if switch == "no_nsp":  # the loss is L_MLM alone: below the combined loss of the same steps
-    both, _, _ = run_steps(small_config(shard="dp"), jax.devices()[:1], [batch] * 5)
-    assert losses[0] < both[0]
+    assert losses[0] < repeated_batch_run()[0]
 
 
 @pytest.mark.slow
