@@ -108,8 +108,6 @@ def _small(c, data_dir, steps=6):
   return c
 
 
-
-
 def test_modernbert_recipe_end_to_end_evaluates_at_its_own_rate(tmp_path, packed_data, capsys):
   """ModernBERT's first phase (64 tokens, global θ 10,000): the run, its held-out rate, its HF export and a
   fine-tuning run from it; then the context-extension recipe continues it at 128 tokens."""

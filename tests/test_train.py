@@ -50,17 +50,12 @@ def run_steps(config, devices, batches):
 
 
 @functools.lru_cache(maxsize=None)
-def repeated_batch_run():
-  """The plain config's losses over 5 steps of one fixed batch on one device, computed once per test process."""
-  return run_steps(small_config(shard="dp"), jax.devices()[:1], fixed_batches(1) * 5)[0]
-
-
-@functools.lru_cache(maxsize=None)
-def single_device_run(modern_switches: bool = False):
-  """(losses, parameters) of the default fixed batches on one device, shard=dp: the reference the sharded runs
-  must equal, computed once per test process."""
+def single_device_run(modern_switches: bool = False, repeated: bool = False):
+  """(losses, parameters) on one device, shard=dp, of the default fixed batches (or, `repeated`, five steps of the
+  first one): the reference runs other tests compare with, computed once per test process."""
   c = small_config(shard="dp")
-  losses, state, _ = run_steps(modern(c) if modern_switches else c, jax.devices()[:1], fixed_batches())
+  batches = fixed_batches(1) * 5 if repeated else fixed_batches()
+  losses, state, _ = run_steps(modern(c) if modern_switches else c, jax.devices()[:1], batches)
   return losses, jax.device_get(state.params)
 
 
@@ -641,9 +636,9 @@ def test_each_switch_runs_training_steps(switch):
   assert all(np.isfinite(losses)) and losses[-1] < losses[0], losses
   assert all(x.dtype == np.float32 for x in jax.tree_util.tree_leaves(state.params))  # parameters stay float32
   if switch == "remat_dots":  # remat recomputes; the numbers are the plain step's
-    np.testing.assert_allclose(losses, repeated_batch_run(), rtol=1e-5)
+    np.testing.assert_allclose(losses, single_device_run(repeated=True)[0], rtol=1e-5)
   if switch == "no_nsp":  # the loss is L_MLM alone: below the combined loss of the same steps
-    assert losses[0] < repeated_batch_run()[0]
+    assert losses[0] < single_device_run(repeated=True)[0][0]
 
 
 @pytest.mark.slow
