@@ -1,5 +1,5 @@
-"""Fixed-seed losses of three tiny runs (BERT MLM + NSP pre-training, ELECTRA pre-training, fine-tuning), to
-compare two versions of the code: run it in each checkout and diff the JSON (the losses must be equal).
+"""Fixed-seed losses of four tiny runs (BERT MLM + NSP pre-training, ELECTRA pre-training, fine-tuning a
+classifier, contrastive embedding training on pairs), to compare two versions of the code: run it in each checkout and diff the JSON (the losses must be equal).
 
     python benchmarks/fixed_seed.py --out losses.json
 
@@ -61,6 +61,18 @@ def main() -> None:
     finetune.finetune(c, os.path.join(tmp, "finetune"))
     out["finetune"] = [(r["step"], r["split"], r.get("loss")) for r in
                        metrics.read_jsonl(os.path.join(tmp, "finetune", "metrics.jsonl"))]
+    with open(os.path.join(tmp, "pairs.csv"), "w") as f:
+      f.write("anchor,positive\n" + "".join(f"{' '.join(rng.choice(words) for _ in range(4))} {i},"
+                                           f"{' '.join(rng.choice(words) for _ in range(7))} {i}\n"
+                                           for i in range(64)))
+    c = finetune_config.get_config(f"task=pairs,seq=32,batch=16,epochs=2,lr=1e-3,variant=tiny,vocab={n}")
+    c.data.train_file = c.data.eval_file = os.path.join(tmp, "pairs.csv")
+    c.data.text_a_column, c.data.text_b_column = "anchor", "positive"
+    c.data.tokenizer = vocab
+    c.log_every = 1
+    finetune.finetune(c, os.path.join(tmp, "pairs"))
+    out["pairs"] = [(r["step"], r["split"], r.get("loss", r.get("ndcg@10"))) for r in
+                    metrics.read_jsonl(os.path.join(tmp, "pairs", "metrics.jsonl"))]
   with open(args.out, "w") as f:
     json.dump(out, f, indent=1)
   for name, rows in out.items():
