@@ -1,5 +1,6 @@
 """Fixed-seed losses of four tiny runs (BERT MLM + NSP pre-training, ELECTRA pre-training, fine-tuning a
-classifier, contrastive embedding training on pairs), to compare two versions of the code: run it in each checkout and diff the JSON (the losses must be equal).
+classifier, contrastive embedding training on pairs), to compare two versions of the code: run it in each
+checkout and diff the JSON (the losses must be equal).
 
     python benchmarks/fixed_seed.py --out losses.json
 
