@@ -11,7 +11,7 @@ import json
 import os
 import time
 
-from bertjax import aot  # noqa: E402  (sets the libtpu environment first)
+from bertjax.cli import aot  # noqa: E402  (sets the libtpu environment first)
 from configs import modernbert, pretrain  # noqa: E402
 
 RECIPES = {"pretrain": pretrain, "modernbert": modernbert}

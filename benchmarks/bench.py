@@ -107,7 +107,10 @@ def family_config(family, variant, seq, preds, batch, shard, dtype):
 def run_bertjax(variant, seq, batch, preds, dtype, shard, steps, regime, examples, overrides=(), profile="",
                 warmup=2, family="bert"):
   import jax
-  from bertjax import accounting, sharding as sharding_lib, train
+
+  from bertjax import pretrain as train
+  from bertjax.core import accounting
+  from bertjax.core import sharding as sharding_lib
   from bertjax.objectives import electra as electra_objective
   from configs import common
   pack = regime != "fixed"
@@ -164,10 +167,16 @@ def _timed(step_fn, state, batches, warmup, steps, sharding, profile=""):
 def run_bertjax_finetune(variant, seq, batch, dtype, shard, steps, examples, overrides=(), profile="", warmup=2):
   """The fine-tuning step of `finetune.py` (sentence classifier, AdamW, clipping) on packed rows."""
   import ml_collections
-  from bertjax import accounting, finetune, model as model_lib, trainer
-  from bertjax import sharding as sharding_lib
-  from bertjax.data import batching, packing, task_data as tasks
-  from configs import common, finetune as ft_config
+
+  from bertjax import finetune
+  from bertjax import model as model_lib
+  from bertjax.core import accounting, trainer
+  from bertjax.core import sharding as sharding_lib
+  from bertjax.data import packing
+  from bertjax.data.tasks import batching
+  from bertjax.data.tasks import rows as tasks
+  from configs import common
+  from configs import finetune as ft_config
   c = ft_config.get_config(f"task=local,variant={variant},batch={batch},seq={seq},dtype={dtype}")
   c.sharding = common.sharding(shard)
   common.override(c, overrides)
@@ -204,6 +213,7 @@ def run_bertjax_finetune(variant, seq, batch, dtype, shard, steps, examples, ove
 
 def _hf_config(variant, seq, **kw):
   import transformers
+
   from bertjax import model as model_lib
   layers, hidden, heads, ffn = model_lib.VARIANTS[variant]
   return transformers.BertConfig(hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
@@ -264,6 +274,7 @@ def _time_torch(m, lr, examples, batch, steps, warmup, labels_fn, dtype="float32
 
 def _release_torch_memory():
   import gc
+
   import torch
   gc.collect()
   if torch.cuda.is_available():
@@ -302,7 +313,9 @@ def run_hf_family(family, variant, seq, batch, steps, examples, dtype="float32",
   """HF's masked-LM model of the family (`RobertaForMaskedLM`, `ModernBertForMaskedLM`) from the same config
   bertjax trains, through bertjax's own exporter's config.json (the same sizes, activations, window, bases)."""
   import transformers
-  from bertjax import convert, model as model_lib
+
+  from bertjax import convert
+  from bertjax import model as model_lib
   c = family_config(family, variant, seq, 0, batch, "dp", "float32")
   cfg = model_lib.BertConfig.from_dict(c.model.to_dict())
   make = convert.FAMILIES[family].config_to_hf
@@ -319,8 +332,10 @@ def run_hf_electra(variant, seq, batch, steps, examples, dtype="float32", warmup
   discriminator's labels = sampled != original, L = L_gen + 50·L_disc."""
   import torch
   import transformers
-  from bertjax import convert, model as model_lib
-  from bertjax.model import electra
+
+  from bertjax import convert
+  from bertjax import model as model_lib
+  from bertjax.objectives import electra as electra
   c = family_config("electra", variant, seq, 0, batch, "dp", "float32")
   dcfg = model_lib.BertConfig.from_dict(c.model.to_dict())
   gcfg = electra.generator_config(dcfg, c.electra.generator_hidden, c.electra.generator_layers)
@@ -377,13 +392,14 @@ def main(argv=None):
   if args.family != "bert" and (args.regime or ["fixed"]) != ["fixed"]:
     p.error(f"--family {args.family} runs the fixed regime only")
   if args.preds == 0:  # derived from the recipe's masking rate, as the data creation derives it
-    from bertjax.data import pretraining
+    from bertjax.data.pretraining import examples as pretraining
     args.preds = pretraining.max_predictions(args.seq, family_config(args.family, args.variant, args.seq, 0, 1, "dp",
                                                                      "float32").data.masked_lm_prob)
   # JAX would otherwise take most of a GPU's memory up front, leaving none to the PyTorch peer on the same GPU.
   os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
   import jax
-  from bertjax import accounting
+
+  from bertjax.core import accounting
   regimes = args.regime or ["fixed"]
   peers = list(dict.fromkeys(args.peer or ["hf"]))
   if "none" in peers:

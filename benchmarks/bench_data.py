@@ -14,7 +14,10 @@ import time
 
 import numpy as np
 
-from bertjax.data import dataset, demo_corpus, input_pipeline, pretraining, tokenizer
+from bertjax.data import tokenizer
+from bertjax.data.pretraining import dataset, demo_corpus
+from bertjax.data.pretraining import examples as pretraining
+from bertjax.data.pretraining import pipeline as input_pipeline
 
 
 def main():

@@ -7,14 +7,16 @@ import json
 import time
 
 
-
 def main():
   p = argparse.ArgumentParser()
   p.add_argument("--variants", default="base,large")
   p.add_argument("--out", default="compile_time.json")
   args = p.parse_args()
   import jax
-  from bertjax import model as model_lib, sharding as sharding_lib, train
+
+  from bertjax import model as model_lib
+  from bertjax import pretrain as train
+  from bertjax.core import sharding as sharding_lib
   from configs import pretrain
   rows = []
   for variant in args.variants.split(","):

@@ -22,6 +22,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import numpy as np  # noqa: E402
 from finetune_real import paired  # noqa: E402
 
+from bertjax.cli import common  # noqa: E402
+
 
 def seeds_arg(text: str) -> list[int]:
   """'0-9' or '0,3,5' -> the seeds."""
@@ -44,16 +46,16 @@ def run(demo_dir: str, pretrained: bool, seed: int, vocab_size: int, task: dict)
 
 
 def main() -> None:
-  from bertjax import errors
-  p = errors.ArgumentParser(description=__doc__.split("\n\n")[0])
+  p = common.ArgumentParser(description=__doc__.split("\n\n")[0])
   p.add_argument("--demo", default="runs/demo")
   p.add_argument("--seeds", type=seeds_arg, default="0-9")
   p.add_argument("--out", default="")
   args = p.parse_args()
-  from bertjax.data import demo_corpus, tokenizer
+  from bertjax.data import tokenizer
+  from bertjax.data.pretraining import demo_corpus
   train_dir = os.path.join(args.demo, "train")
   if not os.path.isdir(os.path.join(train_dir, "checkpoints")):
-    errors.fail(f"{train_dir} holds no pre-trained model: run bash launch/demo.sh first")
+    common.fail(f"{train_dir} holds no pre-trained model: run bash launch/demo.sh first")
   task = demo_corpus.write_topic_task(os.path.join(args.demo, "topic"))
   vocab_size = tokenizer.load(os.path.join(args.demo, "tokenizer", "vocab.txt")).vocab_size
   rows = []

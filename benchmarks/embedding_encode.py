@@ -44,7 +44,8 @@ def main(argv=None):
   import sentence_transformers
   import torch
   from embedding_train import docstring_pairs
-  from bertjax import embeddings
+
+  from bertjax.embeddings import encoder as embeddings
   torch.set_num_threads(os.cpu_count() or 1)
   if args.model:
     path = args.model

@@ -81,20 +81,20 @@ def write_data(folder: str) -> dict:
 
 
 def evaluate(model_dir: str, beir: str) -> dict:
-  from bertjax import embeddings
+  from bertjax.embeddings import encoder as embeddings
   r = embeddings.beir_scores(embeddings.Encoder.load(model_dir), beir, top_k=100, batch_size=64)
   return {k: r[k] for k in ("ndcg@10", "mrr@10", "recall@100", "map")}
 
 
 def run_bertjax(model, folder, seed, args) -> dict:
   work = os.path.join(folder, f"bertjax_{seed}")
-  cmd = [sys.executable, "-m", "bertjax.main",
+  cmd = [sys.executable, "-m", "bertjax", "train",
          f"--config={ROOT}/configs/embedding.py:init={model},lr={args.lr},batch={args.batch},epochs={args.epochs},"
          f"seq={args.seq},seed={seed}", f"--workdir={work}", f"--config.data.train_file={folder}/train.csv"]
   t = time.perf_counter()
   subprocess.run(cmd, check=True, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
   seconds = time.perf_counter() - t
-  from bertjax.convert import __main__ as convert_cli
+  from bertjax.cli import convert as convert_cli
   convert_cli.write(work, work + "_st")
   return {"seconds": seconds, **evaluate(work + "_st", os.path.join(folder, "beir"))}
 
@@ -102,8 +102,11 @@ def run_bertjax(model, folder, seed, args) -> dict:
 def run_st(model, folder, seed, args) -> dict:
   import datasets
   import torch
-  from sentence_transformers import (SentenceTransformer, SentenceTransformerTrainer,
-                                     SentenceTransformerTrainingArguments)
+  from sentence_transformers import (
+    SentenceTransformer,
+    SentenceTransformerTrainer,
+    SentenceTransformerTrainingArguments,
+  )
   from sentence_transformers.sentence_transformer import losses
   torch.set_num_threads(os.cpu_count() or 1)
   with open(os.path.join(folder, "train.csv"), encoding="utf-8") as f:

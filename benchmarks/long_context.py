@@ -10,7 +10,7 @@ Each row runs in its own process (its peak memory is its own; an out-of-memory r
 FLOPs count what the masks need (a local layer's scores over its window only) and the MLM head at the masked
 positions (30%), for every side alike. Peak memory: the device's peak bytes in use on a GPU, the process's peak
 resident set on a CPU (weights and all). On a CPU the bertjax rows run under the host allocator setting that
-`python -m bertjax.main` makes for a step of that size (`bertjax.hostmem.tune_for_cpu`).
+`python -m bertjax train` makes for a step of that size (`bertjax.hostmem.tune_for_cpu`).
 """
 from __future__ import annotations
 
@@ -72,9 +72,12 @@ def run_bertjax(args):
   import flax.linen as nn
   import jax
   import jax.numpy as jnp
-  from bertjax import hostmem, losses, model as model_lib
+
+  from bertjax import model as model_lib
+  from bertjax.core import hostmem
   from bertjax.model import encoder as encoder_lib
   from bertjax.model.layers import Layer
+  from bertjax.objectives import mlm as mlm_objective
   cfg = _config(args.variant, args.length, args.side, args.dtype, args.block, args.unroll, args.remat)
   # The host allocator setting bertjax's entry points make for a step of this size (bertjax.hostmem); it must
   # precede the first use of a device.
@@ -84,7 +87,7 @@ def run_bertjax(args):
   params = jax.jit(lambda: nn.meta.unbox(module.init(jax.random.key(0), batch)["params"]))()
 
   def loss(p, b):
-    s = losses.pretraining_sums(module.apply({"params": p}, b), b)
+    s = mlm_objective.pretraining_sums(module.apply({"params": p}, b), b)
     return s["mlm_loss_sum"] / s["mlm_weight"]
   step = jax.jit(jax.value_and_grad(loss))
   t = time.perf_counter()
@@ -119,6 +122,7 @@ def run_bertjax(args):
 def run_hf(args):
   import torch
   import transformers
+
   from bertjax import convert
   cfg = _config(args.variant, args.length, "hf", "float32", args.block)
   impl = args.side.split("-", 1)[1]
@@ -156,7 +160,8 @@ def run_hf(args):
 
 def _peak_tflops(dtype):
   import jax
-  from bertjax import accounting
+
+  from bertjax.core import accounting
   if jax.devices()[0].platform == "cpu":
     return max(accounting.measure_matmul_tflops(n) for n in (1024, 2048)), "best jnp.dot float32 on this CPU"
   peak, source = accounting.peak_tflops_per_device()

@@ -17,7 +17,7 @@ Stages (each skipped when its output exists, so a rerun resumes; `--rerun SIDE` 
   held-out  the held-out text tokenized by HF's BertTokenizerFast, cut into [CLS] 126 tokens [SEP] blocks, 15% of
             the tokens masked once (80/10/10) with a fixed seed: the same positions for every model
   sides     bertjax: its data creation (full_sentences rows, as RoBERTa's FULL-SENTENCES), dynamic masking, its
-            train loop (`python -m bertjax.main --config=configs/pretrain.py`), MLM only; `bertjax_nsp` is the
+            train loop (`python -m bertjax train --config=configs/pretrain.py`), MLM only; `bertjax_nsp` is the
             original recipe (NSP pairs, L = L_MLM + L_NSP, dynamic masking). hf: `run_mlm.py`'s way: `datasets`'
             text loader, each line tokenized with its special tokens and the texts grouped into full blocks,
             `DataCollatorForLanguageModeling`, `Trainer` with torch AdamW and the linear schedule.
@@ -91,7 +91,7 @@ def log(msg):
 def build_corpus(root: str) -> str:
   path = os.path.join(root, "corpus.txt")
   if not os.path.exists(path):
-    from bertjax.data import demo_corpus
+    from bertjax.data.pretraining import demo_corpus
     t = time.time()
     s = demo_corpus.build_offline_corpus(path, ("python", "man"), dedupe=True)
     log(f"corpus: {s.documents} documents, {s.sentences} sentences in {time.time() - t:.0f}s -> {path}")
@@ -128,6 +128,7 @@ def tokenizer(root: str, train: str) -> str:
 def hf_tokenizer(vocab: str):
   """HF's tokenizer on the same vocabulary; refused unless its ids equal bertjax's on the first held-out lines."""
   from transformers import BertTokenizerFast
+
   from bertjax.data import tokenizer as tok_lib
   tok = BertTokenizerFast.from_pretrained(os.path.dirname(vocab), do_lower_case=True)
   ours = tok_lib.load(vocab, do_lower_case=True)
@@ -200,7 +201,9 @@ def bertjax_data(root: str, train: str, vocab: str, side: str) -> tuple[str, flo
   record = os.path.join(data, "creation.json")
   if not os.path.exists(record):
     import tensorflow_datasets as tfds
-    from bertjax.data import dataset, pretraining
+
+    from bertjax.data.pretraining import dataset
+    from bertjax.data.pretraining import examples as pretraining
     tfds.disable_progress_bar()
     opts = pretraining.CreationOptions(max_seq_length=SEQ, max_predictions_per_seq=0, masked_lm_prob=mask,
                                        dupe_factor=1, example_mode="nsp_pairs" if nsp else "full_sentences")
@@ -218,14 +221,14 @@ def bertjax_data(root: str, train: str, vocab: str, side: str) -> tuple[str, flo
 
 def bertjax_command(side: str, data: str, workdir: str, steps: int, every: int) -> list[str]:
   config, args, mask, own = RECIPES[side]
-  from bertjax.data import pretraining
+  from bertjax.data.pretraining import examples as pretraining
   preds = pretraining.max_predictions(SEQ, mask)
   args += f",seq={SEQ},preds={preds},batch={BATCH},steps={steps},shard=dp,vocab={VOCAB}"
   over = {**{f"model.{k}": v for k, v in SHAPE.items()}, "data.data_dir": data,
           "train.learning_rate": LR, "train.warmup_steps": max(1, int(WARMUP * steps)),
           "log_every": min(50, max(1, every // 4)), "eval_every": 0, "eval_batches": 1, "checkpoint_every": every,
           "keep_checkpoints": CHECKPOINTS + 2, **own}
-  return ([sys.executable, "-m", "bertjax.main", f"--config={config}:{args}", f"--workdir={workdir}"]
+  return ([sys.executable, "-m", "bertjax", "train", f"--config={config}:{args}", f"--workdir={workdir}"]
           + [f"--config.{k}={v}" for k, v in over.items()])
 
 
@@ -242,8 +245,9 @@ def bertjax_export(workdir: str, step: int, out: str) -> str:
   """The checkpoint at `step` as HF's folder(s): the family's MLM model, or ELECTRA's two (OUT/discriminator,
   OUT/generator), written whole or not at all."""
   if not os.path.isdir(out):
-    from bertjax import checkpoint as checkpoint_lib
-    from bertjax import convert, objectives, weights
+    from bertjax import convert, objectives
+    from bertjax.convert import weights
+    from bertjax.core import checkpoint as checkpoint_lib
     with open(os.path.join(workdir, "config.json"), encoding="utf-8") as f:
       run = json.load(f)
     params = checkpoint_lib.Checkpointer(workdir).restore_params(step, announce=lambda m: None)
@@ -454,7 +458,7 @@ def downstream(side: str, root: str, model: str, seeds: str, lrs: str) -> dict:
 
 def final_model(side: str, root: str, record: dict, vocab: str) -> str:
   """The side's last checkpoint as an HF folder with the tokenizer beside it (what fine-tuning reads)."""
-  from bertjax.convert import __main__ as convert_cli
+  from bertjax.cli import convert as convert_cli
   step = record["checkpoints"][-1]["step"]
   folder = (os.path.join(root, side, "run", f"checkpoint-{step}") if side == "hf" else
             encoder_folder(side, os.path.join(root, side, f"hf_{step}")))

@@ -27,8 +27,11 @@ def main() -> None:
   p = argparse.ArgumentParser()
   p.add_argument("--out", default="")
   args = p.parse_args()
-  from bertjax import train, trainer
-  from bertjax.data import dataset, pretraining, tokenizer
+  from bertjax import pretrain as train
+  from bertjax.core import trainer
+  from bertjax.data import tokenizer
+  from bertjax.data.pretraining import dataset
+  from bertjax.data.pretraining import examples as pretraining
   from configs import pretrain
 
   current = {"step": 0}

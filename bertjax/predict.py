@@ -1,22 +1,23 @@
 """Inference on raw text, in one place: fill in the blank with a pre-trained workdir, or a fine-tuned workdir's
 prediction by its task's kind (a label with probabilities, a value, per-word tags, an answer span).
 
-  python -m bertjax.predict --workdir DIR "the capital of france is [MASK] ." [--top_k 5]
-  python -m bertjax.predict --workdir FINETUNED "a sentence" [--pair "another"] [--question "..."]
+  python -m bertjax predict --workdir DIR "the capital of france is [MASK] ." [--top_k 5]
+  python -m bertjax predict --workdir FINETUNED "a sentence" [--pair "another"] [--question "..."]
 
 Reads DIR/config.json (written by training), the workdir's tokenizer and its newest readable checkpoint (or, for
 a fine-tuned workdir, its best parameters).
 """
 from __future__ import annotations
 
-import json
 import os
-import sys
 
 import jax
 import numpy as np
 
-from bertjax import errors, model as model_lib, tasks as tasks_lib, weights
+from bertjax import errors
+from bertjax import model as model_lib
+from bertjax import tasks as tasks_lib
+from bertjax.convert import weights
 from bertjax.data import tokenizer as tokenizer_lib
 
 MASK = "[MASK]"
@@ -80,32 +81,3 @@ def predict_text(workdir: str, text: str = "", pair: str = "", question: str = "
   meta, task, module, params, tok = load_finetuned(workdir)
   return tasks_lib.kind(task).predict_text(task, module, params, tok, meta["max_seq_length"], text=text, pair=pair,
                                            question=question, context=context, **meta.get("predict_settings", {}))
-
-
-@errors.guard
-def main(argv=None):
-  p = errors.ArgumentParser(description="Predict with a bertjax workdir: fill in [MASK] (pre-training), or a "
-                              "label / tags / answer span (fine-tuning).")
-  p.add_argument("--workdir", required=True)
-  p.add_argument("--top_k", type=int, default=5)
-  p.add_argument("--pair", default="", help="fine-tuned sentence-pair tasks: the second sentence")
-  p.add_argument("--question", default="", help="fine-tuned QA: the question (the context is the text)")
-  p.add_argument("text", nargs="+", help='text; for pre-training, sentences containing [MASK]')
-  args = p.parse_args(argv)
-  if os.path.exists(os.path.join(args.workdir, "finetune.json")):
-    for text in args.text:
-      if args.question:
-        print(json.dumps(predict_text(args.workdir, question=args.question, context=text)))
-      else:
-        print(json.dumps(predict_text(args.workdir, text=text, pair=args.pair)))
-    return 0
-  module, params, tok = load(args.workdir)
-  for text in args.text:
-    print(text)
-    for _, cands in fill_mask(module, params, tok, text, args.top_k, module.cfg.max_length):
-      print("   [MASK] -> " + ", ".join(f"{t} ({p:.3f})" for t, p in cands))
-  return 0
-
-
-if __name__ == "__main__":
-  sys.exit(main())

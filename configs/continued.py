@@ -1,11 +1,11 @@
 """Continued (domain-adaptive) pre-training of a released checkpoint on your own text. Usage:
 
-  python -m bertjax.data.dataset --input domain.txt --tokenizer INIT/vocab.txt --out DATA \
+  python -m bertjax dataset --input domain.txt --tokenizer INIT/vocab.txt --out DATA \
       --example_mode full_sentences --max_seq_length 128
-  python -m bertjax.main --config=configs/continued.py:init=INIT,steps=2000 --workdir=W --config.data.data_dir=DATA
+  python -m bertjax train --config=configs/continued.py:init=INIT,steps=2000 --workdir=W --config.data.data_dir=DATA
 
 INIT: an HF folder of any family bertjax reads (bert, roberta, modernbert; with its MLM head or without: a missing
-head starts fresh, as the log says) or a bertjax pre-training workdir; `python -m bertjax.extend_vocab` makes
+head starts fresh, as the log says) or a bertjax pre-training workdir; `python -m bertjax extend_vocab` makes
 one with domain words added. The model section is INIT's architecture, read from its config; the recipe is MLM
 only with dynamic masking on FULL-SENTENCES data, AdamW with bias correction (as HF checkpoints were trained),
 peak learning rate 1e-4 after a 6% warmup, linear decay, weight decay 0.01. A stopped run resumes from its
@@ -20,7 +20,7 @@ def get_config(arg=None):
   a = common.parse_arg(arg, init="", seq=128, batch=32, steps=2000, lr=1e-4, shard="dp", nsp=False, dtype="float32")
   if not a.init:
     raise ValueError("configs/continued.py needs init=HF_FOLDER_OR_WORKDIR (the checkpoint to continue)")
-  from bertjax import weights
+  from bertjax.convert import weights
   arch = weights.config_of(a.init)
   c = pretrain.get_config(f"seq={a.seq},preds=0,batch={a.batch},steps={a.steps},shard={a.shard},nsp={a.nsp},"
                           f"dynamic=True,dtype={a.dtype}")

@@ -24,6 +24,7 @@ def finetune_config(demo_dir, labels, vocab_size, pretrained=True, seed=0):
   from the demo's pre-trained model, or from random weights of the same architecture; 3 epochs at the rate a
   2-layer model takes."""
   import os
+
   from configs import finetune
   init = os.path.join(demo_dir, "train") if pretrained else ""
   c = finetune.get_config(f"task=local,init={init},lr=1e-3,batch=32,epochs=3,seq=128,seed={seed},variant=tiny,"

@@ -6,16 +6,16 @@ weight decay 0.01), linear warmup (10k steps) and decay, clipping at 1.0; small:
 128 x 128 tokens, 1M steps; base: lr 2e-4, batch 256 x 512, 766k steps; large: lr 2e-4, batch 2048 x 512,
 400k steps. Usage:
 
-  python -m bertjax.data.dataset --input ... --tokenizer vocab.txt --out DATA --example_mode full_sentences \
+  python -m bertjax dataset --input ... --tokenizer vocab.txt --out DATA --example_mode full_sentences \
       --max_seq_length 128 --max_predictions_per_seq 0
-  python -m bertjax.main --config=configs/electra.py:variant=small --workdir=DIR --config.data.data_dir=DATA
+  python -m bertjax train --config=configs/electra.py:variant=small --workdir=DIR --config.data.data_dir=DATA
 
 Argument keys: as configs/pretrain.py; variant tiny|small|base|large. Any architecture switch of
 configs/pretrain.py applies to both networks (e.g. --config.model.position_embedding=rotary).
 """
 import ml_collections
 
-from bertjax.model import electra
+from bertjax.objectives import electra as electra
 from configs import pretrain
 
 RECIPE = {  # learning rate, batch, sequence, steps, masking rate

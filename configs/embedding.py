@@ -2,7 +2,7 @@
 sentence-transformers folder): task=pairs with MultipleNegativesRankingLoss over the whole global batch, mean
 pooling and unit-length embeddings unless the init is a sentence-transformers folder with its own. Usage:
 
-  python -m bertjax.main --config=configs/embedding.py:init=MODEL --workdir=E \\
+  python -m bertjax train --config=configs/embedding.py:init=MODEL --workdir=E \\
       --config.data.train_file=pairs.csv --config.data.eval_file=dev.csv
 
 Argument keys: as configs/finetune.py (init, lr, batch, epochs, seq, seed, shard). Columns: anchor, positive

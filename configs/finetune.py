@@ -1,6 +1,7 @@
 """Fine-tuning config (the paper's recipe by default). Usage:
 
-  python -m bertjax.main --config=configs/finetune.py:task=glue/mrpc,init=PRETRAIN_WORKDIR_OR_HF_DIR,lr=2e-5 --workdir=W
+  python -m bertjax train --config=configs/finetune.py:task=glue/mrpc,init=PRETRAIN_WORKDIR_OR_HF_DIR,lr=2e-5 \
+      --workdir=W
 
 Argument keys: task (glue/{cola,sst2,mrpc,qqp,stsb,mnli,qnli,rte,wnli} | squad/v1.1 | squad/v2.0 | squad_json |
 ner | local | pairs), init, lr, batch, epochs, seq (0 = 128, or 384 for SQuAD), seed, shard, variant (only without
@@ -8,9 +9,8 @@ init).
 """
 import ml_collections
 
-from bertjax.finetune import INIT_RATES
+from bertjax.model.config import INIT_RATES
 from configs import common
-
 
 # The model fields a fine-tuning config sets on top of its init's architecture.
 RUN_FIELDS = ("dropout_rate", "attention_dropout_rate", "classifier_dropout", "dtype", "scan_layers", "scan_unroll",
@@ -23,7 +23,7 @@ def get_config(arg=None):
   a = common.parse_arg(arg, task="glue/mrpc", init="", lr=2e-5, batch=32, epochs=3, seq=0, seed=0, shard="dp",
                        variant="base", vocab=30522, dtype="float32", scan=False)
   c = ml_collections.ConfigDict()
-  c.mode = "finetune"  # dispatch in bertjax.main
+  c.mode = "finetune"  # python -m bertjax train dispatches on it
   c.task = a.task
   c.init = a.init  # bertjax pre-training workdir or HF safetensors folder; "" = random init of `model` (tests)
   c.seed = a.seed  # head init, dropout and example order; sweeps vary it

@@ -4,14 +4,14 @@ attention with a global layer every third, no segment types, vocabulary 50,368 (
 30% (evaluated at 15%), AdamW β2 0.98, ε 1e-6, weight decay 1e-5, peak lr 8e-4 (base) / 5e-4 (large),
 warmup-stable-decay with a 1-sqrt decay, sequences of 1024. Usage:
 
-  python -m bertjax.data.dataset --input ... --tokenizer tokenizer.json --out DATA --example_mode full_sentences \
+  python -m bertjax dataset --input ... --tokenizer tokenizer.json --out DATA --example_mode full_sentences \
       --max_seq_length 1024 --masked_lm_prob 0.3 --max_predictions_per_seq 0
-  python -m bertjax.main --config=configs/modernbert.py:variant=base --workdir=DIR --config.data.data_dir=DATA
+  python -m bertjax train --config=configs/modernbert.py:variant=base --workdir=DIR --config.data.data_dir=DATA
 
 Context extension (ModernBERT's second phase): continue a short-context checkpoint at a long length with the
 global layers' rotary θ raised (the local layers keep theirs) and attention whose cost follows its mask:
 
-  python -m bertjax.main --config=configs/modernbert.py:variant=base,context=8192,init=SHORT_WORKDIR \
+  python -m bertjax train --config=configs/modernbert.py:variant=base,context=8192,init=SHORT_WORKDIR \
       --workdir=LONG --config.data.data_dir=DATA_8192
 
 Argument keys: as configs/pretrain.py; variant tiny|base|large takes ModernBERT's sizes (tiny for tests); theta:

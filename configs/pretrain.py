@@ -1,6 +1,6 @@
 """Pre-training config. Usage:
 
-  python -m bertjax.main --config=configs/pretrain.py:variant=base,seq=128,shard=fsdp --workdir=DIR \
+  python -m bertjax train --config=configs/pretrain.py:variant=base,seq=128,shard=fsdp --workdir=DIR \
       --config.data.data_dir=gs://bucket/data --config.train.num_steps=1000000
 
 Argument keys (all optional): variant, seq, preds (0 = from mask), batch, steps, shard, tp, ln (post|pre),
@@ -19,7 +19,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
                        ln="post", act="gelu", pos="learned", nsp=True, mask=0.15, wwm=False, dynamic=False,
                        dtype="float32", scan=True, remat="none", opt="adamw", vocab=30522)
   c = ml_collections.ConfigDict()
-  c.mode = "pretrain"  # dispatch in bertjax.main
+  c.mode = "pretrain"  # python -m bertjax train dispatches on it
   c.objective = "mlm"  # mlm (MLM, + NSP with train.use_nsp) | electra (configs/electra.py)
   c.seed = 0  # parameter init, dropout and data order
 
@@ -29,7 +29,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
                                  layer_norm=a.ln, nsp_head=a.nsp, dtype=a.dtype, scan_layers=a.scan, remat=a.remat)
 
   c.data = ml_collections.ConfigDict()
-  c.data.data_dir = ""  # output of `python -m bertjax.data.dataset` (has creation.json)
+  c.data.data_dir = ""  # output of `python -m bertjax dataset` (has creation.json)
   c.data.train_split = "train"
   c.data.eval_split = "validation"
   c.data.max_seq_length = a.seq  # must equal the data's max_seq_length

@@ -3,9 +3,9 @@ segment type, byte-level BPE (50,265 ids), MLM only (no NSP) at 15% with dynamic
 Adam β2 0.98, ε 1e-6, peak lr 6e-4 (base) / 4e-4 (large), 24k / 30k warmup steps then linear decay, batch 8k
 sequences of 512, weight decay 0.01, no gradient clipping. Usage:
 
-  python -m bertjax.data.dataset --input ... --tokenizer vocab.json --out DATA --example_mode full_sentences \
+  python -m bertjax dataset --input ... --tokenizer vocab.json --out DATA --example_mode full_sentences \
       --max_seq_length 512 --max_predictions_per_seq 0
-  python -m bertjax.main --config=configs/roberta.py:variant=base --workdir=DIR --config.data.data_dir=DATA
+  python -m bertjax train --config=configs/roberta.py:variant=base --workdir=DIR --config.data.data_dir=DATA
 
 Argument keys: as configs/pretrain.py (variant base|large and the BERT sizes; seq, batch, steps, mask, ...).
 """

@@ -13,19 +13,25 @@ import time
 
 from absl import logging as absl_logging
 
-from bertjax import errors, hostmem
+from bertjax.cli import common
+from bertjax.cli import train as train_cli
+from bertjax.core import hostmem
 
 
-@errors.guard
+@common.guard
 def main(argv=None) -> int:
-  p = errors.ArgumentParser(description="bertjax demo: pre-train a tiny BERT on Python's own documentation.")
+  p = common.ArgumentParser(description="bertjax demo: pre-train a tiny BERT on Python's own documentation.")
   p.add_argument("--workdir", default="runs/demo")
   p.add_argument("--steps", type=int, default=0, help="override the demo config's number of steps")
   args = p.parse_args(argv)
   absl_logging.set_verbosity(absl_logging.WARNING)
   import jax
-  from bertjax import predict, train
-  from bertjax.data import dataset, demo_corpus, pretraining, tokenizer
+
+  from bertjax import predict
+  from bertjax import pretrain as train
+  from bertjax.data import tokenizer
+  from bertjax.data.pretraining import dataset, demo_corpus
+  from bertjax.data.pretraining import examples as pretraining
   from configs import demo
 
   w = os.path.abspath(args.workdir)
@@ -86,9 +92,9 @@ def main(argv=None) -> int:
         f"  TensorBoard logs  {run_dir}/tensorboard   (tensorboard --logdir {run_dir}/tensorboard)\n"
         f"  checkpoints       {run_dir}/checkpoints\n"
         f"  curves (PNG)      {run_dir}/loss.png, mlm_accuracy.png, nsp_accuracy.png"
-        f"   (redraw: python -m bertjax.metrics {run_dir})\n"
-        f"  predict           python -m bertjax.predict --workdir {run_dir} \"text with a [MASK] .\"\n"
-        f"  fine-tuned        python -m bertjax.predict --workdir {w}/finetune/pretrained \"a docstring paragraph\"",
+        f"   (redraw: python -m bertjax plot {run_dir})\n"
+        f"  predict           python -m bertjax predict --workdir {run_dir} \"text with a [MASK] .\"\n"
+        f"  fine-tuned        python -m bertjax predict --workdir {w}/finetune/pretrained \"a docstring paragraph\"",
         flush=True)
   return 0
 
@@ -97,7 +103,7 @@ def finetune_both(w: str, vocab_size: int) -> None:
   """Step 6: the topic task fine-tuned from the pre-trained model and from random weights, same seed; a finished
   run (its report.json) is read back, a stopped one resumes."""
   from bertjax import finetune
-  from bertjax.data import demo_corpus
+  from bertjax.data.pretraining import demo_corpus
   from configs import demo
   task_dir = os.path.join(w, "topic")
   task = demo_corpus.write_topic_task(task_dir)
@@ -119,5 +125,5 @@ def finetune_both(w: str, vocab_size: int) -> None:
 
 if __name__ == "__main__":
   from configs import demo as _demo
-  hostmem.tune_for_cpu(hostmem.config_step_values(_demo.get_config()))  # before JAX's backend starts its threads
+  hostmem.tune_for_cpu(train_cli.step_values(_demo.get_config()))  # before JAX's backend starts its threads
   sys.exit(main())

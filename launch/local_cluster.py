@@ -1,4 +1,4 @@
-"""Run bertjax.main as N real processes on this machine, each with its own fake CPU devices, joined by
+"""Run `python -m bertjax train` as N real processes on this machine, each with its own fake CPU devices, joined by
 jax.distributed over 127.0.0.1 (gloo collectives) -- the multi-host path of a TPU pod, on one machine.
 
   python launch/local_cluster.py --processes 2 --devices_per_process 4 -- \
@@ -33,7 +33,7 @@ def run(processes: int, devices: int, main_args: list[str], timeout: float = 120
     env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
     env["JAX_PLATFORMS"] = "cpu"
     env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
-    cmd = [sys.executable, "-m", "bertjax.main", *main_args, f"--coordinator_address=127.0.0.1:{port}",
+    cmd = [sys.executable, "-m", "bertjax", "train", *main_args, f"--coordinator_address=127.0.0.1:{port}",
            f"--num_processes={processes}", f"--process_id={i}"]
     procs.append(subprocess.Popen(cmd, cwd=ROOT, env=env, text=True,
                                   stdout=None if i == 0 else subprocess.PIPE,

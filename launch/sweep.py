@@ -8,7 +8,9 @@
       --root runs/ablation -- --config.data.data_dir=data/
   python launch/sweep.py table --root runs/mrpc_sweep     # table + sweep.json + sweep.png
 
-Grid keys are the config's argument keys (`configs/*.py:key=value`); `seed` is pooled (median and best).
+Grid keys are the config's argument keys (`configs/*.py:key=value`); `seed` is pooled (median and best). Paths
+(--root, the config file, paths in overrides) are the caller's: relative ones are read from the folder the command
+runs in. A run that fails is named with its one-line error in the table, and the command then fails too.
 """
 from __future__ import annotations
 
@@ -24,12 +26,39 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+class LaunchError(Exception):
+  """A mistake in a launch command's arguments: one line, exit code 2."""
+
+
+def fail(message: str) -> int:
+  print(f"error: {message}", file=sys.stderr, flush=True)
+  return 2
+
+
+class Parser(argparse.ArgumentParser):
+  """argparse whose mistakes are one `error:` line (exit code 2), as bertjax's own commands report them."""
+
+  def error(self, message):
+    raise LaunchError(f"bad command line: {message} (see {self.prog} --help)")
+
+
+def config_path(spec: str) -> str:
+  """`FILE[:ARGS]` with FILE as the caller gives it, or under this repository when the caller's folder has no such
+  file (configs/finetune.py from anywhere)."""
+  path, sep, args = spec.partition(":")
+  if not os.path.isfile(path) and os.path.isfile(os.path.join(ROOT, path)):
+    path = os.path.join(ROOT, path)
+  if not os.path.isfile(path):
+    raise LaunchError(f"config file {path} not found")
+  return os.path.abspath(path) + sep + args
+
+
 def expand(grid: list[str]) -> list[dict]:
   axes = []
   for g in grid:
     key, _, values = g.partition("=")
-    if not values:
-      raise SystemExit(f"--grid {g!r}: expected key=v1,v2,...")
+    if not key or not values or any(not v for v in values.split(",")):
+      raise LaunchError(f"--grid {g!r}: expected key=v1,v2,...")
     axes.append([(key, v) for v in values.split(",")])
   return [dict(c) for c in itertools.product(*axes)] if axes else [{}]
 
@@ -44,8 +73,8 @@ def commands(config: str, grid: list[str], root: str, extra: list[str]) -> list[
     arg = ",".join(f"{k}={v}" for k, v in point.items())
     cfg = config + ("," if ":" in config else ":") + arg if arg else config
     name = run_name(point)
-    out.append((name, point, [sys.executable, "-m", "bertjax.main", f"--config={cfg}",
-                              f"--workdir={os.path.join(root, name)}", *extra]))
+    out.append((name, point, [sys.executable, "-m", "bertjax", "train", f"--config={cfg}",
+                              f"--workdir={os.path.abspath(os.path.join(root, name))}", *extra]))
   return out
 
 
@@ -59,7 +88,7 @@ def result_of(workdir: str) -> dict:
       return {}
     first_split = next(iter(r["best"]["metrics"].values()))
     return {"main": r["best"]["value"], "main_metric": r["main_metric"], **first_split}
-  from bertjax import metrics
+  from bertjax.core import writers as metrics
   evals = [x for x in metrics.read_jsonl(os.path.join(workdir, "metrics.jsonl")) if x["split"] == "eval"]
   if not evals:
     return {}
@@ -125,12 +154,12 @@ def split_extra(argv):
   return argv, []
 
 
-def execute(runs, print_only: bool, skip=lambda label: False):
-  """Runs each (label, command) here one after another, or prints one command line per run for a pod.
-
-  A failed run is reported and the rest go on; `skip(label)` keeps a finished run.
-  """
+def execute(runs, print_only: bool, skip=lambda label: False) -> dict[str, str]:
+  """Runs each (label, command) here one after another, in the caller's folder, or prints one command line per run
+  for a pod. Returns {label: its one-line error} of the runs that failed (the rest go on); `skip(label)` keeps a
+  finished run."""
   env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+  failed = {}
   for label, cmd in runs:
     if print_only:
       print(" ".join(shlex.quote(c) for c in cmd))
@@ -139,9 +168,16 @@ def execute(runs, print_only: bool, skip=lambda label: False):
       print(f"== {label}: finished before, kept", flush=True)
       continue
     print(f"== {label}", flush=True)
-    out = subprocess.run(cmd, cwd=ROOT, env=env)
-    if out.returncode != 0:
-      print(f"   {label} failed with exit code {out.returncode}; continuing", flush=True)
+    proc = subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, text=True, errors="replace")
+    tail = []
+    for line in proc.stderr:  # shown as it comes, the last lines kept for the one-line error
+      sys.stderr.write(line)
+      tail = (tail + [line.rstrip()])[-50:]
+    if proc.wait() != 0:
+      said = [line[len("error: "):] for line in tail if line.startswith("error: ")]
+      failed[label] = said[-1] if said else f"exit code {proc.returncode}: {next(reversed(tail), '')[:200]}"
+      print(f"   {label} failed: {failed[label]}; continuing", flush=True)
+  return failed
 
 
 def print_table(rows):
@@ -154,28 +190,55 @@ def print_table(rows):
     print(f"{setting:40s} {r['metric']:14s} {r['runs']:4d} {r['median']:9.4f} {r['best']:9.4f} {r['worst']:9.4f}")
 
 
-def main(argv=None):
-  argv, extra = split_extra(argv)
-  p = argparse.ArgumentParser(description="Run or tabulate a grid of bertjax runs.")
-  sub = p.add_subparsers(dest="cmd", required=True)
+def parser(description: str, run_args) -> tuple[Parser, argparse.ArgumentParser]:
+  """The `run` / `table` command line both launch tools share; `run_args(run_parser)` adds a tool's own."""
+  p = Parser(description=description)
+  sub = p.add_subparsers(dest="cmd", required=True, parser_class=Parser)
   r = sub.add_parser("run")
-  r.add_argument("--config", required=True)
-  r.add_argument("--grid", action="append", default=[])
-  r.add_argument("--root", required=True)
+  run_args(r)
+  r.add_argument("--root", required=True, help="the folder of the runs (relative: to the folder the command runs in)")
   r.add_argument("--print", action="store_true", help="print the commands (e.g. for every TPU pod) instead of running")
-  t = sub.add_parser("table")
-  t.add_argument("--root", required=True)
-  args = p.parse_args(argv)
-  if args.cmd == "run":
-    cmds = commands(args.config, args.grid, args.root, extra)
-    os.makedirs(args.root, exist_ok=True)
-    with open(os.path.join(args.root, "sweep_runs.json"), "w", encoding="utf-8") as f:
-      json.dump({name: point for name, point, _ in cmds}, f, indent=2)
-    execute([(name, cmd) for name, _, cmd in cmds], args.print)
-    if args.print:
-      return 0
+  sub.add_parser("table").add_argument("--root", required=True)
+  return p, r
+
+
+def existing_root(root: str, runs_file: str) -> str:
+  if not os.path.isfile(os.path.join(root, runs_file)):
+    raise LaunchError(f"--root {root}: no {runs_file} (not the root of a run of this tool)")
+  return root
+
+
+def main(argv=None):
+  try:
+    return _main(argv)
+  except LaunchError as e:
+    return fail(str(e))
+
+
+def build_parser() -> Parser:
+  def run_args(r):
+    r.add_argument("--config", required=True)
+    r.add_argument("--grid", action="append", default=[])
+  return parser("Run or tabulate a grid of bertjax runs.", run_args)[0]
+
+
+def _main(argv):
+  argv, extra = split_extra(argv)
+  args = build_parser().parse_args(argv)
+  if args.cmd == "table":
+    print_table(tabulate(existing_root(args.root, "sweep_runs.json")))
+    return 0
+  cmds = commands(config_path(args.config), args.grid, args.root, extra)
+  os.makedirs(args.root, exist_ok=True)
+  with open(os.path.join(args.root, "sweep_runs.json"), "w", encoding="utf-8") as f:
+    json.dump({name: point for name, point, _ in cmds}, f, indent=2)
+  failed = execute([(name, cmd) for name, _, cmd in cmds], args.print)
+  if args.print:
+    return 0
   print_table(tabulate(args.root))
-  return 0
+  for name, why in failed.items():
+    print(f"failed: {name}: {why}")
+  return 1 if failed else 0
 
 
 if __name__ == "__main__":

@@ -4,14 +4,14 @@
 #
 #   launch/tpu_vm.sh create  NAME ZONE ACCELERATOR [VERSION]   # e.g. bert v5litepod-16 us-west4-a
 #   launch/tpu_vm.sh setup   NAME ZONE                         # clone/copy + install bertjax[tpu] on every worker
-#   launch/tpu_vm.sh run     NAME ZONE -- ARGS...              # python -m bertjax.main ARGS on every worker
+#   launch/tpu_vm.sh run     NAME ZONE -- ARGS...              # python -m bertjax train ARGS on every worker
 #   launch/tpu_vm.sh logs    NAME ZONE                         # follow worker 0's log
 #   launch/tpu_vm.sh stop    NAME ZONE                         # stop the run on every worker (SIGTERM: saves)
 #   launch/tpu_vm.sh delete  NAME ZONE
 #
 # Data and workdir live in a bucket: --workdir=gs://BUCKET/runs/NAME --config.data.data_dir=gs://BUCKET/data
 # (orbax and tfds read gs:// through gcsfs, installed by the tpu extra). Environment on the workers:
-#   JAX_PLATFORMS=tpu (default there); TPU_WORKER_HOSTNAMES is set by the VM, so bertjax.main initialises
+#   JAX_PLATFORMS=tpu (default there); TPU_WORKER_HOSTNAMES is set by the VM, so python -m bertjax train initialises
 #   jax.distributed on its own (--multihost=auto). A preempted VM delivers SIGTERM: the run saves and exits 0;
 #   rerun the same `run` command to resume from the bucket. JAX_COMPILATION_CACHE_DIR defaults to
 #   ~/.cache/bertjax-xla on each worker, so a resumed run on the same VM loads its compiled step.
@@ -41,14 +41,14 @@ case "$cmd" in
     [ "${1:-}" = "--" ] && shift
     args=$(printf '%q ' "$@")
     ssh_all "cd $repo_dir && JAX_COMPILATION_CACHE_DIR=\${JAX_COMPILATION_CACHE_DIR:-\$HOME/.cache/bertjax-xla} \
-      nohup .venv/bin/python -m bertjax.main $args > $log 2>&1 &"
+      nohup .venv/bin/python -m bertjax train $args > $log 2>&1 &"
     echo "started on all workers; follow with: launch/tpu_vm.sh logs $name $zone"
     ;;
   logs)
     gcloud compute tpus tpu-vm ssh "$name" --zone "$zone" --worker=0 --command "tail -n 100 -f $log"
     ;;
   stop)
-    ssh_all "pkill -TERM -f 'bertjax.main' || true"
+    ssh_all "pkill -TERM -f 'bertjax train' || true"
     ;;
   delete)
     gcloud compute tpus tpu-vm delete "$name" --zone "$zone" --quiet

@@ -22,7 +22,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def build_data(d: str) -> str:
-  from bertjax.data import dataset, demo_corpus, pretraining, tokenizer
+  from bertjax.data import tokenizer
+  from bertjax.data.pretraining import dataset, demo_corpus
+  from bertjax.data.pretraining import examples as pretraining
   text = os.path.join(d, "corpus.txt")
   demo_corpus.build_demo_corpus(text)
   with open(text, encoding="utf-8") as f:
@@ -38,9 +40,9 @@ def build_data(d: str) -> str:
 
 
 def command(workdir: str, data_dir: str, steps: int) -> list[str]:
-  from bertjax.data import dataset
+  from bertjax.data.pretraining import dataset
   vocab = dataset.read_creation(data_dir)["vocab_size"]
-  return [sys.executable, "-m", "bertjax.main",
+  return [sys.executable, "-m", "bertjax", "train",
           f"--config={ROOT}/configs/pretrain.py:variant=tiny,seq=32,preds=5,batch=8,shard=dp,steps={steps}",
           f"--workdir={workdir}", f"--config.data.data_dir={data_dir}", f"--config.model.vocab_size={vocab}",
           "--config.model.hidden_size=64", "--config.model.num_heads=4", "--config.model.intermediate_size=128",
@@ -82,7 +84,8 @@ def run_and_kill(cmd, rng: random.Random, steps: int, seen_leftovers: list) -> b
 
 
 def final(workdir: str):
-  from bertjax import checkpoint, metrics
+  from bertjax.core import checkpoint
+  from bertjax.core import writers as metrics
   ck = checkpoint.Checkpointer(workdir)
   step = ck.latest_step()
   params = ck.restore_params(step)

@@ -15,7 +15,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def make_pretraining_data(d) -> str:
   """A tiny pre-training data_dir (seq 32, 5 predictions, vocab 128) built from generated text under `d`."""
-  from bertjax.data import dataset, pretraining, tokenizer
+  from bertjax.data import tokenizer
+  from bertjax.data.pretraining import dataset
+  from bertjax.data.pretraining import examples as pretraining
   rng = np.random.default_rng(0)
   words = ("the model reads text and predicts masked words from both sides of each sentence while a second "
            "head guesses whether two segments follow each other").split()
@@ -29,7 +31,7 @@ def make_pretraining_data(d) -> str:
 
 
 def small_config(data_dir="", shard="dp", **train_kw):
-  from bertjax.data import dataset
+  from bertjax.data.pretraining import dataset
   from configs import pretrain
   c = pretrain.get_config(f"variant=tiny,seq=32,preds=5,batch=16,shard={shard},tp=4,steps=6")
   c.model.hidden_size = 64
@@ -51,9 +53,9 @@ def small_config(data_dir="", shard="dp", **train_kw):
 
 
 def main_cmd(config_arg, workdir, data_dir, *extra):
-  """`python -m bertjax.main` pre-training the small model of `small_config` on `data_dir`."""
-  from bertjax.data import dataset
-  return [sys.executable, "-m", "bertjax.main", f"--config={ROOT}/configs/pretrain.py:{config_arg}",
+  """`python -m bertjax train` pre-training the small model of `small_config` on `data_dir`."""
+  from bertjax.data.pretraining import dataset
+  return [sys.executable, "-m", "bertjax", "train", f"--config={ROOT}/configs/pretrain.py:{config_arg}",
           f"--workdir={workdir}", f"--config.data.data_dir={data_dir}", "--config.model.hidden_size=64",
           "--config.model.num_heads=4", "--config.model.intermediate_size=128",
           f"--config.model.vocab_size={dataset.read_creation(data_dir)['vocab_size']}",

@@ -1,12 +1,13 @@
 """The hostile-input table: every command-line tool on bad input, each case expecting exit code 2, exactly one
 `error:` line matching a pattern, and no traceback.
 
-    python tests/hostile.py --group main|aot --json OUT     # runs a group's cases in this process (tests use it)
-    python tests/hostile.py --markdown                      # the table as docs/robustness.md shows it
+    python tests/hostile.py --group train|aot|parity --json OUT   # a group's cases in this process (tests use it)
+    python tests/hostile.py --markdown                            # the table as docs/robustness.md shows it
 
-Cases run in-process, one process per group (each tool's `main` is called with its argv; a tool that ends the
-process raises SystemExit, caught here), so the whole table takes seconds rather than a process start per case.
-`aot` has a group of its own: it defines absl flags of the same names as `bertjax.main`.
+Cases run in-process, one process per group (each tool runs as `python -m bertjax TOOL ARGS` would, through the
+dispatcher; a tool that ends the process raises SystemExit, caught here), so the whole table takes seconds rather
+than a process start per case.
+`aot` and `parity` have a group each: they define absl flags of the same names as `train`.
 
 A case is (id, tool, argv, pattern, what): argv items may name fixtures as {tmp}, {corpus}, {vocab}, {data},
 {spm_cut}, {binary}, {blank}, {pre}, {fine}, {csv_*}, {conll_*}, built by `fixtures` before the cases run.
@@ -19,7 +20,6 @@ import io
 import json
 import os
 import re
-import sys
 import tempfile
 import time
 import traceback
@@ -34,104 +34,105 @@ FINE = ["--config={root}/configs/finetune.py:task=local,seq=32,batch=8,epochs=1,
         "--config.data.labels=('neg','pos')", "--config.data.tokenizer={vocab}"]
 
 CASES = [
-    # ---------------------------------------------------------------- pre-training (python -m bertjax.main)
-    ("pre_keep0", "main", PRE + ["--config.keep_checkpoints=0"], r"keep_checkpoints must be an integer >= 1",
+    # ---------------------------------------------------------------- pre-training (python -m bertjax train)
+    ("pre_keep0", "train", PRE + ["--config.keep_checkpoints=0"], r"keep_checkpoints must be an integer >= 1",
      "keep_checkpoints=0 (would delete every checkpoint)"),
-    ("pre_keep_neg", "main", PRE + ["--config.keep_checkpoints=-1"], r"keep_checkpoints must be an integer >= 1",
+    ("pre_keep_neg", "train", PRE + ["--config.keep_checkpoints=-1"], r"keep_checkpoints must be an integer >= 1",
      "keep_checkpoints=-1"),
-    ("pre_lr_nan", "main", PRE + ["--config.train.learning_rate=nan"], r"learning_rate must be a finite number >= 0",
+    ("pre_lr_nan", "train", PRE + ["--config.train.learning_rate=nan"], r"learning_rate must be a finite number >= 0",
      "learning rate nan"),
-    ("pre_lr_inf", "main", PRE + ["--config.train.learning_rate=inf"], r"learning_rate must be a finite number >= 0",
+    ("pre_lr_inf", "train", PRE + ["--config.train.learning_rate=inf"], r"learning_rate must be a finite number >= 0",
      "learning rate inf"),
-    ("pre_lr_neg", "main", PRE + ["--config.train.learning_rate=-0.001"], r"learning_rate must be a finite number",
+    ("pre_lr_neg", "train", PRE + ["--config.train.learning_rate=-0.001"], r"learning_rate must be a finite number",
      "negative learning rate"),
-    ("pre_warmup_neg", "main", PRE + ["--config.train.warmup_steps=-5"], r"warmup_steps must be an integer >= 0",
+    ("pre_warmup_neg", "train", PRE + ["--config.train.warmup_steps=-5"], r"warmup_steps must be an integer >= 0",
      "negative warmup"),
-    ("pre_steps0", "main", PRE + ["--config.train.num_steps=0"], r"train.num_steps must be positive", "zero steps"),
-    ("pre_arg_type", "main", [PRE[0].replace("batch=16", "batch=abc")] + PRE[1:],
+    ("pre_steps0", "train", PRE + ["--config.train.num_steps=0"], r"train.num_steps must be positive", "zero steps"),
+    ("pre_arg_type", "train", [PRE[0].replace("batch=16", "batch=abc")] + PRE[1:],
      r"config argument batch='abc' is not of type int", "a config argument of the wrong type"),
-    ("pre_arg_unknown", "main", [PRE[0] + ",varient=base"] + PRE[1:], r"unknown config argument 'varient'",
+    ("pre_arg_unknown", "train", [PRE[0] + ",varient=base"] + PRE[1:], r"unknown config argument 'varient'",
      "a misspelt config argument"),
-    ("pre_shard_unknown", "main", [PRE[0].replace("shard=dp", "shard=zero3")] + PRE[1:],
+    ("pre_shard_unknown", "train", [PRE[0].replace("shard=dp", "shard=zero3")] + PRE[1:],
      r"unknown sharding preset 'zero3'", "an unknown sharding preset"),
-    ("pre_field_unknown", "main", PRE + ["--config.train.batch_size=abc"],
+    ("pre_field_unknown", "train", PRE + ["--config.train.batch_size=abc"],
      r"no such config field 'batch_size' in train; did you mean 'train.global_batch_size'",
      "a field that does not exist"),
-    ("pre_section_unknown", "main", PRE + ["--config.trian.num_steps=3"], r"no such config field 'trian'.*'train'",
+    ("pre_section_unknown", "train", PRE + ["--config.trian.num_steps=3"], r"no such config field 'trian'.*'train'",
      "a section that does not exist"),
-    ("pre_field_type", "main", PRE + ["--config.train.global_batch_size=abc"], r"global_batch_size=abc",
+    ("pre_field_type", "train", PRE + ["--config.train.global_batch_size=abc"], r"global_batch_size=abc",
      "a field value of the wrong type"),
-    ("pre_flag_unknown", "main", PRE + ["--bogus=1"], r"Unknown command line flag 'bogus'", "an unknown flag"),
-    ("pre_config_missing", "main", ["--config=configs/no_such_config.py", "--workdir={tmp}/w"], r"no_such_config.py",
+    ("pre_flag_unknown", "train", PRE + ["--bogus=1"], r"Unknown command line flag 'bogus'", "an unknown flag"),
+    ("pre_config_missing", "train", ["--config=configs/no_such_config.py", "--workdir={tmp}/w"], r"no_such_config.py",
      "a config file that does not exist"),
-    ("pre_no_data_dir", "main", PRE[:2], r"data.data_dir is empty", "no data_dir"),
-    ("pre_data_missing", "main", PRE[:2] + ["--config.data.data_dir={tmp}/nowhere"], r"no creation.json",
+    ("pre_no_data_dir", "train", PRE[:2], r"data.data_dir is empty", "no data_dir"),
+    ("pre_data_missing", "train", PRE[:2] + ["--config.data.data_dir={tmp}/nowhere"], r"no creation.json",
      "a data_dir that does not exist"),
-    ("pre_vocab_mismatch", "main", [PRE[0].replace("vocab={vocab_n}", "vocab=30522")] + PRE[1:],
+    ("pre_vocab_mismatch", "train", [PRE[0].replace("vocab={vocab_n}", "vocab=30522")] + PRE[1:],
      r"does not match the data's tokenizer vocabulary \d+ .*: pass vocab=\d+", "model vocabulary not the tokenizer's"),
-    ("pre_seq_mismatch", "main", [PRE[0].replace("seq=32", "seq=64")] + PRE[1:],
+    ("pre_seq_mismatch", "train", [PRE[0].replace("seq=32", "seq=64")] + PRE[1:],
      r"data.max_seq_length is 64 but the data .* was made with 32", "sequence length not the data's"),
-    ("pre_batch_indivisible", "main", [PRE[0].replace("batch=16", "batch=12")] + PRE[1:],
+    ("pre_batch_indivisible", "train", [PRE[0].replace("batch=16", "batch=12")] + PRE[1:],
      r"micro-batch 12 .* not divisible by the data-parallel size 8", "batch not divisible by the devices"),
-    ("pre_schedule", "main", PRE + ["--config.train.schedule=cosine_typo"], r"train.schedule 'cosine_typo'",
+    ("pre_schedule", "train", PRE + ["--config.train.schedule=cosine_typo"], r"train.schedule 'cosine_typo'",
      "an unknown schedule"),
-    ("pre_optimizer", "main", PRE + ["--config.train.optimizer=sgd"], r"train.optimizer 'sgd'", "an unknown optimizer"),
-    ("pre_prng", "main", PRE + ["--config.train.prng_impl=mt"], r"train.prng_impl 'mt'", "an unknown PRNG"),
-    ("pre_into_finetune_workdir", "main", PRE[:1] + ["--workdir={fine}"] + PRE[2:],
+    ("pre_optimizer", "train", PRE + ["--config.train.optimizer=sgd"], r"train.optimizer 'sgd'",
+     "an unknown optimizer"),
+    ("pre_prng", "train", PRE + ["--config.train.prng_impl=mt"], r"train.prng_impl 'mt'", "an unknown PRNG"),
+    ("pre_into_finetune_workdir", "train", PRE[:1] + ["--workdir={fine}"] + PRE[2:],
      r"holds a fine-tuning run, not a pre-training one", "pre-training into a fine-tuning workdir"),
-    ("pre_locked", "main", PRE[:1] + ["--workdir={locked}"] + PRE[2:], r"is in use by another run",
+    ("pre_locked", "train", PRE[:1] + ["--workdir={locked}"] + PRE[2:], r"is in use by another run",
      "a workdir another run holds"),
-    # ---------------------------------------------------------------- fine-tuning (python -m bertjax.main)
-    ("ft_into_pretrain_workdir", "main", FINE[:1] + ["--workdir={pre}"] + FINE[2:],
+    # ---------------------------------------------------------------- fine-tuning (python -m bertjax train)
+    ("ft_into_pretrain_workdir", "train", FINE[:1] + ["--workdir={pre}"] + FINE[2:],
      r"holds a pre-training run, not a fine-tuning one; to fine-tune from it pass init=", "fine-tuning into a "
      "pre-training workdir"),
-    ("ft_pairs_same_positive", "main",
+    ("ft_pairs_same_positive", "train",
      [FINE[0].replace("task=local", "task=pairs"), "--workdir={tmp}/w_pairs", "--config.data.train_file={pairs_same}",
       "--config.data.text_a_column=anchor", "--config.data.text_b_column=positive", "--config.data.tokenizer={vocab}"],
      r"pairs_same.csv: every row has the same positive", "embedding pairs whose positives are all one text"),
-    ("ft_matryoshka_bad", "main",
+    ("ft_matryoshka_bad", "train",
      [FINE[0].replace("task=local", "task=pairs"), "--workdir={tmp}/w_pairs2", "--config.data.train_file={pairs_same}",
       "--config.data.tokenizer={vocab}", "--config.embedding.matryoshka_dims=256,half"],
      r"embedding.matryoshka_dims '256,half'", "Matryoshka widths that are not numbers"),
-    ("ft_lr_neg", "main", FINE + ["--config.train.learning_rate=-1e-5"], r"learning_rate must be a finite number",
+    ("ft_lr_neg", "train", FINE + ["--config.train.learning_rate=-1e-5"], r"learning_rate must be a finite number",
      "negative learning rate"),
-    ("ft_lr_nan", "main", FINE + ["--config.train.learning_rate=nan"], r"learning_rate must be a finite number",
+    ("ft_lr_nan", "train", FINE + ["--config.train.learning_rate=nan"], r"learning_rate must be a finite number",
      "learning rate nan"),
-    ("ft_keep0", "main", FINE + ["--config.keep_checkpoints=0"], r"keep_checkpoints must be an integer >= 1",
+    ("ft_keep0", "train", FINE + ["--config.keep_checkpoints=0"], r"keep_checkpoints must be an integer >= 1",
      "keep_checkpoints=0"),
-    ("ft_no_labels", "main", [a for a in FINE if "labels" not in a], r"task local needs its label set declared",
+    ("ft_no_labels", "train", [a for a in FINE if "labels" not in a], r"task local needs its label set declared",
      "no labels declared"),
-    ("ft_dup_labels", "main", FINE + ["--config.data.labels=('neg','neg')"], r"names a label twice",
+    ("ft_dup_labels", "train", FINE + ["--config.data.labels=('neg','neg')"], r"names a label twice",
      "a label declared twice"),
-    ("ft_unknown_task", "main", [FINE[0].replace("task=local", "task=glue/nope")] + FINE[1:], r"unknown task",
+    ("ft_unknown_task", "train", [FINE[0].replace("task=local", "task=glue/nope")] + FINE[1:], r"unknown task",
      "an unknown task"),
-    ("ft_missing_column", "main", FINE + ["--config.data.text_a_column=text"], r"missing column\(s\) \['text'\]",
+    ("ft_missing_column", "train", FINE + ["--config.data.text_a_column=text"], r"missing column\(s\) \['text'\]",
      "a column the file does not have"),
-    ("ft_empty_text", "main", FINE + ["--config.data.train_file={csv_empty}"], r"csv_empty.csv:3: empty text",
+    ("ft_empty_text", "train", FINE + ["--config.data.train_file={csv_empty}"], r"csv_empty.csv:3: empty text",
      "an empty text field"),
-    ("ft_all_empty", "main", FINE + ["--config.data.train_file={csv_all_empty}"], r"csv_all_empty.csv:2: empty text",
+    ("ft_all_empty", "train", FINE + ["--config.data.train_file={csv_all_empty}"], r"csv_all_empty.csv:2: empty text",
      "every text field empty"),
-    ("ft_unknown_label", "main", FINE + ["--config.data.train_file={csv_bad_label}"],
+    ("ft_unknown_label", "train", FINE + ["--config.data.train_file={csv_bad_label}"],
      r"csv_bad_label.csv:3: label 'maybe' is not in the declared set", "a label outside the declared set"),
-    ("ft_label_not_number", "main", FINE + ["--config.data.regression=True"], r"csv_ok.csv:2: label 'pos' is not a "
+    ("ft_label_not_number", "train", FINE + ["--config.data.regression=True"], r"csv_ok.csv:2: label 'pos' is not a "
      "number", "a regression label that is not a number"),
-    ("ft_train_missing", "main", FINE + ["--config.data.train_file={tmp}/none.csv"], r"none.csv: file not found",
+    ("ft_train_missing", "train", FINE + ["--config.data.train_file={tmp}/none.csv"], r"none.csv: file not found",
      "a training file that does not exist"),
-    ("ft_init_missing", "main", FINE + ["--config.init={tmp}/no_such_model"], r"no_such_model",
+    ("ft_init_missing", "train", FINE + ["--config.init={tmp}/no_such_model"], r"no_such_model",
      "an init path that does not exist"),
-    ("ft_jsonl_bad", "main", FINE + ["--config.data.train_file={jsonl_bad}"], r"jsonl_bad.jsonl:2: not a JSON object",
+    ("ft_jsonl_bad", "train", FINE + ["--config.data.train_file={jsonl_bad}"], r"jsonl_bad.jsonl:2: not a JSON object",
      "a JSONL line that is not JSON"),
-    ("ft_csv_utf8", "main", FINE + ["--config.data.train_file={csv_utf8}"], r"csv_utf8.csv:3: not UTF-8",
+    ("ft_csv_utf8", "train", FINE + ["--config.data.train_file={csv_utf8}"], r"csv_utf8.csv:3: not UTF-8",
      "a training file with bytes that are not UTF-8"),
-    ("ft_ner_no_tag", "main", [FINE[0].replace("task=local", "task=ner"), FINE[1],
+    ("ft_ner_no_tag", "train", [FINE[0].replace("task=local", "task=ner"), FINE[1],
                                "--config.data.train_file={conll_no_tag}", "--config.data.eval_file={conll_no_tag}",
                                "--config.data.labels=('O','B-PER','I-PER')", "--config.data.tokenizer={vocab}"],
      r"conll_no_tag.txt:2: 'Smith' has no tag", "a CoNLL line without a tag"),
-    ("ft_ner_bad_scheme", "main", [FINE[0].replace("task=local", "task=ner"), FINE[1],
+    ("ft_ner_bad_scheme", "train", [FINE[0].replace("task=local", "task=ner"), FINE[1],
                                    "--config.data.train_file={conll_no_tag}", "--config.data.labels=('O','U-PER')",
                                    "--config.data.tokenizer={vocab}"], r"config.data.labels: tag 'U-PER'",
      "a tag scheme the scorer does not read"),
-    # ---------------------------------------------------------------- python -m bertjax.data.dataset
+    # ---------------------------------------------------------------- python -m bertjax dataset
     ("ds_binary", "dataset", ["--input", "{binary}", "--tokenizer", "{vocab}", "--out", "{tmp}/d1"],
      r"looks like a binary file", "a binary corpus"),
     ("ds_missing", "dataset", ["--input", "{tmp}/nope.txt", "--tokenizer", "{vocab}", "--out", "{tmp}/d2"],
@@ -168,7 +169,7 @@ CASES = [
                                "--max_seq_length", "long"], r"argument --max_seq_length: invalid int value",
      "a number that is not one"),
     ("ds_no_args", "dataset", [], r"the following arguments are required", "no arguments"),
-    # ---------------------------------------------------------------- python -m bertjax.data.tokenizer
+    # ---------------------------------------------------------------- python -m bertjax tokenizer
     ("tok_missing", "tokenizer", ["--input", "{tmp}/nope.txt", "--out", "{tmp}/t1", "--vocab_size", "64"],
      r"nope.txt", "a corpus that does not exist"),
     ("tok_folder", "tokenizer", ["--input", "{tmp}", "--out", "{tmp}/t2", "--vocab_size", "64"], r"is a folder",
@@ -183,8 +184,8 @@ CASES = [
      r"already holds \['vocab.txt'\]; pass --overwrite", "a tokenizer folder without --overwrite"),
     ("tok_kind", "tokenizer", ["--input", "{corpus}", "--out", "{tmp}/t6", "--kind", "wordpeice"],
      r"argument --kind: invalid choice: 'wordpeice'", "an unknown kind"),
-    # ---------------------------------------------------------------- python -m bertjax.predict
-    # ---------------------------------------------------------------- embeddings (python -m bertjax.embeddings)
+    # ---------------------------------------------------------------- python -m bertjax predict
+    # ---------------------------------------------------------------- embeddings (python -m bertjax embeddings)
     ("emb_beir_dup", "embeddings", ["--model", "{pre}", "--beir", "{beir_dup}"],
      r"corpus.jsonl:2: document id 'a' repeats line 1", "a BEIR corpus with a repeated document id"),
     ("emb_beir_utf8", "embeddings", ["--model", "{pre}", "--beir", "{beir_utf8}"], r"corpus.jsonl:2: not UTF-8",
@@ -217,7 +218,7 @@ CASES = [
      "a workdir without a checkpoint"),
     ("pr_top_k", "predict", ["--workdir", "{pre}", "--top_k", "x", "a [MASK] b"], r"argument --top_k: invalid int",
      "a non-integer --top_k"),
-    # ---------------------------------------------------------------- python -m bertjax.convert
+    # ---------------------------------------------------------------- python -m bertjax convert
     ("cv_missing", "convert", ["--workdir", "{tmp}/none", "--out", "{tmp}/hf1"], r"no such workdir",
      "a workdir that does not exist"),
     ("cv_into_workdir", "convert", ["--workdir", "{pre}", "--out", "{fine}"], r"holds a bertjax workdir",
@@ -232,21 +233,183 @@ CASES = [
      "--out naming a file"),
     ("cv_no_checkpoint", "convert", ["--workdir", "{pre_empty}", "--out", "{tmp}/hf2"], r"no checkpoint",
      "a workdir without a checkpoint"),
-    # ---------------------------------------------------------------- python -m bertjax.aot
+    # ---------------------------------------------------------------- python -m bertjax aot
     ("aot_topology", "aot", ["--config=configs/pretrain.py:variant=tiny", "--topology=v9z:9x9"], r"v9z",
      "an unknown TPU topology"),
     ("aot_config_arg", "aot", ["--config=configs/pretrain.py:varient=tiny"], r"unknown config argument 'varient'",
      "a misspelt config argument"),
     ("aot_field", "aot", ["--config=configs/pretrain.py:variant=tiny", "--config.train.batch_size=8"],
      r"no such config field 'batch_size'", "a field that does not exist"),
+    # ---------------------------------------------------------------- every other flag of train, aot, parity
+    ("tr_multihost", "train", PRE + ["--multihost=maybe"], r"multihost", "--multihost not on/off/auto"),
+    ("tr_address_alone", "train", PRE + ["--coordinator_address=127.0.0.1:1"],
+     r"explicit multi-process run takes --coordinator_address.*--num_processes.*--process_id.* together",
+     "--coordinator_address without --num_processes and --process_id"),
+    ("tr_processes0", "train", PRE + ["--coordinator_address=127.0.0.1:1", "--num_processes=0", "--process_id=0"],
+     r"--num_processes=N \(>= 1\)", "--num_processes 0"),
+    ("tr_process_id", "train", PRE + ["--coordinator_address=127.0.0.1:1", "--num_processes=2", "--process_id=5"],
+     r"0 <= I < N", "--process_id outside the processes"),
+    ("tr_no_workdir", "train", PRE[:1] + PRE[2:], r"--workdir", "no --workdir"),
+    ("aot_per_chip0", "aot", ["--config=configs/pretrain.py:variant=tiny", "--per_chip_batch=0"],
+     r"--per_chip_batch must be >= 1", "--per_chip_batch 0"),
+    ("aot_slices0", "aot", ["--config=configs/pretrain.py:variant=tiny", "--num_slices=0"],
+     r"--num_slices must be >= 1", "--num_slices 0"),
+    ("aot_search", "aot", ["--config=configs/pretrain.py:variant=tiny", "--search", "--topology=v9z:9x9",
+                           "--out={tmp}/aot.json"], r"v9z", "--search (and --out) on an unknown topology"),
+    ("pa_steps", "parity", ["--config={root}/configs/finetune.py:task=local", "--out={tmp}/p1", "--steps=-1"],
+     r"--steps must be >= 0", "--steps -1"),
+    ("pa_no_out", "parity", ["--config={root}/configs/finetune.py:task=local", "--dropout"], r"--out",
+     "no --out (with --dropout)"),
+    ("pa_no_init", "parity", ["--config={root}/configs/finetune.py:task=local", "--out={tmp}/p2",
+                              "--config.data.labels=('a','b')"], r"parity needs config.init",
+     "a config without an init to start both loops from"),
+    # ---------------------------------------------------------------- every other flag of dataset
+    ("ds_beam_quote", "dataset", ["--input", "{corpus}", "--tokenizer", "{vocab}", "--out", "{tmp}/d16",
+                                  "--beam_runner", "DirectRunner", "--beam_options=--project='x"],
+     r"--beam_options .*No closing quotation", "--beam_options with an unclosed quote"),
+    ("ds_wwm_flase", "dataset", ["--input", "{corpus}", "--tokenizer", "{vocab}", "--out", "{tmp}/d17",
+                                 "--whole_word_mask=flase"], r"--whole_word_mask: 'flase' is not a boolean",
+     "--whole_word_mask=flase (not read as False)"),
+    ("ds_text_field", "dataset", ["--input", "{jsonl_body}", "--tokenizer", "{vocab}", "--out", "{tmp}/d18",
+                                  "--text_field", "content", "--skip_bad_records"], r"no field 'content'|no training",
+     "--text_field naming no field (with --skip_bad_records)"),
+    ("ds_splitter", "dataset", ["--input", "{corpus}", "--tokenizer", "{vocab}", "--out", "{tmp}/d19",
+                                "--splitter", "nltk"], r"argument --splitter: invalid choice", "an unknown splitter"),
+    ("ds_language", "dataset", ["--input", "{tmp}/nope.txt", "--tokenizer", "{vocab}", "--out", "{tmp}/d20",
+                                "--language", "de", "--cased"], r"nope.txt: corpus file not found",
+     "--language and --cased with a corpus that does not exist"),
+    ("ds_tfds", "dataset", ["--input", "tfds:no_such_dataset", "--tokenizer", "{vocab}", "--out", "{tmp}/d21",
+                            "--tfds_data_dir", "{tmp}"], r"no_such_dataset", "a tfds input that does not exist"),
+    ("ds_mask_prob", "dataset", ["--input", "{corpus}", "--tokenizer", "{vocab}", "--out", "{tmp}/d22",
+                                 "--masked_lm_prob", "1.5"], r"masked_lm_prob must be in \(0, 1\)",
+     "--masked_lm_prob 1.5"),
+    ("ds_short", "dataset", ["--input", "{corpus}", "--tokenizer", "{vocab}", "--out", "{tmp}/d23",
+                             "--short_seq_prob", "2"], r"short_seq_prob must be in \[0, 1\]", "--short_seq_prob 2"),
+    ("ds_dupe0", "dataset", ["--input", "{corpus}", "--tokenizer", "{vocab}", "--out", "{tmp}/d24",
+                             "--dupe_factor", "0"], r"dupe_factor must be >= 1", "--dupe_factor 0"),
+    ("ds_buffer0", "dataset", ["--input", "{corpus}", "--tokenizer", "{vocab}", "--out", "{tmp}/d25",
+                               "--buffer_documents", "0"], r"buffer_documents must be >= 1", "--buffer_documents 0"),
+    ("ds_preds", "dataset", ["--input", "{corpus}", "--tokenizer", "{vocab}", "--out", "{tmp}/d26",
+                             "--max_predictions_per_seq", "-1"], r"max_predictions_per_seq must be >= 1",
+     "--max_predictions_per_seq -1"),
+    ("ds_mode", "dataset", ["--input", "{corpus}", "--tokenizer", "{vocab}", "--out", "{tmp}/d27",
+                            "--example_mode", "pairs"], r"example_mode 'pairs'", "an unknown example mode"),
+    ("ds_seed", "dataset", ["--input", "{corpus}", "--tokenizer", "{vocab}", "--out", "{tmp}/d28",
+                            "--random_seed", "x"], r"argument --random_seed: invalid int",
+     "a seed that is not a number"),
+    ("ds_overwrite", "dataset", ["--input", "{tmp}/nope.txt", "--tokenizer", "{vocab}", "--out", "{data}",
+                                 "--overwrite"], r"nope.txt: corpus file not found",
+     "--overwrite with a corpus that does not exist (the data dir stays)"),
+    # ---------------------------------------------------------------- every other flag of tokenizer
+    ("tok_vocab0", "tokenizer", ["--input", "{corpus}", "--out", "{tmp}/t7", "--vocab_size", "0"],
+     r"vocab_size 0 is too small", "--vocab_size 0"),
+    ("tok_field", "tokenizer", ["--input", "{jsonl_body}", "--out", "{tmp}/t8", "--vocab_size", "64", "--text_field",
+                                "content", "--skip_bad_records"], r"no field 'content'|no text",
+     "--text_field naming no field (with --skip_bad_records)"),
+    ("tok_cased", "tokenizer", ["--input", "{tmp}/nope.txt", "--out", "{tmp}/t9", "--cased", "--overwrite"],
+     r"nope.txt", "--cased and --overwrite with a corpus that does not exist"),
+    # ---------------------------------------------------------------- every other flag of predict, convert, plot
+    ("pr_top_k0", "predict", ["--workdir", "{pre}", "--top_k", "0", "a [MASK] b"], r"--top_k must be >= 1",
+     "--top_k 0"),
+    ("pr_pair", "predict", ["--workdir", "{fine}", "--pair", "b", "--question", "q", "a"], r"w_fine_done",
+     "--pair and --question with a fine-tuned workdir that holds no model"),
+    ("cv_hf_folder", "convert", ["--workdir", "{hf}", "--out", "{tmp}/hf3"], r"needs no conversion",
+     "an HF folder given as the workdir to convert"),
+    ("cv_overwrite_workdir", "convert", ["--workdir", "{pre}", "--out", "{fine}", "--overwrite"],
+     r"holds a bertjax workdir", "--overwrite naming a workdir as --out (never replaced)"),
+    ("pl_missing", "plot", ["{tmp}/none"], r"none: no metrics.jsonl", "a workdir without metrics"),
+    ("pl_no_args", "plot", [], r"the following arguments are required: workdir", "no workdir"),
+    # ---------------------------------------------------------------- python -m bertjax extend_vocab
+    ("ev_model_missing", "extend_vocab", ["--model", "{tmp}/none", "--tokens", "alpha", "--out", "{tmp}/x1"],
+     r"none: neither a bertjax workdir", "a model that does not exist"),
+    ("ev_tokens_file", "extend_vocab", ["--model", "{hf}", "--tokens", "{tmp}/words.txt", "--out", "{tmp}/x2"],
+     r"--tokens .*words.txt: no such file", "--tokens naming a file that does not exist"),
+    ("ev_tokens_empty", "extend_vocab", ["--model", "{hf}", "--tokens", ",", "--out", "{tmp}/x3"],
+     r"--tokens: no tokens given", "no tokens"),
+    ("ev_token_known", "extend_vocab", ["--model", "{hf}", "--tokens", "model", "--out", "{tmp}/x4"],
+     r"token 'model' is already in the vocabulary", "a token the vocabulary has"),
+    ("ev_out_full", "extend_vocab", ["--model", "{hf}", "--tokens", "zebra", "--out", "{full}"],
+     r"exists and is not empty; pass --overwrite", "--out naming a folder with files"),
+    ("ev_out_workdir", "extend_vocab", ["--model", "{hf}", "--tokens", "zebra", "--out", "{pre}", "--overwrite"],
+     r"holds a bertjax workdir", "--overwrite naming a workdir as --out (never replaced)"),
+    # ---------------------------------------------------------------- every other flag of embeddings
+    ("emb_batch0", "embeddings", ["--model", "{hf}", "--beir", "{beir_dup}", "--batch_size", "0"],
+     r"--batch_size must be an integer >= 1, got 0", "--batch_size 0"),
+    ("emb_batch_neg", "embeddings", ["--model", "{hf}", "--sts", "{sts_no_score}", "--batch_size", "-3"],
+     r"--batch_size must be an integer >= 1, got -3", "--batch_size -3"),
+    ("emb_top_k0", "embeddings", ["--model", "{hf}", "--beir", "{beir_dup}", "--top_k", "0"],
+     r"--top_k must be an integer >= 1", "--top_k 0"),
+    ("emb_block0", "embeddings", ["--model", "{hf}", "--corpus", "{corpus_dup}", "--out", "{tmp}/e6", "--block", "0"],
+     r"--block must be an integer >= 1", "--block 0"),
+    ("emb_score", "embeddings", ["--model", "{hf}", "--beir", "{beir_dup}", "--score", "cosine"],
+     r"argument --score: invalid choice", "an unknown --score"),
+    ("emb_pooling", "embeddings", ["--model", "{hf}", "--beir", "{beir_dup}", "--pooling", "avg"],
+     r"argument --pooling: invalid choice", "an unknown --pooling"),
+    ("emb_split", "embeddings", ["--model", "{hf}", "--beir", "{beir_ok}", "--split", "dev"], r"qrels/dev.tsv: no such",
+     "--split naming qrels the folder lacks"),
+    ("emb_run_exists", "embeddings", ["--model", "{hf}", "--beir", "{beir_ok}", "--run", "{hf}/config.json"],
+     r"--run .*config.json: exists and is not a run this command wrote; pass --overwrite",
+     "--run naming a file that is not a run (a model's config.json)"),
+    ("emb_cache_model", "embeddings", ["--model", "{hf}", "--beir", "{beir_ok}", "--cache_dir", "{hf}"],
+     r"--cache_dir .*: holds a model or workdir", "--cache_dir naming a model folder"),
+    ("emb_out_foreign", "embeddings", ["--model", "{hf}", "--corpus", "{corpus_ok}", "--out", "{foreign_blocks}"],
+     r"--out .*foreign: holds files it did not write \(block-00000.npy, ids.json\)",
+     "--out holding an ids.json and a block file the command did not write"),
+    ("emb_out_model", "embeddings", ["--model", "{hf}", "--corpus", "{corpus_ok}", "--out", "{hf}", "--overwrite"],
+     r"--out .*: holds a model or workdir", "--out naming the model folder (even with --overwrite)"),
+    ("emb_id_field", "embeddings", ["--model", "{hf}", "--corpus", "{corpus_ok}", "--out", "{tmp}/e7", "--id_field",
+                                    "docid", "--doc_prefix", "passage: "], r"a record needs 'docid' and 'text'",
+     "--id_field naming no field (with --doc_prefix)"),
+    ("emb_text_field", "embeddings", ["--model", "{hf}", "--corpus", "{corpus_ok}", "--out", "{tmp}/e8",
+                                      "--text_field", "body"], r"a record needs '_id' and 'body'",
+     "--text_field naming no field"),
+    ("emb_query_prefix", "embeddings", ["--model", "{hf}", "--beir", "{beir_ok}", "--query_prefix"],
+     r"argument --query_prefix: expected one argument", "--query_prefix without its text"),
+    ("emb_columns", "embeddings", ["--model", "{hf}", "--sts", "{sts_no_score}", "--columns", "a,b"],
+     r"--columns 'a,b': give three names", "--columns with two names"),
+    ("emb_qid_dup", "embeddings", ["--model", "{hf}", "--beir", "{beir_qdup}"],
+     r"queries.jsonl:2: query id '1' repeats line 1", "a BEIR query id given twice"),
+    ("emb_id_null", "embeddings", ["--model", "{hf}", "--beir", "{beir_null}"], r"corpus.jsonl:1: _id None is not",
+     "a BEIR record whose _id is null"),
+    ("emb_text_number", "embeddings", ["--model", "{hf}", "--beir", "{beir_number}"],
+     r"queries.jsonl:1: text is a int, not text", "a BEIR query whose text is a number"),
+    ("emb_corpus_empty", "embeddings", ["--model", "{hf}", "--corpus", "{empty_jsonl}", "--out", "{tmp}/e9"],
+     r"no documents", "an empty corpus"),
+    ("emb_model_missing", "embeddings", ["--model", "{tmp}/none", "--beir", "{beir_ok}"],
+     r"none: neither a bertjax workdir", "a model that does not exist"),
+    # ---------------------------------------------------------------- launch/suite.py and launch/sweep.py
+    ("su_lrs", "suite", ["run", "--tasks", "local", "--lrs", "abc", "--root", "{tmp}/s1"],
+     r"--lrs 'abc': 'abc' is not a positive number", "--lrs that are not numbers"),
+    ("su_lrs_neg", "suite", ["run", "--tasks", "local", "--lrs", "-1", "--root", "{tmp}/s2"],
+     r"'-1' is not a positive number", "a negative learning rate"),
+    ("su_seeds", "suite", ["run", "--tasks", "local", "--seeds", "0,x", "--root", "{tmp}/s3"],
+     r"--seeds '0,x': 'x' is not an integer", "--seeds that are not integers"),
+    ("su_task", "suite", ["run", "--tasks", "glue/nope", "--root", "{tmp}/s4"], r"unknown task 'glue/nope'",
+     "an unknown task"),
+    ("su_suite_json", "suite", ["run", "--suite", "{jsonl_bad}", "--root", "{tmp}/s5", "--print"],
+     r"--suite .*jsonl_bad.jsonl", "a --suite file that is not JSON (with --print)"),
+    ("su_init", "suite", ["run", "--tasks", "local", "--init", "{tmp}/none", "--root", "{tmp}/s6"],
+     r"--init .*none: no such workdir or folder", "an --init that does not exist"),
+    ("su_nothing", "suite", ["run", "--root", "{tmp}/s7"], r"give --tasks and/or --suite", "no tasks"),
+    ("su_table", "suite", ["table", "--root", "{tmp}/none"], r"--root .*none: no suite.json.runs",
+     "a table of a root that holds no suite"),
+    ("sw_config", "sweep", ["run", "--config", "configs/no_such.py", "--root", "{tmp}/w1"],
+     r"config file .*no_such.py not found", "a config file that does not exist"),
+    ("sw_grid", "sweep", ["run", "--config", "configs/finetune.py:task=local", "--grid", "lr", "--root",
+                          "{tmp}/w2", "--print"], r"--grid 'lr': expected key=v1,v2", "a grid without values"),
+    ("sw_table", "sweep", ["table", "--root", "{tmp}/none"], r"no sweep_runs.json",
+     "a table of a root that holds no sweep"),
 ]
 
 
 def fixtures(tmp: str) -> dict:
   """The files the cases name, made in `tmp` (a tiny corpus, tokenizers, a data dir, workdirs)."""
   import random
-  from bertjax import checkpoint as checkpoint_lib
-  from bertjax.data import dataset, pretraining, tokenizer
+
+  from bertjax.core import checkpoint as checkpoint_lib
+  from bertjax.data import tokenizer
+  from bertjax.data.pretraining import dataset
+  from bertjax.data.pretraining import examples as pretraining
   f = {"tmp": tmp, "root": ROOT}
 
   def write(name, text, mode="w"):
@@ -299,6 +462,23 @@ def fixtures(tmp: str) -> dict:
     write(f"{name}/corpus.jsonl", corpus, "wb")
     write(f"{name}/queries.jsonl", b'{"_id": "1", "text": "first"}\n', "wb")
     write(f"{name}/qrels/test.tsv", qrels, "wb")
+  for name, corpus, queries in (
+      ("beir_ok", b'{"_id": "a", "text": "one"}\n', b'{"_id": "1", "text": "first"}\n'),
+      ("beir_qdup", b'{"_id": "a", "text": "one"}\n', b'{"_id": "1", "text": "first"}\n{"_id": "1", "text": "2"}\n'),
+      ("beir_null", b'{"_id": null, "text": "one"}\n', b'{"_id": "1", "text": "first"}\n'),
+      ("beir_number", b'{"_id": "a", "text": "one"}\n', b'{"_id": "1", "text": 5}\n')):
+    f[name] = os.path.join(tmp, name)
+    os.makedirs(os.path.join(f[name], "qrels"))
+    write(f"{name}/corpus.jsonl", corpus, "wb")
+    write(f"{name}/queries.jsonl", queries, "wb")
+    write(f"{name}/qrels/test.tsv", b"1\ta\t1\n", "wb")
+  f["corpus_ok"] = write("corpus_ok.jsonl", '{"_id": "a", "text": "one"}\n{"_id": "b", "text": "two"}\n')
+  f["empty_jsonl"] = write("empty.jsonl", "")
+  f["foreign_blocks"] = os.path.join(tmp, "foreign")
+  os.makedirs(f["foreign_blocks"])
+  write("foreign/ids.json", '["not", "ours"]')
+  write("foreign/block-00000.npy", "not an array")
+  f["hf"] = _tiny_hf_folder(os.path.join(tmp, "hf"), f["vocab"])
   f["full"] = os.path.join(tmp, "full")
   os.makedirs(f["full"])
   write("full/notes.txt", "keep me")
@@ -316,6 +496,28 @@ def fixtures(tmp: str) -> dict:
   f["locked"] = os.path.join(tmp, "locked")
   f["_lock"] = checkpoint_lib.WorkdirLock(f["locked"]).__enter__()  # held by this process for every case
   return f
+
+
+def _tiny_hf_folder(out: str, vocab: str) -> str:
+  """A 1-layer BERT with random weights as an HF folder with the vocabulary (MLM model and tokenizer files)."""
+  import jax
+
+  from bertjax import convert, model
+  from bertjax.convert import export
+  from bertjax.data import tokenizer
+  cfg = model.BertConfig(vocab_size=tokenizer.load(vocab).vocab_size, hidden_size=16, num_layers=1, num_heads=2,
+                         intermediate_size=32, max_position_embeddings=32)
+  ids = jax.numpy.zeros((1, 8), jax.numpy.int32)
+  batch = {"input_ids": ids, "input_mask": ids + 1, "segment_ids": ids, "masked_lm_positions": ids[:, :2]}
+  params = model.BertForPreTraining(cfg).init(jax.random.key(0), batch)["params"]
+  convert.to_hf(cfg, jax.device_get(model_unbox(params)), out)
+  export.copy_tokenizer(vocab, True, out)
+  return out
+
+
+def model_unbox(params):
+  import flax.linen as nn
+  return nn.meta.unbox(params)
 
 
 def _record_boundary(raw: bytes) -> int:
@@ -345,30 +547,31 @@ def _reset_flags(values) -> None:
   values.unparse_flags()
 
 
+LAUNCH = ("suite", "sweep")  # launch/*.py, beside the package's own commands
+GROUPS = ("train", "aot", "parity")  # one process each: aot and parity define absl flags of train's names
+
+
+def group_of(tool: str) -> str:
+  return tool if tool in ("aot", "parity") else "train"
+
+
 def _tool(name: str):
-  if name == "main":
-    from absl import flags
-    from bertjax import errors, main
+  """The tool as `python -m bertjax NAME` (or launch/NAME.py) runs it, in this process."""
+  from absl import flags
 
-    def run(argv):
+  from bertjax import __main__ as dispatcher
+  if name in LAUNCH:
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(f"launch_{name}", os.path.join(ROOT, "launch", f"{name}.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.main
+
+  def run(argv):
+    if name in ("train", "aot", "parity"):  # absl tools: flags as before any parse
       _reset_flags(flags.FLAGS)
-      sys.argv = ["bertjax.main"] + argv  # ml_collections finds --config.x overrides in sys.argv
-      errors.run_absl(main.main, argv=sys.argv)
-    return run
-  if name == "aot":
-    from absl import flags
-    from bertjax import aot
-
-    def run(argv):
-      if "topology" in flags.FLAGS:
-        _reset_flags(flags.FLAGS)
-      sys.argv = ["bertjax.aot"] + argv
-      return aot.main(sys.argv)
-    return run
-  module = {"dataset": "bertjax.data.dataset", "tokenizer": "bertjax.data.tokenizer", "predict": "bertjax.predict",
-            "convert": "bertjax.convert.__main__", "embeddings": "bertjax.embeddings"}[name]
-  import importlib
-  return importlib.import_module(module).main
+    return dispatcher.main([name, *argv])
+  return run
 
 
 def run_case(tool, argv) -> dict:
@@ -403,17 +606,17 @@ def check(result: dict, pattern: str) -> str | None:
 
 def main() -> None:
   p = argparse.ArgumentParser()
-  p.add_argument("--group", choices=["main", "aot"])
+  p.add_argument("--group", choices=GROUPS)
   p.add_argument("--json")
   p.add_argument("--markdown", action="store_true")
   args = p.parse_args()
   if args.markdown:
     print(markdown())
     return
-  group = [c for c in CASES if (c[1] == "aot") == (args.group == "aot")]
+  group = [c for c in CASES if group_of(c[1]) == args.group]
   results = {}
   with tempfile.TemporaryDirectory(prefix="bertjax-hostile-") as tmp:
-    f = fixtures(tmp) if args.group == "main" else {"tmp": tmp, "root": ROOT}
+    f = fixtures(tmp) if args.group == "train" else {"tmp": tmp, "root": ROOT}
     tools = {}
     for case_id, tool, argv, pattern, _ in group:
       if tool not in tools:
@@ -427,12 +630,9 @@ def main() -> None:
 
 
 def markdown() -> str:
-  tools = {"main": "bertjax.main", "dataset": "bertjax.data.dataset", "tokenizer": "bertjax.data.tokenizer",
-           "predict": "bertjax.predict", "convert": "bertjax.convert", "aot": "bertjax.aot",
-           "embeddings": "bertjax.embeddings"}
-  rows = ["| tool | bad input | the one line matches |", "|---|---|---|"]
+  rows = ["| command | bad input | the one line matches |", "|---|---|---|"]
   for _, tool, _, pattern, what in CASES:
-    rows.append(f"| `{tools[tool]}` | {what} | `{pattern.replace('|', chr(92) + '|')}` |")
+    rows.append(f"| `{tool}` | {what} | `{pattern.replace('|', chr(92) + '|')}` |")
   return "\n".join(rows)
 
 

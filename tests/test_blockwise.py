@@ -1,4 +1,4 @@
-"""Blockwise attention against the dense path it replaces (`layers.dot_product_attention` under the banded,
+"""Blockwise attention against the dense path it replaces (`kernels.xla.dot_product_attention` under the banded,
 padding and block-diagonal masks): forward and gradients for sliding windows, global layers, packed rows,
 padding, a few query rows and lengths that are not a multiple of the block; then whole packed pre-training
 models (ModernBERT's switches, scanned and unrolled stacks, the pruned last layer) and their gradients."""
@@ -8,10 +8,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bertjax import errors, losses
+from bertjax import errors
 from bertjax import model as model_lib
-from bertjax.model import blockwise
-from bertjax.model.layers import attention_mask, band_mask, dot_product_attention
+from bertjax.kernels import blockwise
+from bertjax.kernels.xla import attention_mask, band_mask, dot_product_attention
+from bertjax.objectives import mlm as mlm_objective
 
 
 def _inputs(length=45, b=2, h=2, d=8, seed=0):
@@ -120,8 +121,9 @@ MODERN = dict(position_embedding="rotary", rope_theta_local=500.0, local_attenti
 
 @pytest.mark.parametrize("scan_unroll,prune", [(1, True), (0, False)])
 def test_a_packed_pre_training_model_and_its_gradients_equal_the_dense_path(scan_unroll, prune):
-  from bertjax.data import packing
   from test_packing import examples
+
+  from bertjax.data import packing
   cfg = model_lib.BertConfig.from_variant("tiny", vocab_size=97, max_position_embeddings=64, scan_unroll=scan_unroll,
                                           prune_final_layer=prune, **MODERN)
   exs = examples()
@@ -134,7 +136,7 @@ def test_a_packed_pre_training_model_and_its_gradients_equal_the_dense_path(scan
   params = nn.meta.unbox(dense.init(jax.random.key(0), batch)["params"])
 
   def loss(m, p):
-    s = losses.pretraining_sums(m.apply({"params": p}, batch), batch)
+    s = mlm_objective.pretraining_sums(m.apply({"params": p}, batch), batch)
     return s["mlm_loss_sum"] / s["mlm_weight"] + s["nsp_loss_sum"] / s["nsp_weight"]
   (l_ref, g_ref), (l_ours, g_ours) = (jax.jit(jax.value_and_grad(lambda p, m=m: loss(m, p)))(params)
                                       for m in (dense, ours))

@@ -2,7 +2,6 @@
 import sys
 
 import pytest
-
 from helpers import assert_one_line_error, main_cmd, run_cmd
 
 
@@ -11,7 +10,7 @@ from helpers import assert_one_line_error, main_cmd, run_cmd
 def test_pretraining_refusals_are_one_line_errors(tmp_path, data_dir):
   """The same three mistakes as tests/test_finetune.py::test_finetune_refusals_are_one_line_errors, in
   pre-training: a locked workdir, a non-finite loss, a bad config value."""
-  from bertjax import checkpoint as checkpoint_lib
+  from bertjax.core import checkpoint as checkpoint_lib
   args = "variant=tiny,seq=32,preds=5,batch=16,steps=5,shard=dp"
   locked = tmp_path / "locked"
   with checkpoint_lib.WorkdirLock(str(locked)):
@@ -24,7 +23,7 @@ def test_pretraining_refusals_are_one_line_errors(tmp_path, data_dir):
 
 def test_command_line_mistakes_are_one_line_errors(tmp_path):
   """A mistyped --config key, an unknown flag, a config file that is not there."""
-  main = [sys.executable, "-m", "bertjax.main", f"--workdir={tmp_path / 'w'}"]
+  main = [sys.executable, "-m", "bertjax", "train", f"--workdir={tmp_path / 'w'}"]
   assert_one_line_error(run_cmd(main + ["--config=configs/pretrain.py:variant=tiny", "--config.train.lerning_rate=1"]),
                         r"bad command line: --config.train.lerning_rate: no such config field 'lerning_rate' in "
                         r"train; did you mean 'train.learning_rate'")
@@ -38,12 +37,12 @@ def test_data_tools_bad_input_is_one_line_errors(tmp_path):
   binary.write_bytes(bytes(range(256)) * 8)
   vocab = tmp_path / "vocab.txt"
   vocab.write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "a", "b"]) + "\n")
-  dataset = [sys.executable, "-m", "bertjax.data.dataset", "--out", str(tmp_path / "d")]
+  dataset = [sys.executable, "-m", "bertjax", "dataset", "--out", str(tmp_path / "d")]
   assert_one_line_error(run_cmd(dataset + ["--input", str(binary), "--tokenizer", str(vocab)]),
                         "corpus.bin: looks like a binary file")
   assert_one_line_error(run_cmd(dataset + ["--input", str(binary), "--tokenizer", str(tmp_path / "none.txt")]),
                         "none.txt: tokenizer file not found")
-  assert_one_line_error(run_cmd([sys.executable, "-m", "bertjax.data.tokenizer", "--input", str(tmp_path / "nope.txt"),
+  assert_one_line_error(run_cmd([sys.executable, "-m", "bertjax", "tokenizer", "--input", str(tmp_path / "nope.txt"),
                                  "--out", str(tmp_path / "tok"), "--vocab_size", "64"]), "nope.txt")
-  assert_one_line_error(run_cmd([sys.executable, "-m", "bertjax.predict", "--workdir", str(tmp_path / "none"),
+  assert_one_line_error(run_cmd([sys.executable, "-m", "bertjax", "predict", "--workdir", str(tmp_path / "none"),
                                  "a [MASK] b"]), "no config.json")

@@ -1,7 +1,10 @@
 """Checkpoints written before the trainer core, the task plug-ins and the model package existed still restore.
 
 tests/data/checkpoints_v0 holds a 2-step pre-training workdir (scanned layers) and a fine-tuned sentence
-classifier made from it (its training checkpoint and best parameters), written by bertjax at commit 9c0724a.
+classifier made from it (its training checkpoint and best parameters), written by bertjax at commit 9c0724a, and
+reference_outputs.npz: a batch and the MLM, NSP and classifier logits bertjax computed on it at that commit (from
+those checkpoints, with that commit's own loaders and model). checkpoints_v1/electra is the same for ELECTRA at
+4763e1c. Today's loaders and models must give those outputs.
 """
 import json
 import os
@@ -9,10 +12,14 @@ import shutil
 
 import jax
 import ml_collections
-import pytest
 import numpy as np
+import pytest
 
-from bertjax import checkpoint as checkpoint_lib, finetune, model as model_lib, predict, train, weights
+from bertjax import finetune, predict
+from bertjax import model as model_lib
+from bertjax import pretrain as train
+from bertjax.convert import weights
+from bertjax.core import checkpoint as checkpoint_lib
 
 V0 = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "checkpoints_v0")
 
@@ -37,6 +44,12 @@ def test_a_pre_training_checkpoint_from_before_restores_whole():
            "masked_lm_positions": np.array([[1, 2]], np.int32)}
   out = model_lib.BertForPreTraining(mcfg.replace(scan_layers=False)).apply({"params": flat}, batch)
   assert out["mlm_logits"].shape == (1, 2, mcfg.vocab_size) and np.isfinite(out["mlm_logits"]).all()
+  # The outputs bertjax computed from this checkpoint when it was written.
+  ref = np.load(os.path.join(V0, "reference_outputs.npz"))
+  batch = {k: ref[k] for k in ("input_ids", "input_mask", "segment_ids", "masked_lm_positions")}
+  out = model_lib.BertForPreTraining(loaded.cfg).apply({"params": loaded.params}, batch)
+  np.testing.assert_allclose(out["mlm_logits"], ref["mlm_logits"], atol=1e-5, rtol=1e-5)
+  np.testing.assert_allclose(out["nsp_logits"], ref["nsp_logits"], atol=1e-6, rtol=1e-5)
 
 
 def test_a_fine_tuned_workdir_from_before_predicts_and_resumes(tmp_path):
@@ -46,10 +59,14 @@ def test_a_fine_tuned_workdir_from_before_predicts_and_resumes(tmp_path):
   meta["tokenizer"] = os.path.join(V0, "vocab.txt")  # the path it was written with is gone
   (ft / "finetune.json").write_text(json.dumps(meta))
   pred = predict.predict_text(str(ft), text="the model reads text")
+  _, _, module, params, _ = predict.load_finetuned(str(ft))
+  ref = np.load(os.path.join(V0, "reference_outputs.npz"))
+  logits = module.apply({"params": params}, {k: ref[k] for k in ("input_ids", "input_mask", "segment_ids")})["logits"]
+  np.testing.assert_allclose(logits, ref["classifier_logits"], atol=1e-6, rtol=1e-5)  # as it was at 9c0724a
   # Exported, HF's own model of the old checkpoint gives the same probabilities and label.
   transformers = pytest.importorskip("transformers")
   torch = pytest.importorskip("torch")
-  from bertjax.convert import __main__ as convert_cli
+  from bertjax.cli import convert as convert_cli
   convert_cli.write(str(ft), str(tmp_path / "hf"))
   hf_tok = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")
   hf_clf = transformers.AutoModelForSequenceClassification.from_pretrained(tmp_path / "hf").eval()
@@ -59,7 +76,7 @@ def test_a_fine_tuned_workdir_from_before_predicts_and_resumes(tmp_path):
   assert pred["label"] == ("a", "b")[int(np.argmax(probs))]
   # Its training checkpoint restores into the state the fine-tuning loop builds today.
   _, task, module, params, _ = predict.load_finetuned(str(ft))
-  from bertjax import optim, trainer
+  from bertjax.core import optim, trainer
   tx, lr_fn = optim.make(ml_collections.ConfigDict({**json.loads((ft / "config.json").read_text())["train"],
                                                     "num_steps": 3, "warmup_steps": 0}))
   ids = np.zeros((8, 32), np.int32)
@@ -81,7 +98,7 @@ def test_an_electra_workdir_from_before_the_objective_plugins_restores_loads_and
   """tests/data/checkpoints_v1/electra: a 2-step ELECTRA pre-training workdir (hidden 16) with its tokenizer copy,
   written by bertjax at commit 4763e1c, before objectives were plug-ins."""
   from bertjax import objectives
-  from bertjax.convert import __main__ as convert_cli
+  from bertjax.cli import convert as convert_cli
   w = os.path.join(V1, "electra")
   with open(os.path.join(w, "config.json"), encoding="utf-8") as f:
     config = ml_collections.ConfigDict(json.load(f))
@@ -96,6 +113,15 @@ def test_an_electra_workdir_from_before_the_objective_plugins_restores_loads_and
   want = jax.device_get(state.params["discriminator"]["bert"]["encoder"])
   for path, leaf in jax.tree_util.tree_leaves_with_path(want):
     np.testing.assert_array_equal(got[path], leaf)
+  ref = np.load(os.path.join(w, "reference_outputs.npz"))  # computed at 4763e1c from this checkpoint
+  batch = {k: ref[k] for k in ("input_ids", "input_mask", "segment_ids", "masked_lm_positions")}
+  from bertjax.objectives import electra
+  disc, gen = electra.split(jax.device_get(state.params))
+  gen_cfg = electra.generator_config(mcfg, config.electra.generator_hidden, config.electra.generator_layers)
+  np.testing.assert_allclose(electra.ElectraDiscriminator(mcfg).apply({"params": disc}, batch)["disc_logits"],
+                             ref["disc_logits"], atol=1e-6, rtol=1e-5)
+  np.testing.assert_allclose(model_lib.BertForPreTraining(gen_cfg).apply({"params": gen}, batch)["mlm_logits"],
+                             ref["generator_mlm_logits"], atol=1e-5, rtol=1e-5)
   arch = convert_cli.write(w, str(tmp_path / "hf"))
   assert arch == "ElectraForPreTraining + ElectraForMaskedLM"
   for sub, name in (("discriminator", "ElectraForPreTraining"), ("generator", "ElectraForMaskedLM")):

@@ -5,10 +5,15 @@ import random
 import shutil
 
 import numpy as np
+import original_create_pretraining_data as original
 import pytest
 
-from bertjax.data import corpus, dataset, demo_corpus, generation, input_pipeline, pretraining, tokenizer
-import original_create_pretraining_data as original
+from bertjax import tasks as tasks_lib
+from bertjax.cli import tokenizer as tokenizer_cli
+from bertjax.data import tokenizer
+from bertjax.data.pretraining import corpus, dataset, demo_corpus, generation
+from bertjax.data.pretraining import examples as pretraining
+from bertjax.data.pretraining import pipeline as input_pipeline
 
 HOSTILE_TEXTS = [
     "Héllo, Wörld! Café naïve résumé ÅNGSTRÖM", "北京欢迎你 and 東京 and 数学 math 123,456.78",
@@ -97,8 +102,8 @@ def test_a_sentencepiece_tokenizer_exports_as_a_tokenizer_hf_reads_with_bertjaxs
   """The HF folder of a sentencepiece run: AutoTokenizer reads its tokenizer.json with the ids bertjax's
   sentencepiece gives (prose, spacing, accents, full-width forms, pairs, [MASK]); bertjax reads it back."""
   transformers = pytest.importorskip("transformers")
-  from bertjax import weights
-  from bertjax.convert import __main__ as convert_cli
+  from bertjax.convert import export as convert_cli
+  from bertjax.convert import weights
   lines = stdlib_prose()
   (tmp_path / "train.txt").write_text("\n".join(lines * 3), encoding="utf-8")
   path = tokenizer.train([tmp_path / "train.txt"], tmp_path / kind, kind=kind, vocab_size=400, do_lower_case=True)
@@ -365,7 +370,8 @@ def test_demo_topic_task_labels_paragraphs_by_package(tmp_path, monkeypatch):
 
 
 def test_demo_fine_tuning_from_random_weights_builds_the_pretrained_architecture():
-  from bertjax import finetune, model as model_lib
+  from bertjax import finetune
+  from bertjax import model as model_lib
   from configs import demo
   pre = model_lib.BertConfig.from_dict(demo.get_config().model.to_dict())
   fresh = finetune.model_config(demo.finetune_config("runs/demo", ("a", "b"), pre.vocab_size, pretrained=False))
@@ -549,17 +555,17 @@ def test_tokenizer_training_is_reproducible_byte_for_byte(tmp_path, kind, size):
 def test_tokenizer_refuses_to_overwrite_and_says_when_the_corpus_is_too_small(tmp_path, capsys):
   corpus = tmp_path / "c.txt"
   corpus.write_text("a small corpus with few words\n" * 20)
-  tokenizer.main(["--input", str(corpus), "--out", str(tmp_path / "t"), "--vocab_size", "500"])
+  tokenizer_cli.main(["--input", str(corpus), "--out", str(tmp_path / "t"), "--vocab_size", "500"])
   out = capsys.readouterr().out
   n = tokenizer.load(str(tmp_path / "t" / "vocab.txt")).vocab_size
   assert n < 500 and f"the corpus yields {n} pieces, fewer than the 500 asked for" in out and f"vocab={n}" in out
   assert "tokenizer: read 20 lines" in out  # progress as the corpus is read
   before = (tmp_path / "t" / "vocab.txt").read_bytes()
   with pytest.raises(SystemExit):
-    tokenizer.main(["--input", str(corpus), "--out", str(tmp_path / "t"), "--vocab_size", "60"])
+    tokenizer_cli.main(["--input", str(corpus), "--out", str(tmp_path / "t"), "--vocab_size", "60"])
   assert "already holds ['vocab.txt']; pass --overwrite" in capsys.readouterr().err
   assert (tmp_path / "t" / "vocab.txt").read_bytes() == before
-  tokenizer.main(["--input", str(corpus), "--out", str(tmp_path / "t"), "--vocab_size", "40", "--overwrite"])
+  tokenizer_cli.main(["--input", str(corpus), "--out", str(tmp_path / "t"), "--vocab_size", "40", "--overwrite"])
   assert (tmp_path / "t" / "vocab.txt").read_bytes() != before
   assert tokenizer.load(str(tmp_path / "t" / "vocab.txt")).vocab_size < n
 
@@ -577,8 +583,8 @@ def test_a_data_dir_keeps_its_tokenizer_and_refuses_a_changed_one(tmp_path, data
 
 
 def test_task_files_with_a_byte_order_mark_and_long_fields(tmp_path):
-  from bertjax.data import task_data as tasks
-  task = tasks.get("local", ("neg", "pos"))
+  from bertjax.data.tasks import rows as tasks
+  task = tasks_lib.get("local", ("neg", "pos"))
   long_text = "word " * 40_000  # 200,000 characters: over the csv module's default field cap
   (tmp_path / "a.csv").write_text("\ufeffsentence,label\n" + f"{long_text},pos\nshort,neg\n", encoding="utf-8")
   rows = tasks.local_examples(str(tmp_path / "a.csv"), task, "sentence", "", "label")
@@ -586,7 +592,7 @@ def test_task_files_with_a_byte_order_mark_and_long_fields(tmp_path):
 
 
 def test_metrics_of_a_resumed_run_are_not_repeated(tmp_path):
-  from bertjax import metrics
+  from bertjax.core import writers as metrics
   lines = [json.dumps({"step": s, "split": "train", "loss": 1.0 / s}) for s in range(1, 7)]
   (tmp_path / "metrics.jsonl").write_text("\n".join(lines) + "\n")
   metrics.Writer(str(tmp_path), start_step=3).close()

@@ -10,7 +10,11 @@ import numpy as np
 import pytest
 
 from bertjax import errors
-from bertjax.data import corpus, dataset, demo_corpus, pretraining, tokenizer, vocab_files
+from bertjax.cli import dataset as dataset_cli
+from bertjax.cli import tokenizer as tokenizer_cli
+from bertjax.data import tokenizer, vocab_files
+from bertjax.data.pretraining import corpus, dataset, demo_corpus
+from bertjax.data.pretraining import examples as pretraining
 
 OPTS = pretraining.CreationOptions(max_seq_length=64, max_predictions_per_seq=10, dupe_factor=2, buffer_documents=40)
 
@@ -214,7 +218,7 @@ def test_beam_names_a_bad_shard_and_the_cli_runs(prose, tmp_path):
   with pytest.raises(corpus.CorpusError, match="held-out split came out empty"):
     dataset.create([tmp_path / "b.jsonl"], vocab, tmp_path / "out", OPTS, heldout_every=20, beam_runner="DirectRunner",
                    reader=corpus.ReadOptions(skip_bad_records=True))
-  rc = dataset.main(["--input", str(tmp_path / "*.jsonl"), "--tokenizer", vocab, "--out", str(tmp_path / "cli"),
+  rc = dataset_cli.main(["--input", str(tmp_path / "*.jsonl"), "--tokenizer", vocab, "--out", str(tmp_path / "cli"),
                      "--beam_runner", "DirectRunner", "--skip_bad_records", "--heldout_every", "10",
                      "--max_seq_length", "64", "--max_predictions_per_seq", "10", "--dupe_factor", "1"])
   assert not rc
@@ -237,9 +241,9 @@ def test_tokenizer_cli_names_or_skips_a_bad_record(prose, tmp_path, capsys):
   argv = ["--input", str(tmp_path / "*.jsonl"), "--text_field", "body", "--vocab_size", "500", "--out",
           str(tmp_path / "tok")]
   with pytest.raises(SystemExit) as stop:
-    tokenizer.main(argv)
+    tokenizer_cli.main(argv)
   assert stop.value.code == 2 and "a.jsonl: line 51: not valid JSON" in capsys.readouterr().err
-  assert not tokenizer.main(argv + ["--skip_bad_records"])
+  assert not tokenizer_cli.main(argv + ["--skip_bad_records"])
   assert (tmp_path / "tok" / "vocab.txt").exists()
 
 

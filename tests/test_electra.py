@@ -10,7 +10,7 @@ import flax.linen as nn  # noqa: E402
 import jax  # noqa: E402
 
 from bertjax import convert, model  # noqa: E402
-from bertjax.model import electra  # noqa: E402
+from bertjax.objectives import electra as electra  # noqa: E402
 
 ATOL = 1e-5
 
@@ -186,6 +186,7 @@ def test_loss_is_gen_plus_lambda_disc_and_the_sample_stops_the_gradient():
 
 def test_fine_tuning_starts_from_an_electra_discriminator(tmp_path):
   import helpers
+
   from bertjax.data import tokenizer
   helpers.write_sentiment(tmp_path / "corpus.txt", 300, 5)
   vocab = tokenizer.train([tmp_path / "corpus.txt"], tmp_path / "tok", vocab_size=200)

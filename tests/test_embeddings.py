@@ -3,6 +3,8 @@ random-init BERT / RoBERTa / ModernBERT folders with every pooling mode and a de
 the contrastive losses against sentence-transformers' own, negatives from the global batch on 8 devices, and
 gradient caching against the full-batch gradient."""
 import json
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -14,9 +16,13 @@ st = pytest.importorskip("sentence_transformers")
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
-from bertjax import contrastive, convert, embeddings  # noqa: E402
-from bertjax.convert import sentence_transformers as st_lib  # noqa: E402
-from bertjax.model.embedding import EmbeddingModel, Pooling  # noqa: E402
+from bertjax import convert  # noqa: E402
+from bertjax import tasks as tasks_lib  # noqa: E402
+from bertjax.cli import embeddings as embeddings_cli  # noqa: E402
+from bertjax.embeddings import encoder as embeddings  # noqa: E402
+from bertjax.embeddings import folders as st_lib  # noqa: E402
+from bertjax.embeddings import losses as contrastive  # noqa: E402
+from bertjax.embeddings.model import EmbeddingModel, Pooling  # noqa: E402
 
 
 def real_sentences(n=12):
@@ -122,6 +128,37 @@ def test_ranking_loss_equals_sentence_transformers(negatives, symmetric):
   np.testing.assert_allclose(ours, theirs, rtol=1e-5)
 
 
+def test_repeated_texts_score_each_row_as_sentence_transformers_on_a_batch_without_repeats():
+  """A batch with repeated texts, as real data has them: two rows with one anchor and different positives, two rows
+  with one positive and different anchors, an example given twice, and a hard negative that is another row's
+  positive. Each row's loss is sentence-transformers' MultipleNegativesRankingLoss on that row's query against its
+  own positive and every other distinct text once (what its no-duplicates sampler leaves in a batch), less the
+  other right answers: the positives of the rows with the same anchor."""
+  from sentence_transformers.sentence_transformer import losses as st_losses
+  anchors = ["a", "a", "b", "c", "d", "d", "e"]  # rows 0, 1 share an anchor; rows 4, 5 are one example twice
+  positives = ["p0", "p1", "p2", "p2", "p4", "p4", "p6"]  # rows 2, 3 share a positive
+  negatives = ["n0", "n1", "p0", "n3", "n4", "n4", "n6"]  # row 2's hard negative is row 0's positive
+  vocab = sorted(set(anchors + positives + negatives))
+  table = {t: _random((8,), 10 + i) for i, t in enumerate(vocab)}
+  key = {t: i for i, t in enumerate(vocab)}
+  q = np.stack([table[t] for t in anchors])
+  doc_texts = positives + negatives
+  docs = np.stack([table[t] for t in doc_texts])
+  ours = np.asarray(contrastive.ranking_loss(q, docs, doc_keys=np.array([key[t] for t in doc_texts]),
+                                             query_keys=np.array([key[t] for t in anchors]), per_row=True))
+  mnrl = st_losses.MultipleNegativesRankingLoss(model=None)
+  for i, anchor in enumerate(anchors):
+    right = {positives[j] for j in range(len(anchors)) if anchors[j] == anchor}
+    others = sorted({t for t in doc_texts if t not in right})
+    candidates = [positives[i]] + others  # the row's own positive first: ST's target for its one query
+    theirs = float(mnrl.compute_loss_from_embeddings(
+        [torch.tensor(q[i:i + 1]), torch.tensor(np.stack([table[t] for t in candidates]))], None))
+    np.testing.assert_allclose(ours[i], theirs, rtol=1e-5, err_msg=f"row {i}")
+  # Without the keys every copy is a candidate: a different, inflated loss on such a batch.
+  plain = np.asarray(contrastive.ranking_loss(q, docs, per_row=True))
+  assert np.all(plain >= ours - 1e-6) and np.max(plain - ours) > 0.1
+
+
 def test_cosent_loss_equals_sentence_transformers():
   from sentence_transformers.sentence_transformer import losses as st_losses
   a, b = _random((7, 8), 3), _random((7, 8), 4)
@@ -204,19 +241,19 @@ def test_gradient_caching_and_matryoshka_as_training_switches():
   plain step; with `matryoshka` its loss is the sum of sentence-transformers' MultipleNegativesRankingLoss at each
   width on the truncated, renormalised embeddings."""
   from sentence_transformers.sentence_transformer import losses as st_losses
+
   from bertjax import tasks as tasks_lib
-  from bertjax.data import task_data
   module, params, _ = _tiny_embedder()
   batch = _pairs_batch(params)
   rngs = {"dropout": jax.random.key(0)}
-  base = task_data.get("pairs", options=(("scale", 20.0),))
+  base = tasks_lib.get("pairs", options=(("scale", 20.0),))
   plain = jax.jit(lambda p: tasks_lib.kind(base).value_and_grad(base, module, p, batch, rngs))(params)
-  cached_task = task_data.get("pairs", options=(("scale", 20.0), ("cache_chunk", 3)))
+  cached_task = tasks_lib.get("pairs", options=(("scale", 20.0), ("cache_chunk", 3)))
   cached = jax.jit(lambda p: tasks_lib.kind(cached_task).value_and_grad(cached_task, module, p, batch, rngs))(params)
   np.testing.assert_allclose(float(cached[0]), float(plain[0]), rtol=1e-6)
   for a, b in zip(jax.tree_util.tree_leaves(cached[1]), jax.tree_util.tree_leaves(plain[1])):
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=2e-5, atol=1e-5)  # float32 summation order
-  m_task = task_data.get("pairs", options=(("scale", 20.0), ("matryoshka", (8, 4, 2))))
+  m_task = tasks_lib.get("pairs", options=(("scale", 20.0), ("matryoshka", (8, 4, 2))))
   out = module.apply({"params": params}, batch)
   ours = float(tasks_lib.kind(m_task).loss(m_task, out, batch))
   keep = batch["example_weights"] > 0  # the padding row is left out on both sides
@@ -226,7 +263,7 @@ def test_gradient_caching_and_matryoshka_as_training_switches():
       [torch.tensor(q[:, :w])] + [torch.tensor(d[:, j, :w]) for j in range(d.shape[1])], None)) for w in (8, 4, 2))
   np.testing.assert_allclose(ours, theirs, rtol=1e-5)
   with pytest.raises(Exception, match="the embeddings have 8 features"):
-    bad = task_data.get("pairs", options=(("matryoshka", (16,)),))
+    bad = tasks_lib.get("pairs", options=(("matryoshka", (16,)),))
     tasks_lib.kind(bad).loss(bad, out, batch)
 
 
@@ -236,13 +273,13 @@ def test_packed_pairs_give_the_unpacked_loss_gradients_and_embeddings(mode, symm
   attention segment, pooled per segment) gives every text the embedding it has alone, and the training step the
   loss and gradients of the unpacked batch, for each pooling mode."""
   from bertjax import tasks as tasks_lib
-  from bertjax.data import batching, task_data
+  from bertjax.data.tasks import batching
   module, _, _ = _tiny_embedder()
   module = EmbeddingModel(module.cfg, Pooling(mode=mode, dense=8))
   feats = _pairs_batch(None, n=9, k=2)
   del feats["example_weights"]
   params = module.init(jax.random.key(1), feats)["params"]
-  task = task_data.get("pairs", options=(("scale", 20.0), ("symmetric", symmetric)))
+  task = tasks_lib.get("pairs", options=(("scale", 20.0), ("symmetric", symmetric)))
   kind = tasks_lib.kind(task)
   packed, rows = kind.pack(feats, 16, 4)  # rows of 48 tokens: two or three examples of 9-30
   assert len(rows) < 9 and sorted(j for r in rows for j in r) == list(range(9))
@@ -263,12 +300,46 @@ def test_packed_pairs_give_the_unpacked_loss_gradients_and_embeddings(mode, symm
       np.testing.assert_allclose(together["doc_embedding"][i, slot], alone["doc_embedding"][j], atol=1e-5)
 
 
+@pytest.mark.slow
+@pytest.mark.ci
+def test_corpus_embedding_killed_with_sigkill_resumes_to_the_same_bytes(tmp_path, make_vocab):
+  """A real `python -m bertjax embeddings --corpus` process killed with SIGKILL while it embeds, then run again:
+  the folder ends byte for byte as an uninterrupted run's (every block, its record, ids.json, manifest.json)."""
+  import signal
+  import time
+
+  import helpers
+  path, _ = _st_folder(tmp_path, "bert", "mean", False, make_vocab)
+  corpus = tmp_path / "corpus.jsonl"
+  corpus.write_text("".join(json.dumps({"_id": f"d{i}", "text": t}) + "\n" for i, t in enumerate(real_sentences(40))))
+
+  def cmd(out):
+    return [sys.executable, "-m", "bertjax", "embeddings", "--model", path, "--corpus", str(corpus), "--out",
+            str(out), "--block", "2", "--batch_size", "2"]
+  killed = subprocess.Popen(cmd(tmp_path / "a"), cwd=helpers.ROOT, env=helpers.env(), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+  deadline = time.time() + 120
+  while not (tmp_path / "a" / "block-00003.json").exists() and killed.poll() is None and time.time() < deadline:
+    time.sleep(0.01)
+  killed.send_signal(signal.SIGKILL)
+  assert killed.wait() == -signal.SIGKILL
+  done = len(list((tmp_path / "a").glob("block-*.json")))
+  assert 4 <= done < 20  # killed part-way
+  for out in (tmp_path / "a", tmp_path / "b"):
+    proc = subprocess.run(cmd(out), cwd=helpers.ROOT, env=helpers.env(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+  files = sorted(p.name for p in (tmp_path / "b").iterdir())
+  assert files == sorted(p.name for p in (tmp_path / "a").iterdir() if ".tmp" not in p.name)
+  for name in files:
+    assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes(), name
+
+
 def test_corpus_embedding_resumes_a_killed_run_and_equals_sentence_transformers(tmp_path, make_vocab):
   """`--corpus`: JSONL records (title before text) embedded block by block into .npy files with their ids. A run
   that dies after two blocks (and leaves a half-written file, as a kill does) is continued by the same command:
   the finished blocks are not embedded again, and the whole equals SentenceTransformer.encode. A repeated id is
   one line naming the file and line, before the model loads."""
-  from bertjax import retrieval
+  from bertjax.embeddings import retrieval
   path, model = _st_folder(tmp_path, "bert", "mean", False, make_vocab)
   texts = real_sentences(12)
   corpus = tmp_path / "corpus.jsonl"
@@ -294,7 +365,7 @@ def test_corpus_embedding_resumes_a_killed_run_and_equals_sentence_transformers(
     embeddings.embed_corpus(enc, ids, docs, str(out), block=4, log=lambda *a, **k: None)
   first = {p.name: p.stat().st_mtime_ns for p in out.glob("block-*.npy")}
   assert sorted(first) == ["block-00000.npy", "block-00001.npy"]
-  assert embeddings.main(["--model", path, "--corpus", str(corpus), "--out", str(out), "--block", "4"]) == 0
+  assert embeddings_cli.main(["--model", path, "--corpus", str(corpus), "--out", str(out), "--block", "4"]) == 0
   assert {p.name: p.stat().st_mtime_ns for p in out.glob("block-0000[01].npy")} == first  # not embedded again
   got = np.concatenate([np.load(f) for f in sorted(out.glob("block-*.npy"))])
   assert json.loads((out / "ids.json").read_text()) == ids
@@ -306,7 +377,7 @@ def test_corpus_embedding_resumes_a_killed_run_and_equals_sentence_transformers(
 
 def test_matryoshka_truncation_renormalises():
   e = jnp.asarray(_random((3, 8), 5))
-  from bertjax.model.embedding import matryoshka
+  from bertjax.embeddings.model import matryoshka
   t = np.asarray(matryoshka(e, 4))
   np.testing.assert_allclose(t, np.asarray(e)[:, :4] / np.linalg.norm(np.asarray(e)[:, :4], axis=1, keepdims=True),
                              rtol=1e-6)
@@ -332,8 +403,7 @@ def _write_pairs(path, n, seed, negatives=True):
 def test_contrastive_training_on_the_loop_with_retrieval_scores_from_ir_measures(tmp_path, make_vocab, capsys):
   ir_measures = pytest.importorskip("ir_measures")
   from bertjax import finetune, predict
-  from bertjax.data import task_data
-  from bertjax.tasks.contrastive import featurize, read_pairs
+  from bertjax.embeddings.task import featurize, read_pairs
   from configs import finetune as finetune_config
   _write_pairs(tmp_path / "train.csv", 160, 0)
   _write_pairs(tmp_path / "dev.csv", 40, 1)
@@ -347,6 +417,7 @@ def test_contrastive_training_on_the_loop_with_retrieval_scores_from_ir_measures
   c.data.text_a_column, c.data.text_b_column = "anchor", "positive"
   c.embedding.negative_columns, c.embedding.symmetric, c.log_every = ("negative",), True, 1
   c.embedding.matryoshka_dims = "48,24"  # a training switch, through the config
+  c.embedding.pooling = "max"  # not the default (mean): every reader must take the run's own
   c.data.packing = True
   out = finetune.finetune(c, str(tmp_path / "w"))
   assert "packing: 160 examples in" in capsys.readouterr().out  # packed training and evaluation
@@ -356,7 +427,7 @@ def test_contrastive_training_on_the_loop_with_retrieval_scores_from_ir_measures
   rows = read_pairs(str(tmp_path / "dev.csv"), "anchor", "positive", ("negative",))
   tok = __import__("bertjax.data.tokenizer", fromlist=["load"]).load(str(vocab))
   feats = featurize(rows, tok, 16)
-  module = finetune.head_module(out["task"], out["model_config"])
+  module = tasks_lib.kind(out["task"]).head(out["task"], out["model_config"])
   emb = module.apply({"params": out["state"].params}, {k: feats[k] for k in (
       "input_ids", "input_mask", "segment_ids", "doc_input_ids", "doc_input_mask")})
   corpus = sorted({t for r in rows for t in r["docs"]})
@@ -376,14 +447,27 @@ def test_contrastive_training_on_the_loop_with_retrieval_scores_from_ir_measures
   vec0 = predict.predict_text(str(tmp_path / "w"), text=rows[0]["anchor"])["embedding"]
   np.testing.assert_allclose(vec0, q[0], atol=1e-5)
   # Exported as a sentence-transformers folder, SentenceTransformer embeds as bertjax does.
-  from bertjax.convert import __main__ as convert_cli
+  from bertjax.cli import convert as convert_cli
   assert convert_cli.write(str(tmp_path / "w"), str(tmp_path / "st")) == "SentenceTransformer"
   theirs = st.SentenceTransformer(str(tmp_path / "st"), device="cpu").encode([r["anchor"] for r in rows[:5]])
   np.testing.assert_allclose(theirs, q[:5], atol=1e-5)
   # ... and bertjax reads its own export back (it has no pooler: an embedding model has none to write).
   again = embeddings.Encoder.load(str(tmp_path / "st")).encode([r["anchor"] for r in rows[:5]])
   np.testing.assert_allclose(again, q[:5], atol=1e-5)
-  assert task_data.get("pairs").main_metric == "ndcg@10"
+  assert tasks_lib.get("pairs").main_metric == "ndcg@10"
+  # One pooling and one maximum length, the run's, for every reader: the workdir's encoder (BEIR, STS, corpora),
+  # predict and the export agree on a text longer than the 16 tokens it was trained at.
+  long_text = " ".join(f"topic{i} river city" for i in range(12))
+  workdir_encoder = embeddings.Encoder.load(str(tmp_path / "w"))
+  assert workdir_encoder.module.pooling.mode == "max" and workdir_encoder.max_seq_length == 16
+  with open(tmp_path / "st" / "sentence_bert_config.json") as f:
+    assert json.load(f)["max_seq_length"] == 16
+  mine = workdir_encoder.encode([long_text, rows[0]["anchor"]])
+  np.testing.assert_allclose(mine[1], q[0], atol=1e-5)
+  np.testing.assert_allclose(predict.predict_text(str(tmp_path / "w"), text=long_text)["embedding"], mine[0],
+                             atol=1e-5)
+  np.testing.assert_allclose(st.SentenceTransformer(str(tmp_path / "st"), device="cpu").encode([long_text])[0],
+                             mine[0], atol=1e-5)
 
 
 def test_a_sentence_transformers_folder_is_an_init(tmp_path, make_vocab):
@@ -422,13 +506,12 @@ def test_a_padding_row_of_the_model_has_finite_gradients():
   """A partial batch's filler rows have no tokens: their pooled embedding is the zero vector, whose
   normalisation must give zero gradients (not NaN), so the step equals the real rows' alone."""
   from bertjax import tasks as tasks_lib
-  from bertjax.data import task_data
   module, params, _ = _tiny_embedder()
   batch = _pairs_batch(params, n=6, k=1)
   for key in ("input_ids", "input_mask", "doc_input_ids", "doc_input_mask"):
     batch[key][-2:] = 0  # two filler rows: no tokens at all
   batch["example_weights"] = np.r_[np.ones(4), 0, 0].astype(np.float32)
-  task = task_data.get("pairs", options=(("scale", 20.0),))
+  task = tasks_lib.get("pairs", options=(("scale", 20.0),))
   loss, grads = tasks_lib.kind(task).value_and_grad(task, module, params, batch, {"dropout": jax.random.key(0)})
   real = {k: (v[:4] if k != "example_weights" else v[:4]) for k, v in batch.items()}
   want_loss, want = tasks_lib.kind(task).value_and_grad(task, module, params, real, {"dropout": jax.random.key(0)})
@@ -447,7 +530,7 @@ def test_the_embedding_recipe_is_task_pairs():
 
 
 def test_sts_evaluation_equals_sentence_transformers_evaluator(tmp_path):
-  """`python -m bertjax.embeddings --sts` on the MiniLM checkpoint equals sentence-transformers'
+  """`python -m bertjax embeddings --sts` on the MiniLM checkpoint equals sentence-transformers'
   EmbeddingSimilarityEvaluator (cosine Spearman and Pearson) on the same scored pairs of real sentences; a
   missing column is one line."""
   import json
@@ -467,13 +550,13 @@ def test_sts_evaluation_equals_sentence_transformers_evaluator(tmp_path):
   theirs = ev(st.SentenceTransformer(path, device="cpu"))
   root = __import__("os").path.dirname(__import__("os").path.dirname(__import__("os").path.abspath(__file__)))
   env = dict(__import__("os").environ, PYTHONPATH=root, JAX_PLATFORMS="cpu")
-  out = subprocess.run([sys.executable, "-m", "bertjax.embeddings", "--model", path, "--sts",
+  out = subprocess.run([sys.executable, "-m", "bertjax", "embeddings", "--model", path, "--sts",
                         str(tmp_path / "sts.jsonl")], capture_output=True, text=True, env=env, timeout=300)
   assert out.returncode == 0, out.stderr[-2000:]
   ours = json.loads(out.stdout.splitlines()[-1])
   np.testing.assert_allclose([ours["spearman"], ours["pearson"]],
                              [theirs["spearman_cosine"], theirs["pearson_cosine"]], atol=1e-4)
-  bad = subprocess.run([sys.executable, "-m", "bertjax.embeddings", "--model", path, "--sts",
+  bad = subprocess.run([sys.executable, "-m", "bertjax", "embeddings", "--model", path, "--sts",
                         str(tmp_path / "sts.jsonl"), "--columns", "sentence1,sentence2,label"],
                        capture_output=True, text=True, env=env, timeout=300)
   assert bad.returncode == 2 and bad.stderr.strip().splitlines()[-1].startswith("error:") and "label" in bad.stderr

@@ -8,7 +8,8 @@ import pytest
 import torch
 import transformers
 
-from bertjax import convert, errors, extend_vocab
+from bertjax import convert, errors
+from bertjax.convert import vocab as extend_vocab
 from bertjax.data import tokenizer as tokenizer_lib
 
 WORDS = "the model reads text and predicts masked words from both sides of each sentence".split()

@@ -148,6 +148,7 @@ def test_byte_level_bpe_ids_match_roberta_tokenizer_fast(tmp_path):
   read from vocab.json + merges.txt, gives HF RobertaTokenizerFast's ids on text it was not trained on."""
   import codecs
   import json as json_mod
+
   from bertjax.data import tokenizer
   texts = [codecs.decode(__import__("this").s, "rot13")]
   texts += [m.__doc__ for m in (json_mod, np, pytest, codecs) if m.__doc__]
@@ -169,8 +170,10 @@ def test_finetuning_starts_from_a_family_checkpoint(tmp_path, family):
   """`init=` an HF roberta / modernbert folder (with its byte-level BPE tokenizer): the encoder loads, the task
   head starts fresh, and a learnable sentence task is learnt through the same fine-tuning path as BERT's."""
   import shutil
-  from bertjax.data import tokenizer
+
   import helpers
+
+  from bertjax.data import tokenizer
   text = tmp_path / "corpus.txt"
   helpers.write_sentiment(text, 300, 5)
   path = tokenizer.train([text], tmp_path / "tok", kind="byte_bpe", vocab_size=320)
@@ -184,7 +187,7 @@ def test_finetuning_starts_from_a_family_checkpoint(tmp_path, family):
   # The family's own head (RobertaClassificationHead; ModernBERT's prediction head, started from the MLM head as
   # HF's from_pretrained starts it), and the workdir exports as the family's classifier with equal probabilities.
   from bertjax import predict
-  from bertjax.convert import __main__ as convert_cli
+  from bertjax.cli import convert as convert_cli
   params = out["state"].params
   if family == "roberta":
     assert set(params) == {"bert", "head", "classifier"} and "pooler" not in params["bert"]

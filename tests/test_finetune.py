@@ -5,17 +5,20 @@ import random
 import subprocess
 import sys
 
+import helpers
 import numpy as np
 import pytest
-
-import helpers
-
-from bertjax import finetune, predict, scores
-from bertjax import tasks as tasks_lib
-from bertjax.data import batching, conll, squad, task_data as tasks, tokenizer
-from configs import common, finetune as finetune_config
-
 from helpers import ROOT, assert_one_line_error, run_cmd
+
+from bertjax import finetune, predict
+from bertjax import tasks as tasks_lib
+from bertjax.cli import predict as predict_cli
+from bertjax.core import scores
+from bertjax.data import tokenizer
+from bertjax.data.tasks import batching, conll, squad
+from bertjax.data.tasks import rows as tasks
+from configs import common
+from configs import finetune as finetune_config
 
 
 # ------------------------------------------------------------------ metrics vs independent references
@@ -168,7 +171,7 @@ def test_squad_post_processing_matches_the_original_rules(vocab, n_best, max_len
     want = _original_best_span(ex, [windows[i] for i in mine], s[mine], e[mine], n_best, max_len)
     assert answers[ex.qid][0] == want
   # end to end: the gold span's logits raised in one window make EM and F1 100 for that question only
-  task = tasks.get("squad_json")
+  task = tasks_lib.get("squad_json")
   tf, _ = squad.featurize([exs[0]], tok, max_seq_length=64, doc_stride=16, max_query_length=16, training=True)
   # example 0's windows come first in both featurisations; take one that is the answer's max-context window
   hit = [j for j in range(len(tf["input_ids"]))
@@ -177,7 +180,7 @@ def test_squad_post_processing_matches_the_original_rules(vocab, n_best, max_len
   ev = tasks_lib.EvalSet("validation", feats, {"examples": exs, "windows": windows})
   c = finetune_config.get_config("task=squad_json")
   c.data.n_best, c.data.max_answer_length = n_best, max(max_len, 3)
-  got = finetune.score(task, ev, {"start_logits": s, "end_logits": e}, c)
+  got = tasks_lib.kind(task).score(task, ev, {"start_logits": s, "end_logits": e}, c)
   golds = {ex.qid: [a for a, _ in ex.answers] for ex in exs}
   preds = {q: t for q, (t, _, _) in squad.best_answers(exs, windows, s, e, n_best, max(max_len, 3)).items()}
   assert preds["q0"] == "Zanzibar Pemba Island"
@@ -210,12 +213,12 @@ def test_squad_json_reader_and_errors(tmp_path):
 
 def test_tfds_readers_under_mock_data():
   tfds = pytest.importorskip("tensorflow_datasets")
-  import tensorflow_datasets.text  # noqa: F401
   import tensorflow_datasets.question_answering  # noqa: F401  (registers squad)
+  import tensorflow_datasets.text  # noqa: F401
   with tfds.testing.mock_data(num_examples=7):
-    glue = tasks.glue_examples(tasks.get("glue/mnli"), "validation_matched")
+    glue = tasks.glue_examples(tasks_lib.get("glue/mnli"), "validation_matched")
     assert len(glue) == 7 and all(isinstance(g["text_a"], str) and g["label"] in (0, 1, 2) for g in glue)
-    stsb = tasks.glue_examples(tasks.get("glue/stsb"), "train")
+    stsb = tasks.glue_examples(tasks_lib.get("glue/stsb"), "train")
     assert all(isinstance(g["label"], float) for g in stsb)
     qa = squad.tfds_examples("squad/v2.0", "validation")
     assert len(qa) == 7 and all(isinstance(q.context, str) for q in qa)
@@ -252,6 +255,7 @@ def test_packed_finetune_rows_equal_unpacked_examples():
   (classification, regression and tagging), with the same parameters."""
   import flax.linen as nn
   import jax
+
   from bertjax import model as model_lib
   from bertjax.data import packing
   cfg = model_lib.BertConfig.from_variant("tiny", vocab_size=101, max_position_embeddings=64)
@@ -269,7 +273,7 @@ def test_packed_finetune_rows_equal_unpacked_examples():
   cases = [("classification", 3, rng.integers(0, 3, n).astype(np.int32)),
            ("regression", 1, rng.random(n).astype(np.float32) * 5), ("tagging", 5, None)]
   for kind, num_labels, labels in cases:
-    task = tasks.Task(name="t", kind=kind, labels=tuple(map(str, range(num_labels))))
+    task = tasks_lib.Task(name="t", kind=kind, labels=tuple(map(str, range(num_labels))))
     base = dict(feats)
     if kind == "tagging":
       base["labels"], base["label_weights"] = base.pop("tags"), base.pop("tag_weights")
@@ -282,7 +286,7 @@ def test_packed_finetune_rows_equal_unpacked_examples():
     assert len(rows) < n  # something was packed
     if kind == "tagging":
       del packed["example_slot_weights"]
-    module = finetune.head_module(task, cfg)
+    module = tasks_lib.kind(task).head(task, cfg)
     ub = next(batching.batches(base, n))
     pb = next(batching.batches(packed, len(rows)))
     params = nn.meta.unbox(module.init(jax.random.key(0), ub)["params"])
@@ -297,7 +301,7 @@ def test_packed_finetune_rows_equal_unpacked_examples():
         else:
           np.testing.assert_allclose(po["logits"][r, slot], uo["logits"][j], atol=1e-5)
         t += L
-    lu, lp = finetune.task_loss(task, uo, ub), finetune.task_loss(task, po, pb)
+    lu, lp = tasks_lib.kind(task).loss(task, uo, ub), tasks_lib.kind(task).loss(task, po, pb)
     assert abs(float(lu) - float(lp)) < 1e-5, (kind, lu, lp)
 
 
@@ -385,7 +389,7 @@ def test_glue_end_to_end_under_tfds_mocks(tmp_path, vocab):
   tok = tokenizer.load(str(vocab))
   feats = tasks.encode_pairs(examples, tok, 32)
   batch = {k: np.asarray(feats[k]) for k in ("input_ids", "input_mask", "segment_ids")}
-  module = finetune.head_module(out["task"], out["model_config"])
+  module = tasks_lib.kind(out["task"]).head(out["task"], out["model_config"])
   pred = np.argmax(np.asarray(module.apply({"params": out["state"].params}, batch)["logits"]), -1)
   gold = np.asarray(feats["labels"])
   assert len(gold) == 40 and set(m) == {"f1", "accuracy"}
@@ -404,12 +408,12 @@ def test_squad_json_and_ner_end_to_end(tmp_path, vocab, monkeypatch):
   c.train.num_epochs = 1
   out = finetune.finetune(c, str(tmp_path / "qa"))
   assert set(out["report"]["epochs"][0]["validation"]) == {"exact_match", "f1"}
-  # `python -m bertjax.predict --question` answers as the exported BertForQuestionAnswering does under HF's own
+  # `python -m bertjax predict --question` answers as the exported BertForQuestionAnswering does under HF's own
   # tokenizer and run_qa.py's decoding (the best start + end logit over context spans of at most 30 tokens;
   # transformers 5 has no question-answering pipeline).
   transformers = pytest.importorskip("transformers")
   torch = pytest.importorskip("torch")
-  from bertjax.convert import __main__ as convert_cli
+  from bertjax.cli import convert as convert_cli
   assert convert_cli.write(str(tmp_path / "qa"), str(tmp_path / "qa_hf")) == "BertForQuestionAnswering"
   hf_tok = transformers.AutoTokenizer.from_pretrained(tmp_path / "qa_hf")
   hf_qa = transformers.AutoModelForQuestionAnswering.from_pretrained(tmp_path / "qa_hf").eval()
@@ -495,17 +499,17 @@ def test_squad_v2_end_to_end_writes_predictions_the_official_script_scores_as_th
 
 
 def _predict_cli(argv) -> dict:
-  """What `python -m bertjax.predict ARGV` prints, parsed."""
+  """What `python -m bertjax predict ARGV` prints, parsed."""
   import contextlib
   import io
   out = io.StringIO()
   with contextlib.redirect_stdout(out):
-    assert predict.main(argv) in (0, None)
+    assert predict_cli.main(argv) in (0, None)
   return json.loads(out.getvalue().strip().splitlines()[-1])
 
 
 def test_a_sentence_pair_classifier_predicts_as_hf_text_classification_pipeline(tmp_path, vocab):
-  """`python -m bertjax.predict --pair` on a fine-tuned pair task gives the probabilities HF's text-classification
+  """`python -m bertjax predict --pair` on a fine-tuned pair task gives the probabilities HF's text-classification
   pipeline gives for {text, text_pair} on the exported model."""
   transformers = pytest.importorskip("transformers")
   pytest.importorskip("torch")
@@ -522,7 +526,7 @@ def test_a_sentence_pair_classifier_predicts_as_hf_text_classification_pipeline(
                   text_a_column="first", text_b_column="second", label_column="label", labels=("same", "different"))
   c.train.num_epochs = 1
   finetune.finetune(c, str(tmp_path / "w"))
-  from bertjax.convert import __main__ as convert_cli
+  from bertjax.cli import convert as convert_cli
   assert convert_cli.write(str(tmp_path / "w"), str(tmp_path / "hf")) == "BertForSequenceClassification"
   pipe = transformers.pipeline("text-classification", model=str(tmp_path / "hf"), top_k=None)
   for a, b in (("alpha good river", "city bad island"), ("good good", "mountain good"), ("beta", "delta gamma")):
@@ -547,7 +551,7 @@ def test_finetune_from_an_hf_folder_through_main(tmp_path, vocab):
   shutil.copy(vocab, tmp_path / "hf" / "vocab.txt")
   helpers.write_sentiment(tmp_path / "train.csv", 64, 0)
   helpers.write_sentiment(tmp_path / "dev.csv", 20, 1)
-  cmd = [sys.executable, "-m", "bertjax.main",
+  cmd = [sys.executable, "-m", "bertjax", "train",
          f"--config={ROOT}/configs/finetune.py:task=local,init={tmp_path / 'hf'},batch=16,epochs=1,seq=32",
          f"--workdir={tmp_path / 'w'}", f"--config.data.train_file={tmp_path / 'train.csv'}",
          f"--config.data.eval_file={tmp_path / 'dev.csv'}", "--config.data.text_a_column=sentence",
@@ -556,11 +560,11 @@ def test_finetune_from_an_hf_folder_through_main(tmp_path, vocab):
   out = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
   assert out.returncode == 0, out.stderr[-3000:]
   assert "best: epoch 1" in out.stdout
-  pred = subprocess.run([sys.executable, "-m", "bertjax.predict", "--workdir", str(tmp_path / "w"), "a good river"],
+  pred = subprocess.run([sys.executable, "-m", "bertjax", "predict", "--workdir", str(tmp_path / "w"), "a good river"],
                         capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
   assert pred.returncode == 0
   # Exported, the fine-tuned model and its tokenizer give HF the same probabilities.
-  exp = subprocess.run([sys.executable, "-m", "bertjax.convert", "--workdir", str(tmp_path / "w"), "--out",
+  exp = subprocess.run([sys.executable, "-m", "bertjax", "convert", "--workdir", str(tmp_path / "w"), "--out",
                         str(tmp_path / "exported")], capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
   assert exp.returncode == 0 and "BertForSequenceClassification" in exp.stdout, exp.stderr[-2000:]
   hf_tok = transformers.AutoTokenizer.from_pretrained(tmp_path / "exported")
@@ -617,7 +621,7 @@ def test_a_seed_the_step_cannot_take_stops_finetuning_before_it_starts(tmp_path,
 
 # ------------------------------------------------------------------ bad input
 def test_bad_task_files(tmp_path, vocab):
-  task = tasks.get("local", ("neg", "pos"))
+  task = tasks_lib.get("local", ("neg", "pos"))
   (tmp_path / "a.csv").write_text("text,label\nhello,pos\n")
   with pytest.raises(tasks.TaskDataError,
                      match=r"missing column\(s\) \['sentence'\]; the file has \['label', 'text'\]"):
@@ -647,9 +651,9 @@ def test_bad_task_files(tmp_path, vocab):
   with pytest.raises(tasks.TaskDataError, match="tag 'B-ORG' is not in the declared labels"):
     conll.featurize([(["x"], ["B-ORG"])], tok, ("O", "B-PER"), 16)
   with pytest.raises(tasks.TaskDataError, match="unknown task 'glue/mrcp'"):
-    tasks.get("glue/mrcp")
+    tasks_lib.get("glue/mrcp")
   with pytest.raises(tasks.TaskDataError, match="needs its label set declared: --config.data.labels"):
-    tasks.get("local")
+    tasks_lib.get("local")
 
 
 def test_classification_features_follow_run_classifier(vocab):
@@ -702,7 +706,7 @@ def test_signal_stops_finetuning_with_a_checkpoint(tmp_path, vocab, sig):
   n = tokenizer.load(vocab).vocab_size
 
   def cmd(*extra):
-    return [sys.executable, "-m", "bertjax.main",
+    return [sys.executable, "-m", "bertjax", "train",
             f"--config={ROOT}/configs/finetune.py:task=local,batch=16,epochs=3,seq=32", f"--workdir={tmp_path / 'w'}",
             f"--config.data.tokenizer={vocab}", f"--config.data.train_file={tmp_path / 'train.csv'}",
             "--config.data.text_a_column=sentence", "--config.data.label_column=sentiment",
@@ -732,7 +736,7 @@ def test_signal_stops_finetuning_with_a_checkpoint(tmp_path, vocab, sig):
 def finetune_cmd(tmp_path, vocab, workdir, *extra, lr="1e-3"):
   helpers.write_sentiment(tmp_path / "train.csv", 40, 0)
   n = tokenizer.load(vocab).vocab_size
-  return [sys.executable, "-m", "bertjax.main",
+  return [sys.executable, "-m", "bertjax", "train",
           f"--config={ROOT}/configs/finetune.py:task=local,variant=tiny,lr={lr},batch=8,epochs=1,seq=32",
           f"--workdir={workdir}", f"--config.data.train_file={tmp_path / 'train.csv'}",
           "--config.data.text_a_column=sentence", "--config.data.label_column=sentiment",
@@ -745,8 +749,8 @@ def finetune_cmd(tmp_path, vocab, workdir, *extra, lr="1e-3"):
 @pytest.mark.ci
 def test_finetune_refusals_are_one_line_errors(tmp_path, vocab):
   """A locked workdir, a non-finite loss, a bad config value and a tokenizer that does not fit the model each
-  give one `error:` line and exit code 2 through python -m bertjax.main (as pre-training does)."""
-  from bertjax import checkpoint as checkpoint_lib
+  give one `error:` line and exit code 2 through python -m bertjax train (as pre-training does)."""
+  from bertjax.core import checkpoint as checkpoint_lib
   locked = tmp_path / "locked"
   with checkpoint_lib.WorkdirLock(str(locked)):
     assert_one_line_error(run_cmd(finetune_cmd(tmp_path, vocab, locked)), "locked|in use|another")
@@ -778,6 +782,7 @@ def test_bucketed_batches_give_the_same_loss_as_full_length_ones(vocab):
   """A batch cut to its bucket length and the same batch at max_seq_length give the same loss and gradients
   (padding is masked out everywhere), so bucketing changes speed only."""
   import jax
+
   from bertjax import model as model_lib
   tok = tokenizer.load(vocab)
   rng = random.Random(0)
@@ -788,12 +793,12 @@ def test_bucketed_batches_give_the_same_loss_as_full_length_ones(vocab):
   cfg = model_lib.BertConfig.from_variant("tiny", vocab_size=tok.vocab_size, max_position_embeddings=64,
                                           dropout_rate=0.0, attention_dropout_rate=0.0)
   module = model_lib.BertForSequenceClassification(cfg, 2)
-  task = tasks.Task("local", "classification", labels=("a", "b"))
+  task = tasks_lib.Task("local", "classification", labels=("a", "b"))
   full = batching.make_batch(feats, np.arange(8), 8, bucket=0)
   cut = batching.make_batch(feats, np.arange(8), 8, bucket=16)
   assert full["input_ids"].shape[1] == 64 and cut["input_ids"].shape[1] == 16
   params = module.init(jax.random.key(0), full)["params"]
-  loss = lambda p, b: finetune.task_loss(task, module.apply({"params": p}, b), b)  # noqa: E731
+  loss = lambda p, b: tasks_lib.kind(task).loss(task, module.apply({"params": p}, b), b)  # noqa: E731
   grad = jax.jit(jax.value_and_grad(loss))
   (a, ga), (b, gb) = grad(params, full), grad(params, cut)
   assert abs(float(a) - float(b)) < 1e-5
@@ -835,7 +840,7 @@ def test_runs_of_a_seed_and_learning_rate_sweep_share_their_compiled_programs(tm
   for seed, lr in ((0, "1e-3"), (1, "5e-4")):
     w = tmp_path / f"s{seed}"
     cmd = finetune_cmd(tmp_path, vocab, w, lr=lr)
-    cmd[3] += f",seed={seed}"
+    cmd[4] += f",seed={seed}"
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-2000:]
     entries.append(sorted(os.listdir(cache)))
@@ -862,9 +867,10 @@ def test_a_workdir_holding_a_run_of_another_length_is_refused(tmp_path, vocab):
 @pytest.mark.slow
 @pytest.mark.ci
 def test_the_suite_runs_every_task_once_and_tabulates_the_best_rate(tmp_path, vocab):
-  """`launch/suite.py`: two local tasks x two rates x two seeds through sweep's commands; per task the rate with the
-  best median over seeds (read back from each run's own report here), its median and mean ± sd, the average over
-  tasks; a second invocation repeats no run."""
+  """`launch/suite.py`, run from the caller's own folder with relative paths: two local tasks x two rates x two
+  seeds through sweep's commands; per task the rate with the best median over seeds (read back from each run's
+  own report here), its median and mean ± sd, the average over tasks; a task whose runs fail is in the table with
+  its one-line error and makes the command fail; a second invocation repeats no finished run."""
   for split, n, seed in (("train", 48, 0), ("dev", 16, 1), ("train2", 48, 2), ("dev2", 16, 3)):
     helpers.write_sentiment(tmp_path / f"{split}.csv", n, seed)
   n = tokenizer.load(vocab).vocab_size
@@ -872,21 +878,26 @@ def test_the_suite_runs_every_task_once_and_tabulates_the_best_rate(tmp_path, vo
             "--config.data.labels=('neg','pos')", f"--config.data.tokenizer={vocab}",
             "--config.model.max_position_embeddings=64"]
   cfg = f"configs/finetune.py:task=local,variant=tiny,batch=16,epochs=1,seq=32,vocab={n}"
-  suite = [{"name": name, "config": cfg, "overrides": [f"--config.data.train_file={tmp_path / tr}.csv",
-                                                       f"--config.data.eval_file={tmp_path / dv}.csv"]}
-           for name, tr, dv in (("first", "train", "dev"), ("second", "train2", "dev2"))]
+  suite = [{"name": name, "config": cfg, "overrides": [f"--config.data.train_file={tr}.csv",
+                                                       f"--config.data.eval_file={dv}.csv"]}
+           for name, tr, dv in (("first", "train", "dev"), ("second", "train2", "dev2"), ("broken", "none", "dev"))]
   (tmp_path / "suite.json").write_text(json.dumps(suite))
   root = tmp_path / "suite"
   env = dict(os.environ, PYTHONPATH=ROOT)
-  cmd = [sys.executable, "launch/suite.py", "run", "--suite", str(tmp_path / "suite.json"), "--lrs", "1e-3,1e-5",
-         "--seeds", "0,1", "--root", str(root), "--", *common]
-  printed = subprocess.run(cmd[:3] + ["--print"] + cmd[3:], capture_output=True, text=True, cwd=ROOT, env=env,
+  cmd = [sys.executable, os.path.join(ROOT, "launch/suite.py"), "run", "--suite", "suite.json", "--lrs",
+         "1e-3,1e-5", "--seeds", "0,1", "--root", "suite", "--", *common]
+  printed = subprocess.run(cmd[:3] + ["--print"] + cmd[3:], capture_output=True, text=True, cwd=tmp_path, env=env,
                            timeout=120)
-  assert printed.returncode == 0 and len(printed.stdout.strip().splitlines()) == 8, printed.stderr[-2000:]
-  out = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=env, timeout=1200)
-  assert out.returncode == 0, out.stderr[-3000:]
+  assert printed.returncode == 0 and len(printed.stdout.strip().splitlines()) == 12, printed.stderr[-2000:]
+  out = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, env=env, timeout=1200)
+  assert out.returncode == 1, out.stderr[-3000:]  # the broken task's four runs failed
   summary = json.loads((root / "suite.json").read_text())
+  broken = next(r for r in summary["tasks"] if r["task"] == "broken")
+  assert broken["runs"] == 0 and broken["failed"] == 4 and "none.csv: file not found" in broken["error"]
+  assert "none.csv: file not found" in (root / "suite.md").read_text()
   for row in summary["tasks"]:
+    if row["task"] == "broken":
+      continue
     got = {}
     for lr in ("1e-3", "1e-5"):
       got[lr] = [json.loads((root / row["task"] / f"lr-{lr}_seed-{s}" / "report.json").read_text())["best"]["value"]
@@ -895,9 +906,9 @@ def test_the_suite_runs_every_task_once_and_tabulates_the_best_rate(tmp_path, vo
     assert row["lr"] == best and row["seeds"] == 2 and row["runs"] == 4
     assert row["median"] == pytest.approx(np.median(got[best])) and row["mean"] == pytest.approx(np.mean(got[best]))
     assert row["sd"] == pytest.approx(np.std(got[best], ddof=1))
-  assert summary["average"] == pytest.approx(np.mean([r["median"] for r in summary["tasks"]]))
+  assert summary["average"] is None  # a task without a result leaves the average incomplete
   assert "| **average** |" in (root / "suite.md").read_text() and (root / "suite.png").read_bytes()[:4] == b"\x89PNG"
   reports = {p: p.stat().st_mtime for p in root.glob("*/*/report.json")}
-  again = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=env, timeout=300)
-  assert again.returncode == 0 and again.stdout.count("finished before, kept") == 8
+  again = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, env=env, timeout=300)
+  assert again.returncode == 1 and again.stdout.count("finished before, kept") == 8
   assert {p: p.stat().st_mtime for p in root.glob("*/*/report.json")} == reports

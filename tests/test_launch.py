@@ -30,7 +30,7 @@ def test_tpu_vm_script_refuses_unknown_commands():
 def _aot(code):
   """The last line `code` prints, as JSON: aot.compile_step results compiled for a TPU topology on this host."""
   pytest.importorskip("libtpu")
-  code = "import json; from bertjax import aot; from configs import modernbert, pretrain\n" + code
+  code = "import json; from bertjax.cli import aot; from configs import modernbert, pretrain\n" + code
   env = dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu")
   out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=ROOT, timeout=900)
   assert out.returncode == 0, out.stderr[-3000:]
@@ -101,6 +101,7 @@ def test_sweep_prints_the_grid_and_tabulates_whatever_finished(tmp_path):
   """The grid's commands, then the table over the runs' own result files (fine-tuning reports in the format
   bertjax.finetune writes, one run that never finished); the full sweep through real runs is a slow test."""
   import json
+
   import numpy as np
   env = dict(os.environ, PYTHONPATH=ROOT)
   root = tmp_path / "sweep"
@@ -111,7 +112,7 @@ def test_sweep_prints_the_grid_and_tabulates_whatever_finished(tmp_path):
   assert out.returncode == 0, out.stderr
   lines = out.stdout.strip().splitlines()
   assert len(lines) == 6 and all(x.endswith("--config.log_every=5") for x in lines)
-  assert "--config=configs/finetune.py:task=glue/mrpc,lr=5e-5,seed=2 --workdir=" in lines[-1], lines[-1]
+  assert f"--config={ROOT}/configs/finetune.py:task=glue/mrpc,lr=5e-5,seed=2 --workdir=" in lines[-1], lines[-1]
   scores = {("2e-5", "0"): 0.81, ("2e-5", "1"): 0.84, ("2e-5", "2"): 0.79, ("5e-5", "0"): 0.86, ("5e-5", "2"): 0.70}
   for (lr, seed), f1 in scores.items():  # lr=5e-5,seed=1 never finished: no report
     d = root / f"lr-{lr}_seed-{seed}"

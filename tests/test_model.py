@@ -7,7 +7,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bertjax import accounting, losses, model
+from bertjax import model
+from bertjax.core import accounting
+from bertjax.objectives import mlm as mlm_objective
 
 
 def tiny(**kw):
@@ -40,11 +42,11 @@ def init(module, cfg, seed=0):
 def test_seed_worked_example_mlm_loss():
   """Seed 001, 4.3: logits [0.2, 2.1, 0.5, 0.3, 0.1], target "mat" (index 1) -> loss ≈ 0.502."""
   logits = np.array([[[0.2, 2.1, 0.5, 0.3, 0.1]]], np.float32)
-  loss = losses.mlm_loss(logits, np.array([[1]]), np.array([[1.0]]))
+  loss = mlm_objective.mlm_loss(logits, np.array([[1]]), np.array([[1.0]]))
   assert abs(float(loss) - 0.502) < 1e-3
   probs = np.asarray(jax.nn.softmax(logits[0, 0]))
   np.testing.assert_allclose(probs, [0.090, 0.605, 0.122, 0.100, 0.082], atol=1e-3)
-  uniform = losses.mlm_loss(np.zeros((1, 1, 5), np.float32), np.array([[1]]), np.array([[1.0]]))
+  uniform = mlm_objective.mlm_loss(np.zeros((1, 1, 5), np.float32), np.array([[1]]), np.array([[1.0]]))
   assert abs(float(uniform) - 1.609) < 1e-3
 
 
@@ -56,7 +58,7 @@ def test_mlm_loss_counts_only_weighted_positions():
   logp = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
   ce = -np.take_along_axis(logp, ids[..., None], -1)[..., 0]
   expected = (ce * w).sum() / (w.sum() + 1e-5)
-  np.testing.assert_allclose(float(losses.mlm_loss(logits, ids, w)), expected, rtol=1e-6)
+  np.testing.assert_allclose(float(mlm_objective.mlm_loss(logits, ids, w)), expected, rtol=1e-6)
 
 
 def numpy_attention(x, mask, p, cfg):
@@ -210,7 +212,8 @@ def test_pruned_final_layer_is_exact(scan, ln, layers, full_check):
     return
 
   def loss(m):
-    return jax.jit(jax.value_and_grad(lambda q: losses.pretraining_loss(m.apply({"params": q}, b), b)[0]))(params)
+    return jax.jit(jax.value_and_grad(
+        lambda q: mlm_objective.pretraining_loss(m.apply({"params": q}, b), b)[0]))(params)
   (la, ga), (lp, gp) = loss(full), loss(pruned)
   np.testing.assert_allclose(lp, la, rtol=1e-6)
   for x, y in zip(jax.tree_util.tree_leaves(gp), jax.tree_util.tree_leaves(ga)):

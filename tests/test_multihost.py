@@ -5,13 +5,13 @@ import shutil
 import subprocess
 import sys
 
+import helpers as tt
 import numpy as np
 import pytest
-
-from bertjax import checkpoint as checkpoint_lib, metrics
-import helpers as tt
-
 from helpers import ROOT
+
+from bertjax.core import checkpoint as checkpoint_lib
+from bertjax.core import writers as metrics
 
 
 def main_args(workdir, data_dir, steps, *extra):
@@ -22,7 +22,7 @@ def main_args(workdir, data_dir, steps, *extra):
 
 def single(workdir, data_dir, steps):
   env = dict(tt.env(), XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu")
-  out = subprocess.run([sys.executable, "-m", "bertjax.main", *main_args(workdir, data_dir, steps)],
+  out = subprocess.run([sys.executable, "-m", "bertjax", "train", *main_args(workdir, data_dir, steps)],
                        capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
   assert out.returncode == 0, out.stderr[-3000:]
   return out.stdout
@@ -71,8 +71,9 @@ def test_two_processes_equal_one_and_checkpoints_cross_over(tmp_path, data_dir):
 
 
 def finetune_args(tmp_path, workdir):
-  """A tiny sentence-classification fine-tuning run (local CSV) through bertjax.main, fsdp over 8 devices."""
+  """A tiny sentence-classification fine-tuning run (local CSV) through python -m bertjax train, fsdp over 8 devices."""
   import random
+
   from bertjax.data import tokenizer
   if not (tmp_path / "train.csv").exists():
     rng = random.Random(0)
@@ -96,7 +97,7 @@ def test_two_process_finetuning_equals_one(tmp_path):
   process takes part in the prediction gather and the best-params save; process 0 writes the report)."""
   one, two = tmp_path / "one", tmp_path / "two"
   env = dict(tt.env(), XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu")
-  out = subprocess.run([sys.executable, "-m", "bertjax.main", *finetune_args(tmp_path, one)],
+  out = subprocess.run([sys.executable, "-m", "bertjax", "train", *finetune_args(tmp_path, one)],
                        capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
   assert out.returncode == 0, out.stderr[-3000:]
   out = subprocess.run([sys.executable, "launch/local_cluster.py", "--processes", "2", "--devices_per_process", "4",

@@ -1,14 +1,16 @@
 """Packing: each example's outputs in a packed row equal its unpacked outputs; plans are complete and within caps."""
 import flax.linen as nn
+import helpers as tt
 import jax
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from bertjax import losses, model as model_lib, train
+from bertjax import model as model_lib
+from bertjax import pretrain as train
 from bertjax.data import packing
-import helpers as tt
-
+from bertjax.objectives import mlm as mlm_objective
 
 
 def examples(n=7, src_len=24, preds=4, vocab=97, seed=0):
@@ -72,8 +74,8 @@ def test_packed_outputs_equal_unpacked(prune, switches):
       t, q = t + n, q + p
   # The loss sums agree too: packing changes the layout, not the objective.
   unpacked["next_sentence_weights"] = np.ones(len(exs), np.float32)
-  s_ref = losses.pretraining_sums(ref, unpacked)
-  s_out = losses.pretraining_sums(out, batch)
+  s_ref = mlm_objective.pretraining_sums(ref, unpacked)
+  s_out = mlm_objective.pretraining_sums(out, batch)
   for k in s_ref:
     np.testing.assert_allclose(s_out[k], s_ref[k], rtol=1e-5, atol=1e-4)
 

@@ -15,7 +15,8 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from bertjax import parity  # noqa: E402
+from bertjax import tasks as tasks_lib  # noqa: E402
+from bertjax.cli import parity  # noqa: E402
 from bertjax.data import tokenizer  # noqa: E402
 from configs import finetune as finetune_config  # noqa: E402
 
@@ -142,9 +143,8 @@ def test_the_harness_catches_a_different_recipe(tmp_path, hf_init):
 def test_start_folder_loads_the_head_in_both(tmp_path, hf_init):
   """The start folder holds HF's head; bertjax's fine-tuning init takes it (HF's from_pretrained does too)."""
   from bertjax import finetune
-  from bertjax.data import task_data as tasks
   c = config_for("ner", hf_init, labels=("O", "B-X", "I-X"))
-  task = tasks.get("ner", ("O", "B-X", "I-X"))
+  task = tasks_lib.get("ner", ("O", "B-X", "I-X"))
   start = parity.make_start(c, task, str(tmp_path / "start"))
   c.init = start
   _, _, params, _, _ = finetune.load_init(c, task)
@@ -154,7 +154,7 @@ def test_start_folder_loads_the_head_in_both(tmp_path, hf_init):
 
 
 def test_linear_from_warmup_is_hfs_schedule():
-  from bertjax import optim
+  from bertjax.core import optim
   p = torch.nn.Parameter(torch.zeros(1))
   opt = torch.optim.SGD([p], lr=1.0)
   sched = transformers.get_linear_schedule_with_warmup(opt, 10, 100)

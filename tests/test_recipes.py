@@ -7,8 +7,11 @@ import random
 import numpy as np
 import pytest
 
-from bertjax import optim, train
-from bertjax.data import dataset, pretraining, tokenizer
+from bertjax import pretrain as train
+from bertjax.core import optim
+from bertjax.data import tokenizer
+from bertjax.data.pretraining import dataset
+from bertjax.data.pretraining import examples as pretraining
 
 WORDS = ("the model reads text and predicts masked words from both sides of each sentence while a second "
          "head guesses whether two segments follow each other").split()
@@ -117,7 +120,7 @@ def test_modernbert_recipe_end_to_end_evaluates_at_its_own_rate(tmp_path, packed
   summary = train.train_and_evaluate(c, str(tmp_path / "w"))
   assert summary["final_step"] == 6 and np.isfinite(summary["eval"]["mlm_loss"])
   # The held-out set is re-masked at 15% (the data was made at 30%).
-  from bertjax.data import input_pipeline
+  from bertjax.data.pretraining import pipeline as input_pipeline
   made = dataset.read_creation(packed_data)
   tok = tokenizer.load(made["tokenizer"])
   opts = pretraining.CreationOptions(**{**made["options"], "masked_lm_prob": 0.15})
@@ -138,8 +141,9 @@ def _modernbert_workdir_exports_and_fine_tunes(tmp_path, tok):
   torch = pytest.importorskip("torch")
   transformers = pytest.importorskip("transformers")
   import helpers
+
   from bertjax import finetune, predict
-  from bertjax.convert import __main__ as convert_cli
+  from bertjax.cli import convert as convert_cli
   from configs import finetune as finetune_config
   w = str(tmp_path / "w")
   assert convert_cli.write(w, str(tmp_path / "mlm")) == "ModernBertForMaskedLM"
@@ -210,18 +214,18 @@ def test_schedules_match_their_formulas(kind, shape):
 
 
 def _train_and_export(c, tmp_path, architecture):
-  """Train c into tmp_path/w, then `python -m bertjax.convert` it into tmp_path/hf, which must name `architecture`;
+  """Train c into tmp_path/w, then `python -m bertjax convert` it into tmp_path/hf, which must name `architecture`;
   the run's summary."""
   import helpers
   summary = train.train_and_evaluate(c, str(tmp_path / "w"))
-  proc = helpers.run_cmd([helpers.sys.executable, "-m", "bertjax.convert", "--workdir", str(tmp_path / "w"),
+  proc = helpers.run_cmd([helpers.sys.executable, "-m", "bertjax", "convert", "--workdir", str(tmp_path / "w"),
                           "--out", str(tmp_path / "hf")])
   assert proc.returncode == 0 and architecture in proc.stdout, proc.stderr[-2000:]
   return summary
 
 
 def test_roberta_recipe_end_to_end_exports_with_its_tokenizer(tmp_path, packed_data):
-  """configs/roberta.py trains MLM only; its workdir -> python -m bertjax.convert -> HF AutoTokenizer +
+  """configs/roberta.py trains MLM only; its workdir -> python -m bertjax convert -> HF AutoTokenizer +
   AutoModelForMaskedLM give bertjax's fill-in-the-blank scores."""
   transformers = pytest.importorskip("transformers")
   torch = pytest.importorskip("torch")
@@ -250,9 +254,10 @@ def test_roberta_recipe_end_to_end_exports_with_its_tokenizer(tmp_path, packed_d
 def test_electra_recipe_end_to_end(tmp_path, packed_data):
   """configs/electra.py on the small corpus: both networks train in one step, the metrics carry the
   discriminator's accuracy beside its all-original baseline, a stopped run resumes to the same state, and
-  python -m bertjax.convert writes HF's discriminator and generator folders, each with the tokenizer, HF's
+  python -m bertjax convert writes HF's discriminator and generator folders, each with the tokenizer, HF's
   discriminator giving bertjax's replaced-token logits."""
   import jax
+
   from configs import electra
   def config(stop=0):
     c = _small(electra.get_config("variant=tiny,seq=64,preds=20"), packed_data, steps=6)
@@ -275,8 +280,9 @@ def test_electra_recipe_end_to_end(tmp_path, packed_data):
 def _electra_export_gives_bertjax_logits(tmp_path, packed_data, c):
   transformers = pytest.importorskip("transformers")
   torch = pytest.importorskip("torch")
-  from bertjax import checkpoint as checkpoint_lib, model as model_lib
-  from bertjax.model import electra as electra_lib
+  from bertjax import model as model_lib
+  from bertjax.core import checkpoint as checkpoint_lib
+  from bertjax.objectives import electra as electra_lib
   disc = transformers.AutoModelForPreTraining.from_pretrained(str(tmp_path / "hf" / "discriminator")).eval()
   assert (tmp_path / "hf" / "generator" / "vocab.json").exists()
   src = dataset.load_source(packed_data, "validation")
@@ -297,7 +303,8 @@ def test_electra_generator_held_fixed_from_freeze_step(tmp_path, packed_data):
   momentum and decay included) while the discriminator and the shared embeddings keep training; before N both
   networks train."""
   import jax
-  from bertjax.model import electra as electra_lib
+
+  from bertjax.objectives import electra as electra_lib
   from configs import electra
 
   def run(workdir, stop, freeze=2):
@@ -332,7 +339,8 @@ def _context_extension_continues_a_short_checkpoint_at_a_longer_length(tmp_path,
   one's weights, says which θ and length each uses, runs its global layers at θ 160,000 on the blockwise
   attention, and trains."""
   import jax
-  from bertjax import weights
+
+  from bertjax.convert import weights
   from configs import modernbert
   d = tmp_path / "long_data"
   d.mkdir()

@@ -11,9 +11,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bertjax import scores
+from bertjax import tasks as tasks_lib
+from bertjax.core import scores
+from bertjax.data import tokenizer
+from bertjax.data.tasks import rows as tasks
+from bertjax.data.tasks import squad
 from bertjax.kernels import dropout
-from bertjax.data import squad, task_data as tasks, tokenizer
 
 transformers = pytest.importorskip("transformers")
 
@@ -48,7 +51,7 @@ def test_tags_outside_the_supported_schemes_are_refused_by_name(tag):
   with pytest.raises(scores.TagSchemeError, match=re.escape(repr(tag))):
     scores.span_f1([["O", tag]], [["O", "O"]])
   with pytest.raises(tasks.TaskDataError, match=re.escape(repr(tag))):
-    tasks.get("ner", ("O", "B-PER", tag))
+    tasks_lib.get("ner", ("O", "B-PER", tag))
 
 
 # ------------------------------------------------------------------ tokenisation against HF

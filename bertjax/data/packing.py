@@ -174,3 +174,44 @@ def pack_features(feats: dict, row_length: int, max_per_row: int, example_keys=(
         out[k][i, slot] = feats[k][j]
       t += n
   return out, rows
+
+
+def pack_contrastive(feats: dict, text_length: int, max_per_row: int) -> tuple[dict, list[list[int]]]:
+  """Examples packed into rows of (1 + K)·`text_length` tokens: an example's anchor and its K documents stay
+  together (every text its own attention segment, positions restarting at 0), up to `max_per_row` examples
+  a row, best-fit-decreasing by the example's total length (`packing.plan`), so every example fits a row.
+
+  Per row: the token features; `text_segments` [k, 1 + K], each slot's texts' segment numbers (0: empty slot);
+  `example_slot_weights` [k]; the slot's `query_keys`, `doc_keys` [k, K] and `labels`."""
+  q_ids, d_ids = np.asarray(feats["input_ids"]), np.asarray(feats["doc_input_ids"])
+  n, n_docs, length = d_ids.shape
+  t = 1 + n_docs
+  ids = np.concatenate([q_ids[:, None], d_ids], axis=1)  # [N, T, L]
+  lengths = np.concatenate([np.asarray(feats["input_mask"])[:, None], np.asarray(feats["doc_input_mask"])],
+                           axis=1).sum(-1)
+  row_length = t * text_length
+  rows = plan(lengths.sum(-1), np.zeros(n, np.int64), row_length, 0, max_per_row)
+  r = len(rows)
+  out = {name: np.zeros((r, row_length), np.int32) for name in
+         ("input_ids", "input_mask", "segment_ids", "position_ids", "attention_segment_ids")}
+  out["text_segments"] = np.zeros((r, max_per_row, t), np.int32)
+  out["cls_positions"] = np.zeros((r, max_per_row), np.int32)
+  out["example_slot_weights"] = np.zeros((r, max_per_row), np.float32)
+  for name in ("query_keys", "doc_keys", "labels"):
+    out[name] = np.zeros((r, max_per_row) + feats[name].shape[1:], feats[name].dtype)
+  for i, members in enumerate(rows):
+    pos = 0
+    for slot, j in enumerate(members):
+      out["cls_positions"][i, slot] = pos
+      for x in range(t):
+        m, seg = int(lengths[j, x]), slot * t + x + 1
+        out["input_ids"][i, pos:pos + m] = ids[j, x, :m]
+        out["input_mask"][i, pos:pos + m] = 1
+        out["position_ids"][i, pos:pos + m] = np.arange(m)
+        out["attention_segment_ids"][i, pos:pos + m] = seg
+        out["text_segments"][i, slot, x] = seg
+        pos += m
+      out["example_slot_weights"][i, slot] = 1.0
+      for name in ("query_keys", "doc_keys", "labels"):
+        out[name][i, slot] = feats[name][j]
+  return out, rows

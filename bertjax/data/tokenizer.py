@@ -16,7 +16,7 @@ RoBERTa's byte-level BPE (`vocab.json` + `merges.txt`, HF `tokenizers`' BPE over
 pre-tokenizer) gives the ids of HF's RobertaTokenizerFast; its special tokens <pad>, <unk>, <s>, </s>, <mask> take
 the roles of BERT's [PAD], [UNK], [CLS], [SEP], [MASK].
 
-CLI: python -m bertjax.data.tokenizer --input a.txt b.txt --kind wordpiece|unigram|bpe|byte_bpe --vocab_size 8000 \\
+CLI: python -m bertjax tokenizer --input a.txt b.txt --kind wordpiece|unigram|bpe|byte_bpe --vocab_size 8000 \\
     --out DIR
 """
 from __future__ import annotations
@@ -26,15 +26,14 @@ import io
 import json
 import os
 import shutil
-import sys
 import tempfile
-import time
-from typing import Iterable, Sequence
+from typing import Sequence
 
 import numpy as np
 
 from bertjax import errors
-from bertjax.data import corpus, vocab_files
+from bertjax.data import vocab_files
+from bertjax.data.pretraining import corpus
 from bertjax.data.vocab_files import MAIN_FILES, copy_into, find_in, fingerprint  # noqa: F401
 
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
@@ -75,6 +74,20 @@ class Tokenizer:
 
   def encode(self, text: str) -> list[int]:
     return list(self._encode(text))
+
+  def encode_head(self, text: str, n: int) -> list[int]:
+    """`encode(text)[:n]`, tokenizing only as much of the text as that takes: a window of characters, cut at a
+    whitespace, that grows until it yields n tokens. Every kind splits words at whitespace before it looks them
+    up, so the window's tokens are the text's first ones; a megabyte-long line costs what its head does."""
+    size = max(256, 16 * n)
+    while size < len(text):
+      cut = max(text.rfind(c, 0, size) for c in " \n\t")
+      if cut > 0:
+        ids = self._encode(text[:cut])
+        if len(ids) >= n:
+          return list(ids[:n])
+      size *= 4
+    return list(self._encode(text))[:n]
 
   def encode_with_offsets(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
     """Ids and, per id, the [start, end) character span of the original text it came from."""
@@ -169,59 +182,6 @@ def _load_sentencepiece(path: str) -> Tokenizer:
     return [p.id for p in proto.pieces], [(char_of_byte[p.begin], char_of_byte[p.end]) for p in proto.pieces]
   return Tokenizer("sentencepiece", path, lambda s: sp.EncodeAsIds(s), lambda ids: sp.DecodeIds(ids), offsets,
                    pieces, continues)
-
-
-def sentencepiece_as_hf(path: str):
-  """A sentencepiece model as an HF `tokenizers` Tokenizer with the same ids: the model's own normaliser (its
-  precompiled character map, then its whitespace rules), "▁"-prefixed words, its unigram or BPE pieces and scores,
-  the special pieces matched as special tokens, and BERT's [CLS] A [SEP] (B [SEP]) template. What tokenizer.json
-  holds for `AutoTokenizer`; read from the file's records, so no protobuf runtime is needed."""
-  from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
-  with open(path, "rb") as f:
-    top = vocab_files.proto_records(f.read())
-  if top is None:
-    raise TokenizerError(f"{path}: not a whole sentencepiece model")
-
-  def spec(field):  # a sub-message of the model (proto2 defaults where a field is absent)
-    raw = next((v for k, v in top if k == field and isinstance(v, bytes)), b"")
-    return dict(vocab_files.proto_records(raw) or [])
-  trainer, norm = spec(2), spec(3)
-  model_type, byte_fallback = trainer.get(3, 1), bool(trainer.get(35, 0))
-  tok = _load_sentencepiece(path)
-  import sentencepiece as spm
-  sp = spm.SentencePieceProcessor(model_file=path)
-  pieces = [(sp.IdToPiece(i), sp.GetScore(i)) for i in range(sp.GetPieceSize())]
-  special = [i for i in range(len(pieces)) if sp.IsControl(i) or sp.IsUnknown(i)]
-  if model_type == 1:
-    model = models.Unigram(pieces, unk_id=sp.unk_id(), byte_fallback=byte_fallback)
-  elif model_type == 2:
-    vocab = {p: i for i, (p, _) in enumerate(pieces)}
-    plain = {p for i, (p, _) in enumerate(pieces) if i not in special and not sp.IsByte(i)}
-    merges = []  # every split of a piece into two pieces, applied in the order of the merged piece's score
-    for piece, score in pieces:
-      if piece in plain:
-        merges += [(score, vocab[piece[:k]], vocab[piece[k:]], piece[:k], piece[k:]) for k in range(1, len(piece))
-                   if piece[:k] in plain and piece[k:] in plain]
-    merges.sort(key=lambda m: (-m[0], m[1], m[2]))
-    model = models.BPE(vocab, [(a, b) for *_, a, b in merges], unk_token=pieces[sp.unk_id()][0], fuse_unk=True,
-                       byte_fallback=byte_fallback)
-  else:
-    raise TokenizerError(f"{path}: a sentencepiece {'word' if model_type == 3 else 'char'} model has no HF "
-                         "tokenizer here; train a unigram or bpe model")
-  hf = Tokenizer(model)
-  steps = [normalizers.Precompiled(norm[2])] if norm.get(2) else []
-  if norm.get(4, 1):  # remove_extra_whitespaces
-    steps += [normalizers.Strip(), normalizers.Replace(Regex(" {2,}"), " ")]
-  hf.normalizer = normalizers.Sequence(steps)
-  prepend = "always" if norm.get(3, 1) else "never"  # add_dummy_prefix
-  hf.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme=prepend)
-  hf.decoder = decoders.Metaspace(replacement="\u2581", prepend_scheme=prepend)
-  hf.add_special_tokens([AddedToken(pieces[i][0], special=True, normalized=False) for i in special])
-  cls, sep = pieces[tok.cls_id][0], pieces[tok.sep_id][0]
-  hf.post_processor = processors.TemplateProcessing(
-      single=f"{cls}:0 $A:0 {sep}:0", pair=f"{cls}:0 $A:0 {sep}:0 $B:1 {sep}:1",
-      special_tokens=[(cls, tok.cls_id), (sep, tok.sep_id)])
-  return hf
 
 
 def _load_byte_bpe(path: str) -> Tokenizer:
@@ -404,39 +364,3 @@ def _clean_texts(files, reader=None):
     line = line.strip()
     if line:
       yield line
-
-
-@errors.guard
-def main(argv: Iterable[str] | None = None) -> None:
-  p = errors.ArgumentParser(description="Train a BERT tokenizer (WordPiece or sentencepiece) on text files.")
-  p.add_argument("--input", nargs="+", required=True,
-                 help="shards or glob patterns (text, .jsonl, .parquet, optionally compressed) or tfds:NAME[:SPLIT]")
-  p.add_argument("--text_field", default="text", help="the JSONL key / Parquet column with the text")
-  p.add_argument("--skip_bad_records", action="store_true",
-                 help="skip and count bad records and unreadable shards instead of stopping at the first")
-  p.add_argument("--out", required=True, help="output folder")
-  p.add_argument("--kind", default="wordpiece", choices=["wordpiece", "unigram", "bpe", "byte_bpe"])
-  p.add_argument("--vocab_size", type=int, default=30522)
-  p.add_argument("--cased", action="store_true", help="keep case and accents")
-  p.add_argument("--overwrite", action="store_true", help="replace the tokenizer files already in --out")
-  args = p.parse_args(argv)
-  start = time.time()
-
-  def progress(lines):
-    print(f"tokenizer: read {lines:,} lines ({time.time() - start:.0f} s)", flush=True)
-  path = train(args.input, args.out, args.kind, args.vocab_size, do_lower_case=not args.cased,
-               reader=corpus.ReadOptions(text_field=args.text_field, skip_bad_records=args.skip_bad_records),
-               overwrite=args.overwrite, progress=progress)
-  tok = load(path, do_lower_case=not args.cased)
-  print(f"wrote {path} ({tok.vocab_size} pieces, {time.time() - start:.1f} s)")
-  if tok.vocab_size > args.vocab_size:
-    print(f"note: the corpus' characters alone take {tok.vocab_size} pieces, more than the {args.vocab_size} asked "
-          f"for; a model on this tokenizer needs vocab_size {tok.vocab_size}", flush=True)
-  if tok.vocab_size < args.vocab_size:
-    print(f"note: the corpus yields {tok.vocab_size} pieces, fewer than the {args.vocab_size} asked for; a model on "
-          f"this tokenizer needs vocab_size {tok.vocab_size} (e.g. configs/pretrain.py:...,vocab={tok.vocab_size})",
-          flush=True)
-
-
-if __name__ == "__main__":
-  sys.exit(main())

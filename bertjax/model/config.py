@@ -44,6 +44,9 @@ def gelu(x):
 
 
 CLASSIFIER_HEADS = ("pooler", "dense_tanh", "dense_gelu", "prediction")
+# The dropout rates a fine-tuning config may leave negative, meaning the init's own (as HF's from_pretrained keeps
+# the checkpoint's config: 0.1 for BERT, RoBERTa and ELECTRA; 0.0 for ModernBERT); BertConfig's without an init.
+INIT_RATES = ("dropout_rate", "attention_dropout_rate", "classifier_dropout")
 ACTIVATIONS = {
     "gelu": gelu,  # exact erf form: BERT's and HF's "gelu"
     "gelu_tanh": functools.partial(jax.nn.gelu, approximate=True),
@@ -116,7 +119,7 @@ class BertConfig:
   # pallas: bertjax.kernels.attention
   # (fused with dropout; GPU, L <= 256, batch and heads may be split over a mesh) | splash: TPU Pallas splash
   # attention (fused without dropout, packed rows by segment ids; the xla path when attention dropout is on) |
-  # blockwise: bertjax.model.blockwise on XLA, any backend (local layers in chunks within their window, global
+  # blockwise: bertjax.kernels.blockwise on XLA, any backend (local layers in chunks within their window, global
   # ones in key blocks with an online softmax: time follows the mask, memory grows with L, not L²; for long rows) |
   # by_length: xla for rows shorter than BLOCKWISE_FROM's tokens on the backend, blockwise from there (ALiBi: xla);
   # see `attention_at`

@@ -15,9 +15,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from bertjax.kernels import attention as attention_lib
+from bertjax.kernels.xla import attention_mask, band_mask
 from bertjax.model.config import BertConfig
-from bertjax.model.layers import (Dense, Embeddings, Layer, alibi_bias, attention_mask, band_mask, layer_norm,
-                                  rotary_tables, take_rows)
+from bertjax.model.layers import Dense, Embeddings, Layer, alibi_bias, layer_norm, rotary_tables, take_rows
+
 
 class _ScanLayer(nn.Module):
   """Adapter giving `Layer` the (carry, x) -> (carry, y) signature `nn.scan` needs."""

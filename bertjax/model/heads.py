@@ -10,6 +10,7 @@ from bertjax.model.config import ACTIVATIONS, BertConfig
 from bertjax.model.encoder import ENCODER_KEYS, BertModel, check_batch
 from bertjax.model.layers import Dense, dropout, layer_norm, take_rows
 
+
 class BertForPreTraining(nn.Module):
   """Encoder + MLM head (only at `masked_lm_positions`: [B, P, V] logits) + NSP head on the pooled output
   (`cfg.nsp_head`; without it, MLM alone as RoBERTa and ModernBERT pre-train, and no pooler). The MLM transform

@@ -1,7 +1,8 @@
-"""The layers of the encoder: embeddings, self-attention (five backends), FFN, LayerNorm, dropout, one block.
+"""The layers of the encoder: embeddings, self-attention (its backends are `bertjax.kernels`), FFN, LayerNorm,
+dropout, one block.
 
 Every parameter carries logical axis names (`vocab`, `embed`, `heads`, `kv`, `mlp`, `layers`, ...); how they map
-onto a device mesh is decided by the config's rules (see `sharding.py`). Activations are constrained with their
+onto a device mesh is decided by the config's rules (`bertjax.core.sharding`). Activations are constrained with their
 own names (`activation_batch`, `activation_length`, `activation_embed`, ...).
 """
 from __future__ import annotations
@@ -13,10 +14,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bertjax.kernels import attention as attention_lib
+from bertjax import kernels
 from bertjax.kernels import dropout as dropout_lib
-from bertjax.model import blockwise
+from bertjax.kernels.xla import select
 from bertjax.model.config import ACTIVATIONS, BertConfig
+
 
 def _init(cfg: BertConfig):
   if cfg.initializer == "normal":
@@ -133,71 +135,9 @@ def alibi_bias(positions, num_heads: int):
   return -jnp.asarray(alibi_slopes(num_heads))[None, :, None, None] * distance[:, None]
 
 
-def band_mask(length: int, window: int):
-  """[1, 1, L, L] boolean: |i - j| <= window // 2 (a sliding window of `window` tokens, ModernBERT's
-  local_attention)."""
-  i = np.arange(length)
-  return jnp.asarray(np.abs(i[:, None] - i[None, :]) <= window // 2)[None, None]
-
-
-def rows_of(x, queries):
-  """x [B|1, H|1, L, ...] at query rows `queries` [B, Q] on axis 2 -> [B, H|1, Q, ...] (x broadcast over B)."""
-  x = jnp.broadcast_to(x, (queries.shape[0],) + x.shape[1:])
-  return jnp.take_along_axis(x, queries.reshape(queries.shape[:1] + (1, -1) + (1,) * (x.ndim - 3)), axis=2)
-
-
-def select(flag, when_true, when_false):
-  """`when_true` if flag else `when_false`, for a Python flag (static) or a traced one (a scanned layer)."""
-  if isinstance(flag, (bool, np.bool_)):
-    return when_true if flag else when_false
-  return jax.tree_util.tree_map(lambda a, b: jnp.where(flag, a, b), when_true, when_false)
-
-
-def attention_mask(input_mask, attention_segment_ids=None):
-  """Boolean mask [B, 1, Lq, Lk]: True where query q may attend to key k. No causal part.
-
-  Without segment ids a query attends to every real (input_mask=1) key. With them (packed rows) it attends
-  only to keys of its own example.
-  """
-  keys = input_mask.astype(bool)[:, None, None, :]
-  if attention_segment_ids is None:
-    return keys
-  seg = attention_segment_ids
-  same = seg[:, None, :, None] == seg[:, None, None, :]
-  return same & keys & (seg[:, None, :, None] > 0)
-
-
-def mask_rows(mask, queries):
-  """The rows of a boolean mask [B, 1, Lq|1, Lk] for the query positions `queries` [B, Q]."""
-  if mask.shape[2] == 1:
-    return mask
-  return jnp.take_along_axis(mask, queries[:, None, :, None], axis=2)
-
-
 def take_rows(x, positions):
   """x[b, positions[b]]: [B, L, ...] -> [B, Q, ...]."""
   return jnp.take_along_axis(x, positions.reshape(positions.shape + (1,) * (x.ndim - 2)).astype(jnp.int32), axis=1)
-
-
-def dot_product_attention(q, k, v, mask, *, dropout_rate=0.0, dropout_rng=None, deterministic=True,
-                          dropout_impl="rng", bias=None):
-  """softmax(QKᵀ/√d_k + bias)·V per head. q, k, v: [B, L, H, D]; mask [B, 1|H, Lq, Lk]; bias (float32)
-  broadcastable to [B, H, Lq, Lk]. Softmax in float32."""
-  # Heads moved next to the batch first: XLA's CPU dot then runs batched [L, D] x [D, L] products.
-  q, k, v = (jnp.swapaxes(t, 1, 2) for t in (q, k, v))
-  scores = jnp.einsum("bhqd,bhkd->bhqk", q, k, preferred_element_type=jnp.float32)
-  scores = scores * np.float32(1.0 / np.sqrt(q.shape[-1]))
-  if bias is not None:
-    scores = scores + bias
-  scores = jnp.where(mask, scores, jnp.finfo(jnp.float32).min)
-  probs = jax.nn.softmax(scores, axis=-1)
-  if not deterministic and dropout_rate > 0.0:
-    if dropout_impl == "hash":
-      probs = dropout_lib.hash_dropout(probs, jax.random.bits(dropout_rng, (), jnp.uint32), dropout_rate)
-    else:
-      keep = jax.random.bernoulli(dropout_rng, 1.0 - dropout_rate, probs.shape)
-      probs = jnp.where(keep, probs / (1.0 - dropout_rate), 0.0)
-  return jnp.swapaxes(jnp.einsum("bhqk,bhkd->bhqd", probs.astype(v.dtype), v), 1, 2)
 
 
 class SelfAttention(nn.Module):
@@ -223,62 +163,13 @@ class SelfAttention(nn.Module):
         cos, sin = (take_rows(jnp.broadcast_to(t, (x.shape[0],) + t.shape[1:]), queries) for t in (cos, sin))
       q = apply_rotary(q, cos, sin)
     q, k, v = (_constrain(t, names) for t in (q, k, v))
+    # One key per layer, drawn where dropout applies, whatever the backend (the same stream for every one).
     no_dropout = deterministic or cfg.attention_dropout_rate == 0.0
-    out = functools.partial(Dense, (cfg.hidden_size,), ("heads", "kv", "embed"), cfg, in_dims=2,
-                            use_bias=cfg.use_bias, name="out")
-    impl = cfg.attention_at(k.shape[1])
-    if impl == "blockwise":
-      z = blockwise.attention(q, k, v, ctx["valid"], ctx.get("segments"), local=local, window=cfg.local_attention,
-                              block=cfg.attention_block, queries=queries,
-                              dropout_rate=0.0 if no_dropout else cfg.attention_dropout_rate,
-                              dropout_rng=None if no_dropout else self.make_rng("dropout"),
-                              dropout_impl=cfg.dropout_impl,
-                              fused=(no_dropout and "segments" not in ctx and jax.default_backend() == "gpu"
-                                     and q.dtype in (jnp.bfloat16, jnp.float16)),
-                              per_head=jax.default_backend() == "cpu")
-      return out()(_constrain(z, names))
-    mask, bias = ctx["mask"], ctx.get("alibi")
-    if cfg.local_attention and impl != "splash":
-      mask = select(local, ctx["local_mask"], mask)
-    if bias is not None and queries is not None:
-      bias = rows_of(bias, queries)
-    use_fused = impl in ("cudnn", "auto") and no_dropout
-
-    def splash_as_boolean(ids):  # the [B, 1, L, L] mask the xla path takes in place of the kernel's segment ids
-      dense = attention_mask(ids > 0, ids)
-      return select(local, dense & band_mask(ids.shape[1], cfg.local_attention), dense) if cfg.local_attention \
-          else dense
-    if queries is not None:  # a few query rows: the Pallas kernels take square blocks; masks as the XLA path has
-      mask = mask_rows(splash_as_boolean(mask) if impl == "splash" else mask, queries)
-      impl = impl if use_fused else "xla"
-    if impl == "splash":  # `mask` holds splash_segments ids [B, L]
-      if no_dropout:
-        def kernel(window):  # a sliding-window layer's kernel skips the blocks outside its band
-          return lambda q, k, v: attention_lib.splash_attention(q, k, v, mask, window=window,
-                                                                partition=nn.logical_to_mesh_axes(names))
-        if not cfg.local_attention or isinstance(local, (bool, np.bool_)):
-          z = kernel(cfg.local_attention if local else 0)(q, k, v)
-        else:  # a scanned stack: the layer's own kernel runs, the other is not
-          z = jax.lax.cond(local, kernel(cfg.local_attention), kernel(0), q, k, v)
-      else:
-        z = dot_product_attention(q, k, v, splash_as_boolean(mask),
-                                  dropout_rate=cfg.attention_dropout_rate, dropout_rng=self.make_rng("dropout"),
-                                  deterministic=False, dropout_impl=cfg.dropout_impl)
-    elif impl == "pallas":
-      training = not deterministic and cfg.attention_dropout_rate > 0.0
-      seed = jax.random.bits(self.make_rng("dropout"), (), jnp.uint32) if training else None
-      z = attention_lib.fused_attention(q, k, v, mask, dropout_rate=cfg.attention_dropout_rate, seed=seed,
-                                        partition=nn.logical_to_mesh_axes(names))
-    elif use_fused:
-      impl = "cudnn" if impl == "cudnn" else None
-      # cuDNN takes the mask as a bias of full [B, 1, Lq, Lk] shape, not a key-padding [B, 1, 1, Lk] broadcast.
-      mask = jnp.broadcast_to(mask, mask.shape[:2] + (q.shape[1], k.shape[1]))
-      z = jax.nn.dot_product_attention(q, k, v, mask=mask, implementation=impl)
-    else:
-      rng = None if deterministic or cfg.attention_dropout_rate == 0.0 else self.make_rng("dropout")
-      z = dot_product_attention(q, k, v, mask, dropout_rate=cfg.attention_dropout_rate, dropout_rng=rng,
-                                deterministic=deterministic, dropout_impl=cfg.dropout_impl, bias=bias)
-    return out()(_constrain(z, names))
+    z = kernels.attend(cfg.attention_at(k.shape[1]), q, k, v, ctx, cfg, local=local, queries=queries,
+                       dropout_rng=None if no_dropout else self.make_rng("dropout"),
+                       partition=nn.logical_to_mesh_axes(names))
+    return Dense((cfg.hidden_size,), ("heads", "kv", "embed"), cfg, in_dims=2, use_bias=cfg.use_bias,
+                 name="out")(_constrain(z, names))
 
 
 class Mlp(nn.Module):

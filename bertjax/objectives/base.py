@@ -6,9 +6,8 @@ from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
-import optax
 
-from bertjax import trainer
+from bertjax.core import trainer
 
 
 @dataclasses.dataclass(frozen=True)
@@ -23,8 +22,6 @@ class Objective:
   step_flops(config, mcfg, module) -> model FLOPs of one optimizer step (for MFU).
   encoder(params) -> the params `weights.load` reads as the model (e.g. ELECTRA's discriminator).
   has_mlm_head: whether its checkpoints hold an MLM head to continue pre-training from.
-  export(run, params, out) -> (architectures, sub-folders written): a checkpoint's own HF export (convert); None:
-  the family's MLM model.
   """
   name: str
   errors: Callable[[Any, Any], list]
@@ -36,7 +33,6 @@ class Objective:
   needs_special_ids: bool = False
   encoder: Callable[[dict], dict] = lambda params: params
   has_mlm_head: bool = True
-  export: Callable | None = None
 
 
 def dropout_key(config, step):
@@ -46,12 +42,10 @@ def dropout_key(config, step):
 
 
 def apply_gradients(state, grads, metrics, tx, lr_fn, batch, hold=None):
-  """The optimizer update every pre-training objective ends with: (next state, metrics + grad norm, lr, tokens).
-  `hold(updates)`, when given, returns the updates with those of parameters held fixed this step zeroed."""
-  updates, opt_state = tx.update(grads, state.opt_state, state.params)
-  if hold is not None:
-    updates = hold(updates)
-  params = optax.apply_updates(state.params, updates)
-  metrics.update(grad_norm=optax.global_norm(grads), learning_rate=lr_fn(state.step),
+  """The optimizer update every pre-training objective ends with (`trainer.apply_gradients`) and the metrics every
+  one logs beside its own: (next state, metrics + gradient norm, learning rate, tokens). `hold(updates)`, when
+  given, returns the updates with those of parameters held fixed this step zeroed."""
+  new, grad_norm = trainer.apply_gradients(state, grads, tx, hold=hold)
+  metrics.update(grad_norm=grad_norm, learning_rate=lr_fn(state.step),
                  tokens=jnp.sum(batch["input_mask"].astype(jnp.float32)))
-  return trainer.TrainState(step=state.step + 1, params=params, opt_state=opt_state), metrics
+  return new, metrics

@@ -1,8 +1,11 @@
-"""What a fine-tuning task kind provides to the task-agnostic fine-tuning loop (`bertjax.finetune`).
+"""What a fine-tuning task kind provides to the task-agnostic fine-tuning loop (`bertjax.finetune`): the `Task`
+a run's config names, and the `Kind` that owns its head, featurisation, loss, predictions, scoring, inference on
+raw text and export.
 
-A kind (sentence classification or regression, tagging, span QA) is one module with one `Kind` object that owns
-its head, its featurisation, its loss, its predictions, its scoring and its inference on raw text. Adding a task
-kind is adding one such module and registering it in `bertjax.tasks.KINDS`.
+A kind module (classification, tagging, span QA, the embedding kinds) defines `KINDS` ({kind name: Kind}),
+`NAMES` (the task names it serves, for messages) and `task(name, labels, regression, config)` (its Task for a
+name, else None; `config`, the run's, may be None); adding one is adding such a module and its line in
+`bertjax.tasks.MODULES`.
 """
 from __future__ import annotations
 
@@ -13,8 +16,31 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from bertjax import convert
 from bertjax import model as model_lib
-from bertjax.data import packing, task_data
+from bertjax.convert import export as export_lib
+from bertjax.convert import weights as weights_lib
+from bertjax.data import packing
+
+
+@dataclasses.dataclass(frozen=True)
+class Task:
+  name: str
+  kind: str  # a kind name of a module in bertjax.tasks.MODULES: classification | regression | qa | tagging | ...
+  text_keys: tuple[str, ...] = ()
+  labels: tuple[str, ...] = ()
+  metrics: tuple[str, ...] = ("accuracy",)
+  main_metric: str = "accuracy"
+  train_split: str = "train"
+  eval_splits: tuple[str, ...] = ("validation",)
+  options: tuple = ()  # (name, value) pairs a kind reads (e.g. an embedding task's pooling and loss scale)
+
+  def option(self, name: str, default=None):
+    return dict(self.options).get(name, default)
+
+  @property
+  def num_labels(self) -> int:
+    return 1 if self.kind == "regression" else len(self.labels)
 
 
 @dataclasses.dataclass
@@ -31,26 +57,34 @@ def example_mean(values, weights):
 
 
 class Kind:
-  """The interface; each method is the kind's own. `task` is the `bertjax.data.task_data.Task` being run."""
+  """The interface; each method is the kind's own. `task` is the `Task` being run."""
   name = ""
   hf_head = ""  # the HF architecture family (convert.TASK_HEADS) that holds this kind's head
   pack_keys: dict | None = None  # packing.pack_features keyword arguments; None: the kind cannot be packed
   outputs: tuple[str, ...] = ("logits",)  # what predictions keep of the model's outputs
   token_outputs: tuple[str, ...] | None = None  # those of them per token (None: those as long as the batch)
 
-  def head(self, task: task_data.Task, cfg):
+  def head(self, task: Task, cfg):
     """The flax module: the encoder with this kind's head, the family's own (`model.for_task`)."""
     return model_lib.for_task(cfg, self.hf_head, task.num_labels)
 
-  def load(self, task: task_data.Task, config, tok) -> tuple[dict, list[EvalSet], dict]:
+  def weights(self, task: Task | None, path: str, overrides: dict) -> tuple:
+    """(BertConfig, params, tokenizer path, lower-casing) of an init at `path` (`convert.weights.load`): its
+    encoder, and the head of this kind an HF folder already holds with the task's label count (HF's
+    `from_pretrained` keeps it too). `overrides`: the run's model fields over the init's architecture."""
+    w = weights_lib.load(path, overrides=overrides, head=self.hf_head or "encoder",
+                         num_labels=task.num_labels if task is not None else 0)
+    return w.cfg, w.params, w.tokenizer, w.do_lower_case
+
+  def load(self, task: Task, config, tok) -> tuple[dict, list[EvalSet], dict]:
     """(training features, eval sets, featurisation statistics to report) from the config's data settings."""
     raise NotImplementedError
 
-  def loss(self, task: task_data.Task, out: dict, batch: dict):
+  def loss(self, task: Task, out: dict, batch: dict):
     """The mean training loss over the batch's real examples (`example_weights`)."""
     raise NotImplementedError
 
-  def can_pack(self, task: task_data.Task) -> bool:
+  def can_pack(self, task: Task) -> bool:
     """Whether this task's examples can be packed several to a row (`data.packing`)."""
     del task
     return self.pack_keys is not None
@@ -63,28 +97,35 @@ class Kind:
     """The token count of every text of the features (what packing lays end to end)."""
     return np.sum(feats["input_mask"], axis=1)
 
-  def value_and_grad(self, task: task_data.Task, module, params, batch: dict, rngs: dict):
+  def value_and_grad(self, task: Task, module, params, batch: dict, rngs: dict):
     """(loss, gradient w.r.t. params) of one training batch, dropout from `rngs`."""
     def loss_fn(p):
       return self.loss(task, module.apply({"params": p}, batch, deterministic=False, rngs=rngs), batch)
     return jax.value_and_grad(loss_fn)(params)
 
-  def score(self, task: task_data.Task, ev: EvalSet, preds: dict, config) -> dict[str, float]:
+  def score(self, task: Task, ev: EvalSet, preds: dict, config) -> dict[str, float]:
     """The task's metrics from the predictions for every row of `ev.feats`, in order."""
     raise NotImplementedError
 
-  def prediction_files(self, task: task_data.Task, ev: EvalSet) -> dict[str, object]:
+  def prediction_files(self, task: Task, ev: EvalSet) -> dict[str, object]:
     """JSON files (name -> content) of the predictions `score` last scored on `ev`, written into the workdir
     beside the best parameters; none by default."""
     del task, ev
     return {}
+
+  def export(self, task: Task, module, params, out: str, meta: dict) -> str:
+    """The fine-tuned model as its family's HF task model in the folder `out` (the tokenizer files are the
+    caller's); returns the architecture written. `meta`: the run's finetune.json."""
+    del meta
+    convert.to_hf(module.cfg, params, out, head=self.hf_head, labels=task.labels)
+    return export_lib.architecture(out)
 
   def predict_settings(self, config) -> dict:
     """Data settings a fine-tuned workdir keeps (in finetune.json) for `predict_text` to featurise as the run did."""
     del config
     return {}
 
-  def predict_text(self, task: task_data.Task, module, params, tok, seq: int, **text: Any) -> dict:
-    """A prediction for raw text (`python -m bertjax.predict` on a fine-tuned workdir); the keyword arguments also
+  def predict_text(self, task: Task, module, params, tok, seq: int, **text: Any) -> dict:
+    """A prediction for raw text (`python -m bertjax predict` on a fine-tuned workdir); the keyword arguments also
     carry the run's `predict_settings`."""
     raise NotImplementedError

@@ -4,9 +4,43 @@ from __future__ import annotations
 
 import numpy as np
 
-from bertjax import losses, scores
-from bertjax.data import task_data
-from bertjax.tasks.base import EvalSet, Kind, example_mean
+from bertjax.core import losses, scores
+from bertjax.data.tasks import rows as task_data
+from bertjax.tasks.base import EvalSet, Kind, Task, example_mean
+
+GLUE = {
+    "cola": Task("glue/cola", "classification", ("sentence",), ("unacceptable", "acceptable"), ("mcc", "accuracy"),
+                 "mcc"),
+    "sst2": Task("glue/sst2", "classification", ("sentence",), ("negative", "positive")),
+    "mrpc": Task("glue/mrpc", "classification", ("sentence1", "sentence2"), ("not_equivalent", "equivalent"),
+                 ("f1", "accuracy"), "f1"),
+    "qqp": Task("glue/qqp", "classification", ("question1", "question2"), ("not_duplicate", "duplicate"),
+                ("f1", "accuracy"), "f1"),
+    "stsb": Task("glue/stsb", "regression", ("sentence1", "sentence2"), (), ("pearson", "spearman"), "pearson"),
+    "mnli": Task("glue/mnli", "classification", ("premise", "hypothesis"), ("entailment", "neutral", "contradiction"),
+                 eval_splits=("validation_matched", "validation_mismatched")),
+    "qnli": Task("glue/qnli", "classification", ("question", "sentence"), ("entailment", "not_entailment")),
+    "rte": Task("glue/rte", "classification", ("sentence1", "sentence2"), ("entailment", "not_entailment")),
+    "wnli": Task("glue/wnli", "classification", ("sentence1", "sentence2"), ("not_entailment", "entailment")),
+}
+NAMES = tuple(f"glue/{k}" for k in GLUE) + ("local",)
+
+
+def task(name, labels, regression, config) -> Task | None:
+  """GLUE's tasks by name (through tfds); `local`: sentence (pair) classification, or regression with
+  `regression`, from the config's files and declared labels."""
+  del config
+  if name.startswith("glue/") and name[5:] in GLUE:
+    return GLUE[name[5:]]
+  if name != "local":
+    return None
+  if regression:
+    return Task(name, "regression", ("text_a", "text_b"), (), ("pearson", "spearman"), "pearson")
+  if not labels:
+    raise task_data.TaskDataError("task local needs its label set declared: --config.data.labels='(\"neg\",\"pos\")' "
+                                  "(or --config.data.regression=True for scores)")
+  metrics = ("accuracy", "f1") if len(labels) == 2 else ("accuracy",)
+  return Task(name, "classification", ("text_a", "text_b"), tuple(labels), metrics)
 
 
 class Classification(Kind):
@@ -31,6 +65,9 @@ class Classification(Kind):
     def read(p):
       return task_data.local_examples(p, task, d.text_a_column, d.text_b_column, d.label_column)
     train = task_data.encode_pairs(read(d.train_file), tok, seq, self.regression)
+    if len(np.unique(train["labels"])) < 2:
+      raise task_data.TaskDataError(f"{d.train_file}: every row has the {'score' if self.regression else 'label'} "
+                                    f"{train['labels'][0]!r}; a model learns nothing from it")
     evals = [EvalSet("validation", task_data.encode_pairs(read(d.eval_file), tok, seq, self.regression))] \
         if d.eval_file else []
     return train, evals, {}
@@ -59,3 +96,6 @@ class Classification(Kind):
     probs /= probs.sum()
     return {"label": task.labels[int(probs.argmax())],
             "probabilities": dict(zip(task.labels, probs.round(4).tolist()))}
+
+
+KINDS = {"classification": Classification(), "regression": Classification(regression=True)}

@@ -4,9 +4,17 @@ from __future__ import annotations
 
 import numpy as np
 
-from bertjax import losses, scores
-from bertjax.data import squad
-from bertjax.tasks.base import EvalSet, Kind, example_mean
+from bertjax.core import losses, scores
+from bertjax.data.tasks import squad
+from bertjax.tasks.base import EvalSet, Kind, Task, example_mean
+
+NAMES = ("squad/v1.1", "squad/v2.0", "squad_json")
+
+
+def task(name, labels, regression, config) -> Task | None:
+  """SQuAD v1.1 / v2.0 through tfds, or SQuAD-format JSON files (`squad_json`)."""
+  del labels, regression, config
+  return Task(name, "qa", metrics=("exact_match", "f1"), main_metric="f1") if name in NAMES else None
 
 
 def _with_null_answers(task, examples) -> bool:
@@ -80,3 +88,6 @@ class SpanQA(Kind):
     (answer, s, null), = squad.best_answers(ex, windows, np.asarray(out["start_logits"]),
                                             np.asarray(out["end_logits"])).values()
     return {"answer": answer, "score": s, "null_score": null}
+
+
+KINDS = {"qa": SpanQA()}

@@ -4,9 +4,26 @@ from __future__ import annotations
 
 import numpy as np
 
-from bertjax import losses, scores
-from bertjax.data import conll
-from bertjax.tasks.base import EvalSet, Kind, example_mean
+from bertjax.core import losses, scores
+from bertjax.data.tasks import conll
+from bertjax.tasks.base import EvalSet, Kind, Task, example_mean
+
+NAMES = ("ner",)
+
+
+def task(name, labels, regression, config) -> Task | None:
+  """`ner`: CoNLL files, the tag set declared in the config (IOB1, IOB2/BIO or IOBES tags)."""
+  del regression, config
+  if name != "ner":
+    return None
+  if not labels:
+    raise conll.TaskDataError("task ner needs its tag set declared: --config.data.labels='(\"O\",\"B-PER\",\"I-PER\")'")
+  for t in labels:
+    try:
+      scores.split_tag(t)
+    except scores.TagSchemeError as e:
+      raise conll.TaskDataError(f"config.data.labels: {e}") from None
+  return Task(name, "tagging", labels=tuple(labels), metrics=("f1", "precision", "recall"), main_metric="f1")
 
 
 class Tagging(Kind):
@@ -17,7 +34,12 @@ class Tagging(Kind):
 
   def load(self, task, config, tok):
     d, seq, stats = config.data, config.data.max_seq_length, {}
-    train, _ = conll.featurize(conll.read(d.train_file), tok, task.labels, seq, stats)
+    sentences = conll.read(d.train_file)
+    tags = {t for _, ts in sentences for t in ts}
+    if len(tags) < 2:
+      raise conll.TaskDataError(f"{d.train_file}: every word is tagged {tags.pop()!r}; a model learns nothing from "
+                                "it")
+    train, _ = conll.featurize(sentences, tok, task.labels, seq, stats)
     evals = []
     if d.eval_file:
       sentences = conll.read(d.eval_file)
@@ -40,3 +62,6 @@ class Tagging(Kind):
     feats, word_at = conll.featurize(sents, tok, task.labels or ("O",), seq)
     logits = np.asarray(module.apply({"params": params}, feats)["logits"])
     return {"tags": list(zip(words, conll.decode(logits.argmax(-1), word_at, sents, task.labels)[0]))}
+
+
+KINDS = {"tagging": Tagging()}

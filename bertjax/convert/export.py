@@ -1,0 +1,208 @@
+"""A bertjax pre-training workdir as HF transformers folders, the tokenizer files HF reads, and writing an output
+folder whole: what `python -m bertjax convert` (and `extend_vocab`, `parity`) build on. A fine-tuned workdir is
+exported by its task kind (`bertjax.tasks`), which knows its head.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from typing import Callable
+
+import ml_collections
+from safetensors import SafetensorError
+
+from bertjax import convert, errors, objectives
+from bertjax import model as model_lib
+from bertjax.convert import weights
+from bertjax.core import checkpoint as checkpoint_lib
+from bertjax.data import tokenizer as tokenizer_lib
+from bertjax.data import vocab_files
+from bertjax.objectives import electra
+
+
+def pretraining(workdir: str, out: str) -> str:
+  """A pre-training workdir's newest readable checkpoint as its family's MLM model in `out` (ELECTRA: as HF
+  publishes it, OUT/discriminator and OUT/generator), each folder with the run's tokenizer; returns the
+  architecture(s) written."""
+  with open(os.path.join(workdir, "config.json"), encoding="utf-8") as f:
+    run = json.load(f)
+  tok_path, lower = weights.run_tokenizer(workdir, ml_collections.ConfigDict(run))
+  if not tok_path:
+    raise errors.TokenizerError(f"{workdir}: no tokenizer (neither WORKDIR/tokenizer/ nor its data dir "
+                                f"{run['data']['data_dir']} can be read)")
+  params = checkpoint_lib.Checkpointer(workdir).restore_params()
+  arch, folders = pretraining_params(run, params, out)
+  for sub in folders:
+    copy_tokenizer(tok_path, lower, os.path.join(out, sub))
+  return arch
+
+
+def pretraining_params(run: dict, params: dict, out: str) -> tuple[str, tuple[str, ...]]:
+  """A pre-training run's params (its config.json `run`) as HF folders in `out`: (architectures, the folders
+  written, relative to `out`)."""
+  cfg = model_lib.BertConfig.from_dict(run["model"])
+  if objectives.get(run).name == "electra":
+    gen_cfg = electra.generator_config(cfg, run["electra"]["generator_hidden"], run["electra"]["generator_layers"])
+    convert.electra_to_hf(cfg, gen_cfg, params, out)
+    return "ElectraForPreTraining + ElectraForMaskedLM", ("discriminator", "generator")
+  convert.to_hf(cfg, params, out)
+  return architecture(out), ("",)
+
+
+def architecture(folder: str) -> str:
+  """The architecture an HF folder's config.json names."""
+  with open(os.path.join(folder, "config.json"), encoding="utf-8") as f:
+    return json.load(f)["architectures"][0]
+
+
+def copy_tokenizer(tok_path: str, lower: bool, out: str) -> None:
+  """The run's tokenizer as files HF's AutoTokenizer reads, in the HF folder `out`, and its special ids in
+  config.json (HF's embeddings keep the pad id's row out of training: it must be the tokenizer's)."""
+  _write_special_ids(tokenizer_lib.load(tok_path, do_lower_case=lower), out)
+  if os.path.basename(tok_path) == "vocab.txt":
+    shutil.copyfile(tok_path, os.path.join(out, "vocab.txt"))
+    with open(os.path.join(out, "tokenizer_config.json"), "w", encoding="utf-8") as f:
+      json.dump({"tokenizer_class": "BertTokenizer", "do_lower_case": bool(lower)}, f, indent=2)
+  elif tok_path.endswith(".json"):  # byte-level BPE: the files HF's tokenizers read
+    folder = os.path.dirname(tok_path)
+    for name in ("vocab.json", "merges.txt", "tokenizer.json"):
+      if os.path.isfile(os.path.join(folder, name)):
+        shutil.copyfile(os.path.join(folder, name), os.path.join(out, name))
+    try:  # an optional dependency: with it, tokenizer.json, which AutoTokenizer reads for every family
+      import transformers
+    except ImportError:
+      transformers = None
+    if transformers is not None and not os.path.isfile(os.path.join(folder, "tokenizer.json")):
+      # RoBERTa's byte-level BPE over these files, special tokens and all, whatever the model's family (without
+      # tokenizer.json, ModernBERT's AutoTokenizer has no reader for vocab.json + merges.txt).
+      transformers.RobertaTokenizer.from_pretrained(out).save_pretrained(out)
+    elif not os.path.isfile(os.path.join(out, "tokenizer_config.json")):
+      with open(os.path.join(out, "tokenizer_config.json"), "w", encoding="utf-8") as f:
+        json.dump({"tokenizer_class": "RobertaTokenizer"}, f, indent=2)
+  else:  # a sentencepiece model: the model file, and tokenizer.json with bertjax's ids for AutoTokenizer
+    shutil.copyfile(tok_path, os.path.join(out, "spiece.model"))
+    sentencepiece_as_hf(tok_path).save(os.path.join(out, "tokenizer.json"))
+    names = dict(zip(("pad_token", "unk_token", "cls_token", "sep_token", "mask_token"), tokenizer_lib.SPECIAL_TOKENS))
+    with open(os.path.join(out, "tokenizer_config.json"), "w", encoding="utf-8") as f:
+      json.dump({"tokenizer_class": "PreTrainedTokenizerFast", **names,
+                 "model_input_names": _input_names(out)}, f, indent=2)
+
+
+def _input_names(out: str) -> list[str]:
+  """What the tokenizer hands the model: segment ids only to a model with more than one segment type (a
+  ModernBERT takes none; RoBERTa's single type would make a pair's second segment out of range)."""
+  with open(os.path.join(out, "config.json"), encoding="utf-8") as f:
+    types = json.load(f).get("type_vocab_size", 0)
+  return ["input_ids", *(["token_type_ids"] if types > 1 else []), "attention_mask"]
+
+
+def _write_special_ids(tok, out: str) -> None:
+  path = os.path.join(out, "config.json")
+  with open(path, encoding="utf-8") as f:
+    cfg = json.load(f)
+  if cfg.get("model_type") != "roberta":  # RoBERTa's positions count from its pad id: the config already has it
+    cfg["pad_token_id"] = tok.pad_id
+  for key, value in (("bos_token_id", tok.cls_id), ("cls_token_id", tok.cls_id), ("eos_token_id", tok.sep_id),
+                     ("sep_token_id", tok.sep_id)):
+    if key in cfg:
+      cfg[key] = value
+  with open(path, "w", encoding="utf-8") as f:
+    json.dump(cfg, f, indent=2)
+
+
+def check_out(workdir: str, out: str, overwrite: bool) -> None:
+  """Refuses an output folder that holds anything unless --overwrite, and a bertjax workdir or data dir always
+  (an HF folder written there would replace the run's config.json)."""
+  if not os.path.lexists(out):
+    return
+  if not os.path.isdir(out):
+    raise FileExistsError(f"{out}: exists and is not a folder")
+  if os.path.realpath(out) == os.path.realpath(workdir):
+    raise errors.ConfigError(f"--out {out} is the workdir being converted; choose a new folder")
+  if any(os.path.exists(os.path.join(out, m)) for m in ("checkpoints", "finetune.json", "creation.json", ".lock")):
+    raise errors.ConfigError(f"--out {out} holds a bertjax workdir or data dir; an HF folder written there would "
+                             "replace its files. Choose a new folder")
+  if os.listdir(out) and not overwrite:
+    raise FileExistsError(f"{out}: exists and is not empty; pass --overwrite to replace it")
+
+
+def into_place(out: str, make: Callable[[str], str]) -> str:
+  """`make(tmp)` writes into a temporary sibling folder of `out` that is renamed into place at the end, replacing
+  `out`: a failed or killed write (a full disk, a read-only folder) leaves `out` as it was. Returns what `make`
+  returns."""
+  out = os.path.abspath(out)
+  parent = os.path.dirname(out)
+  os.makedirs(parent, exist_ok=True)
+  tmp = os.path.join(parent, f".{os.path.basename(out)}.tmp-{os.getpid()}")
+  shutil.rmtree(tmp, ignore_errors=True)
+  try:
+    os.makedirs(tmp)
+    result = make(tmp)
+  except (OSError, SafetensorError) as e:
+    shutil.rmtree(tmp, ignore_errors=True)
+    raise OSError(f"writing {out} failed: {errors.one_line(e)}; {out} is untouched") from None
+  except BaseException:
+    shutil.rmtree(tmp, ignore_errors=True)
+    raise
+  if os.path.lexists(out):
+    old = os.path.join(parent, f".{os.path.basename(out)}.old-{os.getpid()}")
+    os.rename(out, old)
+    os.rename(tmp, out)
+    shutil.rmtree(old, ignore_errors=True)
+  else:
+    os.rename(tmp, out)
+  return result
+
+
+def sentencepiece_as_hf(path: str):
+  """A sentencepiece model as an HF `tokenizers` Tokenizer with the same ids: the model's own normaliser (its
+  precompiled character map, then its whitespace rules), "▁"-prefixed words, its unigram or BPE pieces and scores,
+  the special pieces matched as special tokens, and BERT's [CLS] A [SEP] (B [SEP]) template. What tokenizer.json
+  holds for `AutoTokenizer`; read from the file's records, so no protobuf runtime is needed."""
+  from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
+  with open(path, "rb") as f:
+    top = vocab_files.proto_records(f.read())
+  if top is None:
+    raise errors.TokenizerError(f"{path}: not a whole sentencepiece model")
+
+  def spec(field):  # a sub-message of the model (proto2 defaults where a field is absent)
+    raw = next((v for k, v in top if k == field and isinstance(v, bytes)), b"")
+    return dict(vocab_files.proto_records(raw) or [])
+  trainer, norm = spec(2), spec(3)
+  model_type, byte_fallback = trainer.get(3, 1), bool(trainer.get(35, 0))
+  tok = tokenizer_lib.load(path)
+  import sentencepiece as spm
+  sp = spm.SentencePieceProcessor(model_file=path)
+  pieces = [(sp.IdToPiece(i), sp.GetScore(i)) for i in range(sp.GetPieceSize())]
+  special = [i for i in range(len(pieces)) if sp.IsControl(i) or sp.IsUnknown(i)]
+  if model_type == 1:
+    model = models.Unigram(pieces, unk_id=sp.unk_id(), byte_fallback=byte_fallback)
+  elif model_type == 2:
+    vocab = {p: i for i, (p, _) in enumerate(pieces)}
+    plain = {p for i, (p, _) in enumerate(pieces) if i not in special and not sp.IsByte(i)}
+    merges = []  # every split of a piece into two pieces, applied in the order of the merged piece's score
+    for piece, score in pieces:
+      if piece in plain:
+        merges += [(score, vocab[piece[:k]], vocab[piece[k:]], piece[:k], piece[k:]) for k in range(1, len(piece))
+                   if piece[:k] in plain and piece[k:] in plain]
+    merges.sort(key=lambda m: (-m[0], m[1], m[2]))
+    model = models.BPE(vocab, [(a, b) for *_, a, b in merges], unk_token=pieces[sp.unk_id()][0], fuse_unk=True,
+                       byte_fallback=byte_fallback)
+  else:
+    raise errors.TokenizerError(f"{path}: a sentencepiece {'word' if model_type == 3 else 'char'} model has no HF "
+                                "tokenizer here; train a unigram or bpe model")
+  hf = Tokenizer(model)
+  steps = [normalizers.Precompiled(norm[2])] if norm.get(2) else []
+  if norm.get(4, 1):  # remove_extra_whitespaces
+    steps += [normalizers.Strip(), normalizers.Replace(Regex(" {2,}"), " ")]
+  hf.normalizer = normalizers.Sequence(steps)
+  prepend = "always" if norm.get(3, 1) else "never"  # add_dummy_prefix
+  hf.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme=prepend)
+  hf.decoder = decoders.Metaspace(replacement="\u2581", prepend_scheme=prepend)
+  hf.add_special_tokens([AddedToken(pieces[i][0], special=True, normalized=False) for i in special])
+  cls, sep = pieces[tok.cls_id][0], pieces[tok.sep_id][0]
+  hf.post_processor = processors.TemplateProcessing(
+      single=f"{cls}:0 $A:0 {sep}:0", pair=f"{cls}:0 $A:0 {sep}:0 $B:1 {sep}:1",
+      special_tokens=[(cls, tok.cls_id), (sep, tok.sep_id)])
+  return hf

@@ -1,0 +1,121 @@
+"""Vocabulary extension before continued pre-training on a domain: new whole-word tokens appended to a WordPiece
+vocabulary, each new embedding row (and MLM output bias) initialised as the mean of the rows of the pieces the
+old vocabulary splits the word into, the tied decoder growing with the table. The result is an HF folder (model
+and tokenizer) that `AutoModelForMaskedLM` / `AutoTokenizer` load, and bertjax takes as `init_checkpoint`.
+
+  python -m bertjax extend_vocab --model HF_DIR_OR_WORKDIR --tokens new_words.txt --out EXTENDED/
+  python -m bertjax dataset --input domain.txt --tokenizer EXTENDED/vocab.txt --out DATA/ ...
+  python -m bertjax train --config=configs/pretrain.py:... --workdir W --config.init_checkpoint=EXTENDED/ \
+      --config.data.data_dir=DATA/
+
+`--tokens`: a file with one token per line, or tokens separated by commas. A token already in the vocabulary, a
+token the tokenizer's pre-tokenizer splits (whitespace, punctuation: it could never be produced), a repeated one
+or an empty one is a one-line error naming it.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+
+import flax
+import numpy as np
+
+from bertjax import convert, errors
+from bertjax.convert import export as export_lib
+from bertjax.convert import table as table_lib
+from bertjax.convert import weights
+from bertjax.data import tokenizer as tokenizer_lib
+
+
+def read_tokens(arg: str) -> list[str]:
+  """The tokens of `--tokens`: a file with one token per line, or comma-separated tokens. An argument that names
+  a path (a folder separator or a .txt ending) but no file is that missing file, not a token."""
+  if not os.path.isfile(arg) and (os.sep in arg or arg.endswith(".txt")):
+    raise FileNotFoundError(f"--tokens {arg}: no such file")
+  if os.path.isfile(arg):
+    try:
+      with open(arg, encoding="utf-8") as f:
+        return [ln.strip() for ln in f if ln.strip()]
+    except UnicodeDecodeError as e:
+      raise errors.DataError(f"{arg}: not UTF-8 ({e.reason} at byte {e.start})") from None
+  return [t.strip() for t in arg.split(",") if t.strip()]
+
+
+def plan(tok: tokenizer_lib.Tokenizer, tokens: list[str], do_lower_case: bool) -> list[tuple[str, list[int]]]:
+  """(token as the vocabulary will hold it, ids of the pieces the current vocabulary splits it into)."""
+  from tokenizers import normalizers, pre_tokenizers
+  norm = normalizers.BertNormalizer(clean_text=True, handle_chinese_chars=True, strip_accents=None,
+                                    lowercase=do_lower_case)
+  split = pre_tokenizers.BertPreTokenizer()
+  if not tokens:
+    raise errors.ConfigError("--tokens: no tokens given")
+  out, seen = [], set()
+  for raw in tokens:
+    t = norm.normalize_str(raw).strip()
+    words = [w for w, _ in split.pre_tokenize_str(t)]
+    if len(words) != 1:
+      raise errors.ConfigError(f"token {raw!r}: the tokenizer splits it into {words} before looking words up, so "
+                               "it could never be produced; add the parts, or a token without spaces or punctuation")
+    if t in tok._index:
+      raise errors.ConfigError(f"token {raw!r} is already in the vocabulary (id {tok.token_to_id(t)})")
+    if t in seen:
+      raise errors.ConfigError(f"token {raw!r} is given twice")
+    seen.add(t)
+    out.append((t, tok.encode(t)))
+  return out
+
+
+def extend(model: str, tokens: list[str], out: str, overwrite: bool = False) -> dict:
+  """Writes the extended HF folder `out`; returns a report (new ids, the pieces each replaces)."""
+  export_lib.check_out(model, out, overwrite)
+  w = weights.load(model, head="pretraining")
+  if w.cfg.embedding_size:
+    raise errors.ConfigError(f"{model}: a factorised embedding (ELECTRA) is not extended here; extend the "
+                             "generator and discriminator folders' shared vocabulary with their own tools")
+  if not w.tokenizer or os.path.basename(w.tokenizer) != "vocab.txt" or not os.path.isfile(w.tokenizer):
+    raise errors.ConfigError(f"{model}: vocabulary extension needs a WordPiece vocab.txt; this model's tokenizer "
+                             f"is {w.tokenizer or 'missing'}")
+  tok = tokenizer_lib.load(w.tokenizer, do_lower_case=w.do_lower_case)
+  todo = plan(tok, tokens, w.do_lower_case)
+  old = tok.vocab_size
+  params = flax.core.unfreeze(table_lib.host_params(w.params))  # a mutable copy on the host
+  emb = params["bert"]["embeddings"]["word_embeddings"]["embedding"]
+  rows = max(emb.shape[0], old + len(todo))
+  if w.cfg.vocab_multiple > 1:
+    rows = -(-rows // w.cfg.vocab_multiple) * w.cfg.vocab_multiple
+  grown = {}
+  for name, table in (("embedding", emb), ("mlm_bias", params.get("mlm_bias"))):
+    if table is None:
+      continue
+    new = np.zeros((rows, *table.shape[1:]), table.dtype)
+    new[:table.shape[0]] = table
+    for i, (_, pieces) in enumerate(todo):
+      new[old + i] = table[pieces].mean(0)
+    grown[name] = new
+  params["bert"]["embeddings"]["word_embeddings"]["embedding"] = grown["embedding"]
+  if "mlm_bias" in grown:
+    params["mlm_bias"] = grown["mlm_bias"]
+  cfg = w.cfg.replace(vocab_size=old + len(todo) if w.cfg.vocab_multiple > 1 else rows,
+                      nsp_head=w.cfg.nsp_head and "nsp" in params)  # BertForMaskedLM has none
+  tmp = tempfile.mkdtemp(prefix=".extend-", dir=os.path.dirname(os.path.abspath(out)) or ".")
+  try:
+    convert.to_hf(cfg, params, tmp)
+    with tempfile.TemporaryDirectory() as side:
+      vocab = os.path.join(side, "vocab.txt")
+      with open(vocab, "w", encoding="utf-8") as f:
+        f.write("".join(p + "\n" for p in [*tok.pieces, *(t for t, _ in todo)]))
+      export_lib.copy_tokenizer(vocab, w.do_lower_case, tmp)
+    report = {"model": model, "vocab_size": old + len(todo), "embedding_rows": rows,
+              "added": [{"token": t, "id": old + i, "from": [tok.id_to_token(p) for p in pieces]}
+                        for i, (t, pieces) in enumerate(todo)]}
+    with open(os.path.join(tmp, "extend_vocab.json"), "w", encoding="utf-8") as f:
+      json.dump(report, f, indent=1)
+    if os.path.isdir(out):
+      shutil.rmtree(out)  # empty, or an earlier output that --overwrite replaces
+    os.replace(tmp, out)
+  except BaseException:
+    shutil.rmtree(tmp, ignore_errors=True)
+    raise
+  return report

@@ -1,0 +1,1 @@
+"""The trainer core every mode shares."""

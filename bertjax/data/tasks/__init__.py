@@ -1,0 +1,1 @@
+"""Fine-tuning task data."""

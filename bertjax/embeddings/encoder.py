@@ -1,0 +1,250 @@
+"""Embedding sentences with a bertjax encoder: load a sentence-transformers folder (or an HF folder with a
+pooling choice), tokenise texts as sentence-transformers does ([CLS] text [SEP], cut at `max_seq_length`), and
+embed them in batches.
+
+    enc = embeddings.Encoder.load("all-MiniLM-L6-v2")        # a sentence-transformers folder
+    vectors = enc.encode(["a sentence", "another one"])     # [2, 384] float32, unit length
+
+  python -m bertjax embeddings --model MODEL --sts pairs.csv --columns sentence1,sentence2,score   # STS
+  python -m bertjax embeddings --model MODEL --beir scifact/ --run scifact.trec    # retrieval (docs/embeddings.md)
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+import json
+import os
+import time
+from typing import Sequence
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from bertjax import convert, errors
+from bertjax.convert import weights
+from bertjax.core import files, scores
+from bertjax.data import tokenizer as tokenizer_lib
+from bertjax.data.tasks import rows as task_data
+from bertjax.data.tasks.batching import bucket_multiple
+from bertjax.embeddings import blocks as blocks_lib
+from bertjax.embeddings import folders as st_lib
+from bertjax.embeddings import retrieval
+from bertjax.embeddings.model import EmbeddingModel, Pooling
+
+
+def token_rows(tok, texts: Sequence[str], max_len: int) -> list[list[int]]:
+  """[CLS] text [SEP] of each text, cut to `max_len` tokens."""
+  return [[tok.cls_id] + tok.encode_head(t, max_len - 2) + [tok.sep_id] for t in texts]
+
+
+def batch_of(rows_ids: Sequence[Sequence[int]], pad_id: int, max_len: int, rows: int = 0, multiple: int = 1) -> dict:
+  """The encoder's batch of token rows: padded to the longest row (rounded up to `multiple`, at most `max_len`)
+  and with empty rows up to `rows`."""
+  n = max(len(r) for r in rows_ids)
+  n = min(-(-n // multiple) * multiple, max_len)
+  ids = np.full((max(rows, len(rows_ids)), n), pad_id, np.int32)
+  mask = np.zeros_like(ids)
+  for i, r in enumerate(rows_ids):
+    ids[i, :len(r)], mask[i, :len(r)] = r, 1
+  return {"input_ids": ids, "input_mask": mask, "segment_ids": np.zeros_like(ids)}
+
+
+def _max_seq_length(path: str, folder: str) -> int:
+  """sentence_bert_config.json's max_seq_length, else (sentence-transformers >= 6 keeps it with the tokenizer)
+  tokenizer_config.json's model_max_length; 0 when neither says."""
+  for name, key in ((os.path.join(path, "sentence_bert_config.json"), "max_seq_length"),
+                    (os.path.join(folder, "tokenizer_config.json"), "model_max_length")):
+    if os.path.isfile(name):
+      with open(name, encoding="utf-8") as f:
+        value = json.load(f).get(key)
+      if isinstance(value, int) and 0 < value < 10 ** 6:
+        return value
+  return 0
+
+
+def _embedding_run(path: str) -> dict | None:
+  """finetune.json of an embedding model's fine-tuned workdir (a contrastive task's), else None."""
+  if not os.path.isfile(os.path.join(path, "finetune.json")):
+    return None
+  meta = weights.finetune_meta(path)
+  return meta if meta["kind"] == "contrastive" else None
+
+
+@dataclasses.dataclass
+class Encoder:
+  module: EmbeddingModel
+  params: dict
+  tok: tokenizer_lib.Tokenizer
+  max_seq_length: int
+
+  @classmethod
+  def load(cls, path: str, pooling: Pooling | None = None, max_seq_length: int = 0, **overrides) -> "Encoder":
+    """A sentence-transformers folder (its pooling, dense layer, normalisation and max_seq_length), an embedding
+    model's fine-tuned workdir (the same, as the run trained it: what `predict` and its export use), or any other
+    model `weights.load` reads (an HF folder, a bertjax workdir) with `pooling` (default mean + normalize). The
+    `pooling` and `max_seq_length` given replace the model's own."""
+    meta = _embedding_run(path)
+    if st_lib.is_folder(path):
+      cfg, params, found, folder = st_lib.read(path, **overrides)
+      tok_path, lower = weights.hf_tokenizer(folder)
+      pooling = pooling or found
+      max_seq_length = max_seq_length or _max_seq_length(path, folder)
+    elif meta is not None:  # the pooling, dense layer and length the run trained with
+      w = weights.load(path, overrides=overrides, head="all")
+      cfg, tok_path, lower = w.cfg, w.tokenizer, w.do_lower_case
+      params = {k: v for k, v in w.params.items() if k in ("bert", "dense")}
+      opts = meta.get("task_options", {})
+      pooling = pooling or Pooling(**{f.name: opts[f.name] for f in dataclasses.fields(Pooling) if f.name in opts})
+      max_seq_length = max_seq_length or int(meta["max_seq_length"])
+    else:
+      w = weights.load(path, overrides=overrides, head="encoder")
+      cfg, params, tok_path, lower = w.cfg, w.params, w.tokenizer, w.do_lower_case
+      pooling = pooling or Pooling()
+    if not tok_path:
+      raise convert.ConversionError(f"{path}: no tokenizer files (vocab.txt, vocab.json + merges.txt, or a "
+                                    "sentencepiece model)")
+    tok = tokenizer_lib.load(tok_path, do_lower_case=lower)
+    limit = cfg.max_length
+    return cls(EmbeddingModel(cfg, pooling), params, tok, min(max_seq_length or limit, limit))
+
+  @functools.cached_property
+  def _apply(self):
+    return jax.jit(lambda params, batch: self.module.apply({"params": params}, batch)["embedding"])
+
+  @functools.cached_property
+  def fingerprint(self) -> str:
+    """A digest of the weights, pooling and length: what decides the embeddings."""
+    h = hashlib.sha256(repr((self.module.pooling, self.module.cfg, self.max_seq_length)).encode())
+    for leaf in jax.tree_util.tree_leaves(self.params):
+      h.update(np.ascontiguousarray(leaf).tobytes())
+    return h.hexdigest()
+
+  @functools.cached_property
+  def _local_mesh(self) -> Mesh | None:
+    """A one-axis mesh over this host's devices, or None with one device."""
+    devices = jax.local_devices()
+    return Mesh(np.array(devices), ("batch",)) if len(devices) > 1 else None
+
+  @functools.cached_property
+  def _device_params(self):
+    """The weights on this host's devices (replicated), placed once rather than sent with every batch."""
+    mesh = self._local_mesh
+    return jax.device_put(self.params, NamedSharding(mesh, P()) if mesh else jax.local_devices()[0])
+
+  def _row_sharding(self, batch_size: int) -> NamedSharding | None:
+    """Rows split over this host's devices when they divide the batch, else None (one device)."""
+    mesh = self._local_mesh
+    return NamedSharding(mesh, P("batch")) if mesh and batch_size % mesh.size == 0 else None
+
+  def encode(self, texts: Sequence[str], batch_size: int = 32, multiple: int = 0) -> np.ndarray:
+    """Embeddings [len(texts), D] in the order given. Texts run longest first by token count, in batches of
+    `batch_size` rows padded to their longest row rounded up to `multiple` tokens: little compute goes to padding,
+    and a long list compiles at most max_seq_length / multiple shapes. `multiple` 0: 8 on CPU, where compiling
+    is cheap and every padded token costs; on accelerators the fine-tuning buckets' (8 lengths up to
+    max_seq_length), where one compile (seconds) outweighs the padding's compute."""
+    if not len(texts):
+      return np.zeros((0, 0), np.float32)
+    if not multiple:
+      multiple = 8 if jax.default_backend() == "cpu" else bucket_multiple(self.max_seq_length, 8)
+    rows = token_rows(self.tok, texts, self.max_seq_length)
+    order = np.argsort([-len(r) for r in rows], kind="stable")
+    sharding = self._row_sharding(batch_size)
+    params = self._device_params
+    out = []
+    for i in range(0, len(texts), batch_size):
+      chunk = [rows[j] for j in order[i:i + batch_size]]
+      batch = batch_of(chunk, self.tok.pad_id, self.max_seq_length, rows=batch_size, multiple=multiple)
+      if sharding is not None:
+        batch = jax.device_put(batch, sharding)
+      # Results stay on the device until the end, so the host pads the next batch while the device runs this one.
+      out.append((self._apply(params, batch), len(chunk)))
+    out = [np.asarray(v)[:n] for v, n in out]
+    vectors = np.concatenate(out)
+    result = np.empty_like(vectors)
+    result[order] = vectors
+    return result
+
+
+def check_sizes(**sizes: int) -> None:
+  """Each of --top_k, --block, --batch_size (by name) a positive integer, or one line naming it."""
+  for name, value in sizes.items():
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+      raise errors.ConfigError(f"--{name} must be an integer >= 1, got {value!r}")
+
+
+def sts_scores(encoder: Encoder, pairs: Sequence[tuple[str, str, float]], batch_size: int = 32) -> dict[str, float]:
+  """Spearman and Pearson correlation of the cosine similarity of each pair's embeddings with its gold score."""
+  check_sizes(batch_size=batch_size)
+  if len(pairs) < 2:
+    raise task_data.TaskDataError(f"STS needs at least two scored pairs, got {len(pairs)}")
+  a = encoder.encode([p[0] for p in pairs], batch_size)
+  b = encoder.encode([p[1] for p in pairs], batch_size)
+  cos = scores.paired_cosine(a, b)
+  gold = np.array([p[2] for p in pairs], np.float64)
+  return {"spearman": scores.spearman(cos, gold), "pearson": scores.pearson(cos, gold), "pairs": len(pairs)}
+
+
+def beir_scores(encoder: Encoder, folder: str | retrieval.Beir, split: str = "test", top_k: int = 1000,
+                run_file: str = "", cache_dir: str = "", block: int = 65536, batch_size: int = 32,
+                query_prefix: str = "", doc_prefix: str = "", score: str = "cos", overwrite: bool = False) -> dict:
+  """nDCG@10, MRR@10, Recall@100 and MAP of exact search (cosine or dot product) over a BEIR folder's corpus,
+  the run (top `top_k` per query) written to `run_file` in TREC format; `cache_dir` keeps the corpus embeddings
+  block by block so an interrupted run resumes (`blocks.BlockStore`). Neither is written over when it holds what
+  this command did not write, unless `overwrite`."""
+  if score not in ("cos", "dot"):
+    raise errors.ConfigError(f"--score {score!r}: cos or dot")
+  check_sizes(top_k=top_k, block=block, batch_size=batch_size)
+  if run_file:
+    retrieval.check_run_file(run_file, overwrite)
+  beir = folder if isinstance(folder, retrieval.Beir) else retrieval.read_beir(folder, split)
+  prep = scores.unit_rows if score == "cos" else (lambda x: x)
+  store = None
+  if cache_dir:
+    store = blocks_lib.BlockStore(cache_dir, blocks_lib.corpus_key(f"{encoder.fingerprint}|{doc_prefix}|{score}",
+                                                                   beir.docs, block), "--cache_dir", overwrite)
+  queries = prep(encoder.encode([query_prefix + t for t in beir.queries], batch_size))
+  blocks = retrieval.corpus_blocks(lambda texts: prep(encoder.encode([doc_prefix + t for t in texts], batch_size)),
+                                   beir.docs, block, store)
+  s, rows = retrieval.search(queries, blocks, top_k)
+  run = retrieval.make_run(beir, s, rows)
+  if run_file:
+    retrieval.write_trec(run, run_file)
+  return {**retrieval.evaluate_run(run, beir.qrels), "queries": len(beir.queries), "documents": len(beir.docs),
+          "queries without judgements": beir.skipped_queries, "empty documents": beir.empty_docs}
+
+
+def embed_corpus(encoder: Encoder, ids: Sequence[str], texts: Sequence[str], out: str, block: int = 65536,
+                 batch_size: int = 32, prefix: str = "", log=print, overwrite: bool = False) -> dict:
+  """Embeds a corpus into `out`: `block-NNNNN.npy` ([rows, width] float32) with its record, and `ids.json`
+  (every id, in row order), `manifest.json` binding the folder to the model, prefix, ids and texts
+  (`blocks.BlockStore`). A killed run resumes at its first missing block (none embedded twice); each host embeds
+  the blocks b with b % hosts == its index, its rows split over its devices, texts longest first."""
+  check_sizes(block=block, batch_size=batch_size)
+  if not len(texts):
+    raise errors.DataError("the corpus holds no documents")
+  store = blocks_lib.BlockStore(out, blocks_lib.corpus_key(f"{encoder.fingerprint}|{prefix}|corpus", texts, block,
+                                                           ids), "--out", overwrite)
+  if jax.process_index() == 0 and not os.path.isfile(os.path.join(out, "ids.json")):
+    files.write_whole(os.path.join(out, "ids.json"), json.dumps(list(ids)))
+  n_blocks = -(-len(texts) // block)
+  mine = [b for b in range(n_blocks) if b % jax.process_count() == jax.process_index()]
+  todo = [b for b in mine if not store.done(b)]
+  log(f"embedding {len(texts)} documents in {n_blocks} blocks of {block} into {out}: {len(mine)} on this host, "
+      f"{len(mine) - len(todo)} done before", flush=True)
+  state = {"done": 0, "docs": 0, "t0": time.time()}
+
+  def embed(chunk):
+    vectors = encoder.encode([prefix + t for t in chunk], batch_size)
+    state["done"] += 1
+    state["docs"] += len(chunk)
+    rate = state["docs"] / max(time.time() - state["t0"], 1e-9)
+    left = sum(len(texts[b * block:(b + 1) * block]) for b in todo[state["done"]:])
+    log(f"block {state['done']}/{len(todo)}: {rate:.1f} documents/s, ETA {left / max(rate, 1e-9):.0f} s", flush=True)
+    return vectors
+  wanted = set(todo)
+  for _ in retrieval.corpus_blocks(embed, texts, block, store, select=wanted.__contains__):
+    pass
+  return {"documents": len(texts), "blocks": n_blocks, "embedded now": len(todo), "out": out}

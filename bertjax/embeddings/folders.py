@@ -1,0 +1,133 @@
+"""sentence-transformers folders <-> bertjax embedding models.
+
+A folder's modules.json lists its stack: a Transformer (the HF model in the folder's root or a sub-folder), a
+Pooling (1_Pooling/config.json: cls, mean or max), optionally a Dense (2_Dense: config.json and
+model.safetensors with `linear.weight` / `linear.bias`) and a Normalize. `read` gives the encoder's config and
+params (any family `convert.from_hf` reads) with the `Pooling` settings; `write` makes a folder
+`SentenceTransformer(path)` loads.
+"""
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+from safetensors.numpy import save_file
+
+from bertjax import convert
+from bertjax import model as model_lib
+from bertjax.convert import files
+from bertjax.convert.table import ConversionError, host_params
+from bertjax.embeddings.model import Pooling
+
+_TRANSFORMER = "sentence_transformers.models.Transformer"
+_MODULES = {"Transformer", "Pooling", "Dense", "Normalize"}
+_MODES = {"pooling_mode_cls_token": "cls", "pooling_mode_mean_tokens": "mean", "pooling_mode_max_tokens": "max"}
+_ACTIVATIONS = {"torch.nn.modules.linear.Identity": "identity", "torch.nn.modules.activation.Tanh": "tanh"}
+
+
+def is_folder(path: str) -> bool:
+  return os.path.isfile(os.path.join(path, "modules.json"))
+
+
+def _json(path: str) -> dict:
+  try:
+    with open(path, encoding="utf-8") as f:
+      return json.load(f)
+  except FileNotFoundError:
+    raise ConversionError(f"{path}: missing (a sentence-transformers folder names it in modules.json)") from None
+  except (OSError, ValueError) as e:
+    raise ConversionError(f"{path}: not readable JSON ({str(e).splitlines()[0][:200]})") from None
+
+
+def read_pooling(path: str) -> Pooling:
+  """The folder's Pooling settings (its JSON files only; no weights are read)."""
+  stack = _json(os.path.join(path, "modules.json"))
+  kinds = [m.get("type", "").rsplit(".", 1)[-1] for m in stack]
+  mode, settings = "mean", {}
+  for m, kind in zip(stack[1:], kinds[1:]):
+    sub = os.path.join(path, m.get("path", ""))
+    if kind == "Pooling":
+      mode = _pooling_mode(sub)
+    elif kind == "Dense":
+      conf = _json(os.path.join(sub, "config.json"))
+      settings.update(dense=int(conf["out_features"]), dense_bias=bool(conf.get("bias", True)),
+                      dense_activation=_activation(sub, conf))
+  return Pooling(mode=mode, normalize="Normalize" in kinds, **settings)
+
+
+def _pooling_mode(sub: str) -> str:
+  conf = _json(os.path.join(sub, "config.json"))
+  if isinstance(conf.get("pooling_mode"), (str, list)):  # sentence-transformers >= 6 names the mode(s)
+    named = conf["pooling_mode"] if isinstance(conf["pooling_mode"], list) else [conf["pooling_mode"]]
+    on = [m for m in named if m in _MODES.values()]
+    extra = [m for m in named if m not in _MODES.values()]
+  else:
+    on = [v for k, v in _MODES.items() if conf.get(k)]
+    extra = [k for k, v in conf.items() if k.startswith("pooling_mode") and v and k not in _MODES]
+  if len(on) != 1 or extra:
+    raise ConversionError(f"{sub}/config.json: pooling {on + extra} is not one of cls, mean, max alone")
+  return on[0]
+
+
+def _activation(sub: str, conf: dict) -> str:
+  act = _ACTIVATIONS.get(conf.get("activation_function", "torch.nn.modules.activation.Tanh"))
+  if act is None:
+    raise ConversionError(f"{sub}: activation {conf.get('activation_function')} is not one of {sorted(_ACTIVATIONS)}")
+  return act
+
+
+def read(path: str, **overrides):
+  """(BertConfig, params {"bert": ..., "dense"?: ...}, Pooling, transformer sub-folder) of a sentence-transformers
+  folder; a module bertjax does not compute is a one-line error naming it."""
+  stack = _json(os.path.join(path, "modules.json"))
+  kinds = [m.get("type", "").rsplit(".", 1)[-1] for m in stack]
+  unknown = [k for k in kinds if k not in _MODULES]
+  if unknown or not kinds or kinds[0] != "Transformer":
+    raise ConversionError(f"{path}: modules {kinds} are not Transformer, Pooling[, Dense][, Normalize]; "
+                          f"not supported: {unknown or kinds[:1]}")
+  folder = os.path.join(path, stack[0].get("path", ""))
+  cfg, params = convert.from_hf(folder, head="encoder", **overrides)
+  pooling = read_pooling(path)
+  params = {"bert": params.get("bert", params)}
+  for m, kind in zip(stack[1:], kinds[1:]):
+    if kind == "Dense":
+      state = files.read_safetensors(os.path.join(path, m.get("path", ""), "model.safetensors"))
+      params["dense"] = {"kernel": np.asarray(state["linear.weight"], np.float32).T}
+      if pooling.dense_bias:
+        params["dense"]["bias"] = np.asarray(state["linear.bias"], np.float32)
+  return cfg, params, pooling, folder
+
+
+def write(cfg: model_lib.BertConfig, params, pooling: Pooling, out: str, max_seq_length: int = 512,
+          family: str | None = None) -> None:
+  """A sentence-transformers folder: the encoder as the family's HF model in `out`, 1_Pooling, and 2_Dense /
+  Normalize where the model has them (the tokenizer files are the caller's)."""
+  params = host_params(params)
+  convert.to_hf(cfg, params["bert"], out, head="encoder", family=family)
+  stack = [{"idx": 0, "name": "0", "path": "", "type": _TRANSFORMER}]
+  os.makedirs(os.path.join(out, "1_Pooling"), exist_ok=True)
+  with open(os.path.join(out, "1_Pooling", "config.json"), "w", encoding="utf-8") as f:
+    json.dump({"word_embedding_dimension": cfg.hidden_size, **{k: v == pooling.mode for k, v in _MODES.items()},
+               "pooling_mode_mean_sqrt_len_tokens": False}, f, indent=2)
+  stack.append({"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"})
+  if pooling.dense:
+    sub = os.path.join(out, "2_Dense")
+    os.makedirs(sub, exist_ok=True)
+    state = {"linear.weight": np.ascontiguousarray(np.asarray(params["dense"]["kernel"], np.float32).T)}
+    if pooling.dense_bias:
+      state["linear.bias"] = np.asarray(params["dense"]["bias"], np.float32)
+    save_file(state, os.path.join(sub, "model.safetensors"))
+    act = {v: k for k, v in _ACTIVATIONS.items()}[pooling.dense_activation]
+    with open(os.path.join(sub, "config.json"), "w", encoding="utf-8") as f:
+      json.dump({"in_features": cfg.hidden_size, "out_features": pooling.dense, "bias": pooling.dense_bias,
+                 "activation_function": act}, f, indent=2)
+    stack.append({"idx": 2, "name": "2", "path": "2_Dense", "type": "sentence_transformers.models.Dense"})
+  if pooling.normalize:
+    stack.append({"idx": len(stack), "name": str(len(stack)), "path": f"{len(stack)}_Normalize",
+                  "type": "sentence_transformers.models.Normalize"})
+    os.makedirs(os.path.join(out, stack[-1]["path"]), exist_ok=True)
+  with open(os.path.join(out, "modules.json"), "w", encoding="utf-8") as f:
+    json.dump(stack, f, indent=2)
+  with open(os.path.join(out, "sentence_bert_config.json"), "w", encoding="utf-8") as f:
+    json.dump({"max_seq_length": max_seq_length, "do_lower_case": False}, f, indent=2)
