@@ -210,21 +210,21 @@ def read_train_metrics(workdir: str) -> list[dict]:
 
 
 # ----------------------------------------------------------------------------- the run
-def finetune(config, workdir: str) -> dict:
-  """Fine-tune per `config` in `workdir`, resuming from its checkpoint if a run was stopped there. The workdir
-  is locked for the run."""
+def finetune(config, workdir: str, devices=None) -> dict:
+  """Fine-tune per `config` in `workdir`, resuming from its checkpoint if a run was stopped there, on `devices`
+  (default: all). The workdir is locked for the run."""
   with run_lib.opened(workdir, "finetune"):
-    return _finetune(config, workdir)
+    return _finetune(config, workdir, devices)
 
 
-def _finetune(config, workdir: str) -> dict:
+def _finetune(config, workdir: str, devices=None) -> dict:
   validate(config)
   task = tasks_lib.get(config.task, tuple(config.data.labels), config.data.regression, config)
   tok, mcfg, init_params, tok_path, lower = load_init(config, task)
   if config.data.max_seq_length > mcfg.max_position_embeddings:
     raise TaskDataError(f"data.max_seq_length {config.data.max_seq_length} exceeds the model's "
                         f"max_position_embeddings {mcfg.max_position_embeddings}")
-  mesh, _, _ = trainer.mesh_and_shardings(config)
+  mesh, _, _ = trainer.mesh_and_shardings(config, devices)
   data = prepare_data(config, task, tok, sharding_lib.data_parallel_size(mesh))
   t = build(config, task, mcfg, data, mesh)
   eval_batch = config.train.eval_batch_size or config.train.global_batch_size

@@ -90,6 +90,31 @@ CASES = [
      [FINE[0].replace("task=local", "task=pairs"), "--workdir={tmp}/w_pairs", "--config.data.train_file={pairs_same}",
       "--config.data.text_a_column=anchor", "--config.data.text_b_column=positive", "--config.data.tokenizer={vocab}"],
      r"pairs_same.csv: every row has the same positive", "embedding pairs whose positives are all one text"),
+    ("ft_pairs_batch1", "train",
+     [FINE[0].replace("task=local", "task=pairs").replace("batch=8", "batch=1"), "--workdir={tmp}/w_pairs3",
+      "--config.data.train_file={pairs_ok}", "--config.data.text_a_column=anchor",
+      "--config.data.text_b_column=positive", "--config.data.tokenizer={vocab}"],
+     r"global_batch_size 1 and no hard negatives has no negative", "embedding pairs in batches of one, no negatives"),
+    ("ft_cosent_equal", "train",
+     [FINE[0].replace("task=local", "task=pairs"), "--workdir={tmp}/w_pairs4",
+      "--config.data.train_file={scored_equal}",
+      "--config.data.text_a_column=a", "--config.data.text_b_column=b", "--config.data.label_column=score",
+      "--config.data.regression=True", "--config.data.tokenizer={vocab}"],
+     r"scored_equal.csv: every row has the same score", "scored pairs (CoSENT) whose scores are all equal"),
+    ("ft_score_nan", "train",
+     [FINE[0].replace("task=local", "task=pairs"), "--workdir={tmp}/w_pairs5",
+      "--config.data.train_file={scored_nan}",
+      "--config.data.text_a_column=a", "--config.data.text_b_column=b", "--config.data.label_column=score",
+      "--config.data.regression=True", "--config.data.tokenizer={vocab}"],
+     r"scored_nan.csv:3: score 'nan' is not a finite number", "a pair's score that is nan"),
+    ("ft_one_label", "train", FINE + ["--config.data.train_file={csv_one_label}"],
+     r"csv_one_label.csv: every row has the label", "classification rows that all have one label"),
+    ("ft_label_inf", "train", FINE + ["--config.data.train_file={csv_inf}", "--config.data.regression=True"],
+     r"csv_inf.csv:3: label 'inf' is not a finite number", "a regression label that is inf"),
+    ("ft_tags_one", "train", [FINE[0].replace("task=local", "task=ner"), FINE[1],
+                             "--config.data.train_file={conll_all_o}", "--config.data.labels=('O','B-PER','I-PER')",
+                             "--config.data.tokenizer={vocab}"], r"conll_all_o.txt: every word is tagged 'O'",
+     "a tagging file whose every word is O"),
     ("ft_matryoshka_bad", "train",
      [FINE[0].replace("task=local", "task=pairs"), "--workdir={tmp}/w_pairs2", "--config.data.train_file={pairs_same}",
       "--config.data.tokenizer={vocab}", "--config.embedding.matryoshka_dims=256,half"],
@@ -447,6 +472,12 @@ def fixtures(tmp: str) -> dict:
   f["csv_utf8"] = write("csv_utf8.csv", b"sentence,label\nthe model reads,pos\ncaf\xe9 au lait,neg\n", "wb")
   f["jsonl_bad"] = write("jsonl_bad.jsonl", '{"sentence": "a", "label": "pos"}\n{not json\n')
   f["conll_no_tag"] = write("conll_no_tag.txt", "John B-PER\nSmith\n")
+  f["pairs_ok"] = write("pairs_ok.csv", "anchor,positive\nthe model,reads text\nthe text,predicts words\n")
+  f["scored_equal"] = write("scored_equal.csv", "a,b,score\nthe model,reads text,0.5\nthe text,predicts,0.5\n")
+  f["scored_nan"] = write("scored_nan.csv", "a,b,score\nthe model,reads text,0.5\nthe text,predicts,nan\n")
+  f["csv_one_label"] = write("csv_one_label.csv", "sentence,label\nthe model reads,pos\nthe text,pos\n")
+  f["csv_inf"] = write("csv_inf.csv", "sentence,label\nthe model reads,1.5\nthe text,inf\n")
+  f["conll_all_o"] = write("conll_all_o.txt", "the O\nmodel O\n\nreads O\n")
   f["pairs_same"] = write("pairs_same.csv", "anchor,positive\nthe model,reads text\nthe text,reads text\n")
   f["sts_no_score"] = write("sts_no_score.csv", "sentence1,sentence2\nthe model,reads text\n")
   f["corpus_dup"] = write("corpus_dup.jsonl", '{"_id": "a", "text": "one"}\n{"_id": "a", "text": "two"}\n')

@@ -97,6 +97,26 @@ def stdlib_prose() -> list[str]:
   return [ln.strip() for m in modules for ln in (m.__doc__ or "").splitlines() if ln.strip()]
 
 
+def test_the_head_of_a_long_text_is_the_head_of_its_encoding(tmp_path):
+  """`encode_head(text, n)` (what the encoder and the corpus embedder read of a text) is `encode(text)[:n]` for
+  every tokenizer kind, on long prose, text with a long run of spaces, and text without any whitespace, while it
+  tokenizes only the head of a long text."""
+  lines = stdlib_prose()
+  (tmp_path / "train.txt").write_text("\n".join(lines * 3), encoding="utf-8")
+  long_text = " ".join(lines * 4)
+  texts = [long_text, "word " + " " * 5000 + long_text, "x" * 20000 + " tail", "日本語の文" * 3000, ""]
+  for kind in ("wordpiece", "unigram", "bpe", "byte_bpe"):
+    tok = tokenizer.load(tokenizer.train([tmp_path / "train.txt"], tmp_path / kind, kind=kind, vocab_size=400))
+    for text in texts:
+      full = tok.encode(text)
+      for n in (1, 7, 126, 510):
+        assert tok.encode_head(text, n) == full[:n], (kind, n, text[:30])
+  calls = []
+  tok._encode = lambda t, real=tok._encode: calls.append(len(t)) or real(t)
+  tok.encode_head(long_text * 10, 126)
+  assert max(calls) < len(long_text) // 4  # the head alone was tokenized
+
+
 @pytest.mark.parametrize("kind", ["unigram", "bpe"])
 def test_a_sentencepiece_tokenizer_exports_as_a_tokenizer_hf_reads_with_bertjaxs_ids(tmp_path, kind):
   """The HF folder of a sentencepiece run: AutoTokenizer reads its tokenizer.json with the ids bertjax's

@@ -209,6 +209,36 @@ def test_negatives_come_from_the_whole_global_batch_on_the_mesh():
   assert abs(per_shard - float(want_loss)) > 0.1
 
 
+def test_pairs_training_on_8_devices_equals_1_device_through_the_real_loop(tmp_path, make_vocab):
+  """task=pairs fine-tuning through the real loop (`finetune.finetune`), the same start and batches on 8 fake
+  devices (fsdp: rows and parameters split) and on 1: every step's loss and the final parameters agree, which
+  holds only if each step's negatives are the whole global batch's."""
+  from bertjax import finetune
+  from configs import common
+  from configs import finetune as finetune_config
+  _write_pairs(tmp_path / "train.csv", 64, 0, negatives=True)
+  vocab = make_vocab([f"topic{i}" for i in range(40)] + "the a of river city north south old new great small good"
+                     .split(), 120)
+  out, losses = {}, {}
+  for name, devices in (("eight", jax.devices()), ("one", jax.devices()[:1])):
+    c = finetune_config.get_config("task=pairs,variant=tiny,lr=1e-3,batch=16,epochs=1,seq=16")
+    c.model.num_layers, c.model.hidden_size, c.model.num_heads, c.model.intermediate_size = 2, 32, 2, 64
+    c.model.vocab_size, c.model.max_position_embeddings = sum(1 for _ in open(vocab)), 32
+    c.data.tokenizer, c.data.train_file = str(vocab), str(tmp_path / "train.csv")
+    c.data.text_a_column, c.data.text_b_column = "anchor", "positive"
+    c.embedding.negative_columns, c.log_every, c.data.auto_packing = ("negative",), 1, False
+    c.model.dropout_rate = c.model.attention_dropout_rate = 0.0  # masks are drawn per shard layout
+    c.sharding = common.sharding("fsdp")
+    out[name] = finetune.finetune(c, str(tmp_path / name), devices=devices)
+    losses[name] = [r["loss"] for r in finetune.read_train_metrics(str(tmp_path / name))]
+  assert len(losses["one"]) == 4 and len(jax.tree_util.tree_leaves(out["eight"]["state"].params)[0].sharding
+                                           .device_set) == 8
+  np.testing.assert_allclose(losses["eight"], losses["one"], rtol=1e-5)
+  for a, b in zip(jax.tree_util.tree_leaves(out["eight"]["state"].params),
+                  jax.tree_util.tree_leaves(out["one"]["state"].params)):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-6)
+
+
 def test_gradient_caching_equals_the_full_batch_gradient():
   module, params, batch = _tiny_embedder()
   q, d = batch(12, 3), batch(24, 4)

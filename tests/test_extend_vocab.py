@@ -82,3 +82,22 @@ def test_bad_tokens_are_one_line_errors(hf_mlm, tmp_path, tokens, message):
   with pytest.raises(errors.ConfigError, match=message):
     extend_vocab.extend(str(d), tokens, str(tmp_path / "out"))
   assert not os.path.exists(tmp_path / "out")
+
+
+def test_a_sentence_transformers_folder_extends_as_its_transformer(hf_mlm, tmp_path):
+  """--model a sentence-transformers folder (its Transformer module in a sub-folder, as modules.json says): the
+  transformer's model and vocabulary are extended as an HF folder would be."""
+  d, m, tok = hf_mlm
+  st = tmp_path / "st"
+  os.makedirs(st / "0_Transformer")
+  for name in os.listdir(d):
+    with open(d / name, "rb") as src, open(st / "0_Transformer" / name, "wb") as dst:
+      dst.write(src.read())
+  (st / "modules.json").write_text(json.dumps([{"idx": 0, "name": "0", "path": "0_Transformer",
+                                                "type": "sentence_transformers.models.Transformer"}]))
+  report = extend_vocab.extend(str(st), NEW, str(tmp_path / "out"))
+  assert report["vocab_size"] == tok.vocab_size + 2
+  emb = transformers.AutoModelForMaskedLM.from_pretrained(tmp_path / "out").bert.embeddings.word_embeddings.weight
+  pieces = tok.encode(NEW[1].lower())
+  np.testing.assert_allclose(emb.detach().numpy()[tok.vocab_size + 1],
+                             m.bert.embeddings.word_embeddings.weight.detach().numpy()[pieces].mean(0), rtol=1e-6)

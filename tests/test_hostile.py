@@ -110,6 +110,40 @@ def test_task_file_readers_on_random_bytes(tmp_path, raw, suffix, regression):
   _one_line_or_success(lambda: tasks.local_examples(str(path), task, "sentence", "", "label"))
 
 
+JSON_VALUE = st.one_of(st.none(), st.booleans(), st.integers(), st.floats(), st.text(max_size=20),
+                      st.lists(st.integers(), max_size=2))
+RECORD = st.fixed_dictionaries({}, optional={"_id": JSON_VALUE, "text": JSON_VALUE, "title": JSON_VALUE})
+
+
+@FUZZ
+@given(corpus=st.one_of(TEXT, st.lists(RECORD, max_size=4).map(
+           lambda rs: "".join(json.dumps(r) + "\n" for r in rs).encode())),
+       queries=st.one_of(TEXT, st.lists(RECORD, max_size=4).map(
+           lambda rs: "".join(json.dumps(r) + "\n" for r in rs).encode())),
+       qrels=st.one_of(TEXT, st.just(b"query-id\tcorpus-id\tscore\n1\ta\t1\n")))
+def test_beir_folder_reader_on_random_records_and_bytes(tmp_path, corpus, queries, qrels):
+  """A BEIR folder of random bytes or random JSON records (ids and texts of every JSON type) reads or ends in one
+  line: the embeddings command's input before any model loads."""
+  from bertjax.embeddings import retrieval
+  d = tmp_path / "beir"
+  (d / "qrels").mkdir(parents=True, exist_ok=True)
+  (d / "corpus.jsonl").write_bytes(corpus)
+  (d / "queries.jsonl").write_bytes(queries)
+  (d / "qrels" / "test.tsv").write_bytes(qrels)
+  _one_line_or_success(lambda: retrieval.read_beir(str(d)))
+
+
+@FUZZ
+@given(raw=st.one_of(TEXT, st.lists(RECORD, max_size=4).map(
+           lambda rs: "".join(json.dumps(r) + "\n" for r in rs).encode())),
+       suffix=st.sampled_from([".jsonl", ".txt", ".jsonl.gz", ".parquet"]))
+def test_corpus_to_embed_reader_on_random_records_and_bytes(tmp_path, raw, suffix):
+  from bertjax.embeddings import retrieval
+  path = tmp_path / f"corpus{suffix}"
+  path.write_bytes(gzip.compress(raw) if suffix.endswith(".gz") else raw)
+  _one_line_or_success(lambda: retrieval.read_corpus([str(path)]))
+
+
 @FUZZ
 @given(raw=TEXT)
 def test_conll_reader_on_random_bytes(tmp_path, raw):

@@ -223,3 +223,19 @@ def test_queries_without_judgements_are_skipped_and_counted(tmp_path):
                                    b"query-id\tcorpus-id\tscore\n2\tb\t1\n"))
   assert beir.query_ids == ["2"] and beir.skipped_queries == 1 and beir.empty_docs == 1
   assert beir.docs[:2] == ["T one", "two"]
+
+
+def test_a_corpus_with_a_byte_order_mark_and_files_of_one_name_in_two_folders(tmp_path):
+  """corpus.jsonl saved with a byte-order mark reads as task files do; plain-text files d1/a.txt and d2/a.txt give
+  ids naming each file as given (not two documents 'a.txt:1'); an empty corpus is one line."""
+  (tmp_path / "c.jsonl").write_bytes(b"\xef\xbb\xbf" + b'{"_id": "x", "text": "one"}\n{"_id": 7, "text": "two"}\n')
+  ids, texts = retrieval.read_corpus([str(tmp_path / "c.jsonl")])
+  assert ids == ["x", "7"] and texts == ["one", "two"]
+  for d in ("d1", "d2"):
+    (tmp_path / d).mkdir()
+    (tmp_path / d / "a.txt").write_text("first line\nsecond line\n")
+  ids, _ = retrieval.read_corpus([str(tmp_path / "d1" / "a.txt"), str(tmp_path / "d2" / "a.txt")])
+  assert ids == [f"{tmp_path / d / 'a.txt'}:{n}" for d in ("d1", "d2") for n in (1, 2)]
+  (tmp_path / "empty.jsonl").write_text("")
+  with pytest.raises(retrieval.RetrievalDataError, match="no documents"):
+    retrieval.read_corpus([str(tmp_path / "empty.jsonl")])
