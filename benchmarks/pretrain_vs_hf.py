@@ -245,19 +245,15 @@ def bertjax_export(workdir: str, step: int, out: str) -> str:
   """The checkpoint at `step` as HF's folder(s): the family's MLM model, or ELECTRA's two (OUT/discriminator,
   OUT/generator), written whole or not at all."""
   if not os.path.isdir(out):
-    from bertjax import convert, objectives
-    from bertjax.convert import weights
+    from bertjax.convert import export
     from bertjax.core import checkpoint as checkpoint_lib
     with open(os.path.join(workdir, "config.json"), encoding="utf-8") as f:
       run = json.load(f)
-    params = checkpoint_lib.Checkpointer(workdir).restore_params(step, announce=lambda m: None)
+    params = checkpoint_lib.Checkpointer(workdir, read_only=True).restore_params(step, announce=lambda m: None)
     tmp = out + ".tmp"
     shutil.rmtree(tmp, ignore_errors=True)
-    objective = objectives.get(run)
-    if objective.export is not None:
-      objective.export(run, params, tmp)
-    else:
-      convert.to_hf(weights.load(workdir).cfg, params, tmp)
+    os.makedirs(tmp)
+    export.pretraining_params(run, params, tmp)
     os.replace(tmp, out)
   return out
 
@@ -458,12 +454,12 @@ def downstream(side: str, root: str, model: str, seeds: str, lrs: str) -> dict:
 
 def final_model(side: str, root: str, record: dict, vocab: str) -> str:
   """The side's last checkpoint as an HF folder with the tokenizer beside it (what fine-tuning reads)."""
-  from bertjax.cli import convert as convert_cli
+  from bertjax.convert import export
   step = record["checkpoints"][-1]["step"]
   folder = (os.path.join(root, side, "run", f"checkpoint-{step}") if side == "hf" else
             encoder_folder(side, os.path.join(root, side, f"hf_{step}")))
   if not os.path.exists(os.path.join(folder, "vocab.txt")):
-    convert_cli.copy_tokenizer(vocab, True, folder)
+    export.copy_tokenizer(vocab, True, folder)
   return folder
 
 

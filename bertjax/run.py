@@ -56,8 +56,8 @@ def optimizer_errors(train_config) -> list[str]:
     out.append(f"train.decay_fraction must be in (0, 1], got {t.decay_fraction}")
   if not 0 <= t.final_lr_ratio <= 1:
     out.append(f"train.final_lr_ratio must be in [0, 1], got {t.final_lr_ratio}")
-  if train_config.optimizer not in ("adamw", "lamb"):
-    out.append(f"train.optimizer {train_config.optimizer!r} is not one of ['adamw', 'lamb']")
+  if train_config.optimizer not in optim.OPTIMIZERS:
+    out.append(f"train.optimizer {train_config.optimizer!r} is not one of {list(optim.OPTIMIZERS)}")
   lr = train_config.learning_rate
   if not _is_number(lr) or not math.isfinite(lr) or lr < 0:
     out.append(f"train.learning_rate must be a finite number >= 0 (0 leaves the weights as they are), got {lr!r}")
@@ -97,9 +97,13 @@ def check_workdir_mode(workdir: str, mode: str) -> None:
     return
   try:
     with open(path, encoding="utf-8") as f:
-      held = json.load(f).get("mode", "pretrain")
+      record = json.load(f)
+    held = record.get("mode", "pretrain")
   except (OSError, ValueError, AttributeError):
     return
+  if "merged" in record:
+    raise errors.ConfigError(f"{workdir} holds merged weights (python -m bertjax merge), not a run to resume: "
+                             f"start from them with init_checkpoint={workdir} and a new --workdir")
   if held != mode:
     hint = (f"; to fine-tune from it pass init={workdir} and a new --workdir" if held == "pretrain" else
             "; choose a new --workdir")
@@ -174,13 +178,18 @@ class Run:
       self.writer.close()
 
 
-def start(config, workdir: str, t: trainer_lib.Trainer, init: Callable[[Any], dict] | None = None) -> Run:
+def start(config, workdir: str, t: trainer_lib.Trainer, init: Callable[[Any], dict] | None = None,
+          init_state: Callable[[], Any] | None = None, keep_steps=()) -> Run:
   """The run's state by the resume order: this workdir's newest readable checkpoint, else `init(abstract params)`
-  (a partial tree of params to start from: what it holds replaces the fresh parameters), else fresh."""
-  ckpt = checkpoint_lib.Checkpointer(workdir, keep=config.keep_checkpoints)
+  (a partial tree of params to start from: what it holds replaces the fresh parameters) or `init_state()` (a
+  whole state: another run's, optimizer included), else fresh. `keep_steps`: checkpoints never rotated out."""
+  ckpt = checkpoint_lib.Checkpointer(workdir, keep=config.keep_checkpoints, keep_steps=keep_steps)
   init_params = None
   if ckpt.latest_step() is None and init is not None:
     init_params = init(t.abstract.params)
+  if ckpt.latest_step() is None and init_state is not None:
+    ckpt.set_aside_half_written(lambda m: print(m, flush=True))
+    return Run(config, workdir, t, ckpt, init_state(), None, 0)
   state, saved, step = trainer_lib.resume_or_init(t, ckpt, config.seed, init_params,
                                                   announce=lambda m: print(m, flush=True))
   return Run(config, workdir, t, ckpt, state, saved, step)

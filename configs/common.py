@@ -5,6 +5,7 @@ import dataclasses
 
 import ml_collections
 
+from bertjax.core import phases as phases_lib
 from bertjax.model.config import BertConfig
 
 MESH_AXES = ("data", "fsdp", "tensor")
@@ -46,6 +47,12 @@ def model_section(variant: str, fields=None, **deltas) -> ml_collections.ConfigD
   section = {"variant": variant, **{n: 0 for n in SIZE_FIELDS}, **{n: defaults[n] for n in names}}
   section.update(deltas)
   return ml_collections.ConfigDict(section)
+
+
+def phase(**fields) -> ml_collections.ConfigDict:
+  """A phase of a run (config.phases.NAME): every field of bertjax.core.phases.FIELDS at its default (each
+  documented there) but `fields`."""
+  return phases_lib.defaults(**fields)
 
 
 def parse_arg(arg: str | None, **defaults) -> ml_collections.ConfigDict:

@@ -44,6 +44,12 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.data.packing = False  # pack several examples per row (block-diagonal attention, per-example NSP)
   c.data.pack_max_per_row = 4  # examples per packed row at most
   c.data.pack_row_predictions = 0  # masked positions per packed row; 0 = max_predictions_per_seq + pack_max_per_row
+  c.data.masked_lm_prob_end = 0.0  # dynamic masking: the rate falls (or rises) linearly to this; 0 = constant
+  # Several data folders (`bertjax dataset` outputs) by name, for mixtures: {"web": DIR, "code": DIR}; a phase's
+  # `mixture` weighs them. Empty: data.data_dir alone.
+  c.data.sources = ml_collections.ConfigDict()
+  c.data.when_exhausted = "repeat"  # a source read to its end: repeat (a new order) | stop (the run ends there)
+  c.data.eval_dir = ""  # the held-out split's folder; "" = data.data_dir (or the first phase's first source)
 
   c.train = ml_collections.ConfigDict()
   c.train.global_batch_size = a.batch  # sequences per optimizer step, over all devices
@@ -66,6 +72,12 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.train.weight_decay = 0.01  # decoupled, not applied to LayerNorm parameters or biases
   c.train.grad_clip_norm = 1.0  # clip by global norm (0 disables)
   c.train.fused_update = True  # clipping + AdamW in one pass per parameter (False: optax chain, same maths and state)
+  c.train.ema_decay = 0.0  # keep an exponential moving average of the weights (e.g. 0.999); 0 = none
+  # Batch-size warmup: the global batch ramps from batch_warmup_from to global_batch_size over this many token
+  # slots (sequences x length), in batch_warmup_levels sizes (compiled shapes); 0 = no ramp.
+  c.train.batch_warmup_tokens = 0
+  c.train.batch_warmup_from = 0
+  c.train.batch_warmup_levels = 4
   c.train.use_nsp = a.nsp  # L = L_MLM + L_NSP; False trains on L_MLM alone (the NSP ablation)
   c.train.stop_after_steps = 0  # stop (with a checkpoint) after this many steps in this run; 0 = run to num_steps
   c.train.prng_impl = "threefry2x32"  # dropout bits: threefry2x32 (portable) | rbg | unsafe_rbg (faster on GPU/TPU)
@@ -76,6 +88,13 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.checkpoint_every = 10_000  # steps between checkpoints
   c.keep_checkpoints = 3  # most recent checkpoints kept
   c.init_checkpoint = ""  # when the workdir has no checkpoint: a bertjax workdir or an HF safetensors folder
+  c.init_step = 0  # a bertjax workdir's step to start from; 0 = its newest
+  c.init_optimizer = "reset"  # keep: a bertjax workdir's optimizer state too (annealing it); reset: params only
+  # Phases (bertjax/core/phases.py): phase_order "stable,decay" runs config.phases.stable then .decay, each a
+  # common.phase(...) with its own length, sequence length, batch, mixture, masking, rotary θ and learning-rate
+  # segment; "" = one phase of the settings above. configs/modernbert_phases.py and configs/mmbert.py are recipes.
+  c.phases = ml_collections.ConfigDict()
+  c.phase_order = ""
   c.peak_tflops_per_device = 0.0  # for MFU; 0 = the chip's known bf16 peak, or measured jnp.dot on CPU
   c.predict_examples = ("the [MASK] of the function is returned .",)  # fill-in-the-blank shown after training
 

@@ -33,7 +33,56 @@ FINE = ["--config={root}/configs/finetune.py:task=local,seq=32,batch=8,epochs=1,
         "--config.data.text_a_column=sentence", "--config.data.label_column=label",
         "--config.data.labels=('neg','pos')", "--config.data.tokenizer={vocab}"]
 
+MBP = ["--config={root}/configs/modernbert_phases.py:variant=tiny,data={data},long_data={data},seq=32,long_seq=32,"
+       "batch=16,batch_from=8,tokens=2048,long_tokens=1024,decay_tokens=1024,batch_warmup_tokens=512,"
+       "warmup_tokens=256,shard=dp", "--workdir={tmp}/w_mbp", "--config.model.vocab_size={vocab_n}",
+       "--config.model.vocab_multiple=1", "--config.data.example_mode=nsp_pairs",
+       "--config.data.max_predictions_per_seq=5", "--config.data.masked_lm_prob=0.15"]
+
 CASES = [
+    # ---------------------------------------------------------------- phases (configs/modernbert_phases.py)
+    ("ph_weight_zero", "train", MBP + ["--config.phases.stable.mixture=short=0"], r"weight must be a number > 0",
+     "a mixture weight of 0"),
+    ("ph_weight_neg", "train", MBP + ["--config.phases.stable.mixture=short=-1"], r"weight must be a number > 0",
+     "a negative mixture weight"),
+    ("ph_weight_nan", "train", MBP + ["--config.phases.stable.mixture=short=nan"], r"weight must be a number > 0",
+     "a mixture weight that is not a number"),
+    ("ph_source_unknown", "train", MBP + ["--config.phases.stable.mixture=web"],
+     r"names the source 'web', which data.sources does not define", "a mixture naming no source"),
+    ("ph_source_missing", "train", [MBP[0].replace("data={data},", "data={tmp}/nowhere,")] + MBP[1:],
+     r"data.sources.short: .*no creation.json", "a source folder that does not exist"),
+    ("ph_temperature", "train", MBP + ["--config.phases.decay.temperature=0"], r"temperature must be a number > 0",
+     "a sampling temperature <= 0"),
+    ("ph_steps_sum", "train", MBP + ["--config.train.num_steps=5"], r"the phases add up to \d+ steps but "
+     r"train.num_steps is 5", "phases whose lengths do not fit the run"),
+    ("ph_length", "train", MBP + ["--config.phases.decay.steps=3"], r"give its length as steps or as tokens",
+     "a phase with both steps and tokens"),
+    ("ph_order", "train", MBP + ["--config.phase_order=stable,nope"], r"names 'nope', which config.phases does not",
+     "a phase order naming no phase"),
+    ("ph_vocab", "train", MBP + ["--config.model.vocab_size=300"], r"a phase cannot change the vocabulary",
+     "a source made with another vocabulary"),
+    ("ph_arch", "train", MBP + ["--config.model.position_embedding=learned", "--config.model.rope_theta_local=0"],
+     r"a phase cannot change the architecture", "a phase setting rotary θ on a model with learned positions"),
+    ("ph_exhausted", "train", MBP + ["--config.data.when_exhausted=skip"], r"data.when_exhausted 'skip'",
+     "an unknown answer to a source running out"),
+    ("ph_optimizer", "train", MBP + ["--config.phases.decay.optimizer=fresh"], r"optimizer must be keep or reset",
+     "an unknown optimizer switch"),
+    ("ph_batch", "train", MBP + ["--config.phases.context.global_batch_size=12"], r"must be a positive multiple of 8",
+     "a phase batch the devices cannot split"),
+    ("ph_mask", "train", MBP + ["--config.phases.decay.masked_lm_prob=1.5"], r"masked_lm_prob must be in \(0, 1\)",
+     "a phase masking rate above 1"),
+    ("ph_static_mask", "train", MBP + ["--config.data.dynamic_masking=False", "--config.phases.decay.masked_lm_prob=0.1"],
+     r"set data.dynamic_masking=True to mask in the pipeline", "a falling masking rate on statically masked data"),
+    ("ph_lr_previous", "train", MBP + ["--config.phases.stable.learning_rate=-1"], r"starts from the previous "
+     r"phase's learning rate, and there is none", "the first phase starting from a rate nothing ran at"),
+    ("pre_ema", "train", PRE + ["--config.train.ema_decay=1.5"], r"ema_decay must be in \(0, 1\)",
+     "a moving-average decay above 1"),
+    ("pre_init_optimizer", "train", PRE + ["--config.init_optimizer=maybe"], r"init_optimizer must be one of",
+     "an unknown init_optimizer"),
+    ("pre_init_keep_hf", "train", PRE + ["--config.init_checkpoint={hf}", "--config.init_optimizer=keep"],
+     r"is an HF folder, which has none: use init_optimizer=reset", "keeping the optimizer of an HF folder"),
+    ("pre_init_step", "train", PRE + ["--config.init_step=-2"], r"init_step must be an integer >= 0",
+     "a negative init_step"),
     # ---------------------------------------------------------------- pre-training (python -m bertjax train)
     ("pre_keep0", "train", PRE + ["--config.keep_checkpoints=0"], r"keep_checkpoints must be an integer >= 1",
      "keep_checkpoints=0 (would delete every checkpoint)"),
@@ -342,6 +391,37 @@ CASES = [
      "an HF folder given as the workdir to convert"),
     ("cv_overwrite_workdir", "convert", ["--workdir", "{pre}", "--out", "{fine}", "--overwrite"],
      r"holds a bertjax workdir", "--overwrite naming a workdir as --out (never replaced)"),
+    # ---------------------------------------------------------------- python -m bertjax merge
+    ("mg_missing", "merge", ["{tmp}/nowhere", "{hf}", "--out", "{tmp}/m1"], r"nowhere: no such workdir or HF folder",
+     "an input that does not exist"),
+    ("mg_fine", "merge", ["{fine}", "{hf}", "--out", "{tmp}/m2"], r"is a fine-tuned workdir",
+     "a fine-tuned workdir as input"),
+    ("mg_shapes", "merge", ["{hf}", "{hf_wide}", "--out", "{tmp}/m3"], r"different architectures \(hidden_size 16 "
+     r"vs 32", "checkpoints of different shapes"),
+    ("mg_families", "merge", ["{hf}", "{hf_rotary}", "--out", "{tmp}/m3b"], r"different architectures",
+     "checkpoints of different families"),
+    ("mg_into_input", "merge", ["{hf}", "{hf}", "--out", "{hf}"], r"is one of the inputs", "writing over an input"),
+    ("mg_out_full", "merge", ["{hf}", "{hf}", "--out", "{full}", "--overwrite"], r"holds files a merge did not write",
+     "an --out holding other files, even with --overwrite"),
+    ("mg_method", "merge", ["{hf}", "{hf}", "--method", "soup", "--out", "{tmp}/m4"], r"invalid choice: 'soup'",
+     "an unknown method"),
+    ("mg_no_base", "merge", ["{hf}", "{hf}", "--method", "ties", "--out", "{tmp}/m5"], r"give --base",
+     "TIES without a base"),
+    ("mg_density", "merge", ["{hf}", "--method", "ties", "--base", "{hf}", "--density", "0", "--out", "{tmp}/m6"],
+     r"--density must be in \(0, 1\]", "a TIES density of 0"),
+    ("mg_lam", "merge", ["{hf}", "--method", "ties", "--base", "{hf}", "--lam", "nan", "--out", "{tmp}/m6b"],
+     r"--lam a number", "a TIES scale that is not a number"),
+    ("mg_weights_text", "merge", ["{hf}", "{hf}", "--weights", "1,x", "--out", "{tmp}/m7"], r"give numbers",
+     "weights that are not numbers"),
+    ("mg_weights_zero", "merge", ["{hf}", "{hf}", "--weights", "1,0", "--out", "{tmp}/m8"],
+     r"one number > 0 per input", "a weight of 0"),
+    ("mg_last", "merge", ["{pre}", "--last", "3", "--out", "{tmp}/m9"], r"holds 0 checkpoint\(s\)",
+     "--last beyond the checkpoints kept"),
+    ("mg_last_two", "merge", ["{hf}", "{hf}", "--last", "2", "--out", "{tmp}/m10"], r"averages the checkpoints of one",
+     "--last with two inputs"),
+    ("mg_selector", "merge", ["{hf}@3", "{hf}", "--out", "{tmp}/m11"], r"an HF folder holds one checkpoint",
+     "a step of an HF folder"),
+    ("mg_no_out", "merge", ["{hf}", "{hf}"], r"the following arguments are required: --out", "no --out"),
     ("pl_missing", "plot", ["{tmp}/none"], r"none: no metrics.jsonl", "a workdir without metrics"),
     ("pl_no_args", "plot", [], r"the following arguments are required: workdir", "no workdir"),
     # ---------------------------------------------------------------- python -m bertjax extend_vocab
@@ -510,6 +590,10 @@ def fixtures(tmp: str) -> dict:
   write("foreign/ids.json", '["not", "ours"]')
   write("foreign/block-00000.npy", "not an array")
   f["hf"] = _tiny_hf_folder(os.path.join(tmp, "hf"), f["vocab"])
+  f["hf_wide"] = _tiny_hf_folder(os.path.join(tmp, "hf_wide"), f["vocab"], hidden=32)
+  f["hf_rotary"] = _tiny_hf_folder(os.path.join(tmp, "hf_rotary"), f["vocab"], position_embedding="rotary",
+                                   layer_norm="pre", type_vocab_size=0, ffn="glu", use_bias=False, norm_bias=False,
+                                   first_attention_norm=False, nsp_head=False)
   f["full"] = os.path.join(tmp, "full")
   os.makedirs(f["full"])
   write("full/notes.txt", "keep me")
@@ -529,15 +613,16 @@ def fixtures(tmp: str) -> dict:
   return f
 
 
-def _tiny_hf_folder(out: str, vocab: str) -> str:
-  """A 1-layer BERT with random weights as an HF folder with the vocabulary (MLM model and tokenizer files)."""
+def _tiny_hf_folder(out: str, vocab: str, hidden: int = 16, **switches) -> str:
+  """A 1-layer BERT (or, with `switches`, another family's layout) with random weights as an HF folder with the
+  vocabulary (MLM model and tokenizer files)."""
   import jax
 
   from bertjax import convert, model
   from bertjax.convert import export
   from bertjax.data import tokenizer
-  cfg = model.BertConfig(vocab_size=tokenizer.load(vocab).vocab_size, hidden_size=16, num_layers=1, num_heads=2,
-                         intermediate_size=32, max_position_embeddings=32)
+  cfg = model.BertConfig(vocab_size=tokenizer.load(vocab).vocab_size, hidden_size=hidden, num_layers=1, num_heads=2,
+                         intermediate_size=32, max_position_embeddings=32, **switches)
   ids = jax.numpy.zeros((1, 8), jax.numpy.int32)
   batch = {"input_ids": ids, "input_mask": ids + 1, "segment_ids": ids, "masked_lm_positions": ids[:, :2]}
   params = model.BertForPreTraining(cfg).init(jax.random.key(0), batch)["params"]

@@ -16,6 +16,7 @@ from helpers import ROOT
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from bertjax import model as model_lib
 from bertjax import pretrain as train
 from bertjax.core import checkpoint as checkpoint_lib
 from bertjax.data.pretraining import dataset
@@ -112,7 +113,7 @@ def test_damaged_newest_checkpoint_falls_back_and_is_set_aside(tmp_path, data_di
     np.testing.assert_array_equal(a, b)
   assert (w / "checkpoints" / "6").exists()  # read-only: nothing moved
   c = tt.small_config(data_dir)
-  mcfg = train.model_lib.BertConfig.from_dict(c.model.to_dict())
+  mcfg = model_lib.BertConfig.from_dict(c.model.to_dict())
   abstract = train.build(c, mcfg).abstract
   ckpt = checkpoint_lib.Checkpointer(str(w))
   notes = []

@@ -12,5 +12,6 @@ COMMANDS = {
     "extend_vocab": ("bertjax.cli.extend_vocab", "add whole-word tokens to a WordPiece model and its vocabulary"),
     "parity": ("bertjax.cli.parity", "fine-tune side by side with HF transformers' PyTorch loop, step by step"),
     "aot": ("bertjax.cli.aot", "compile the train step for a TPU topology on this host; memory per chip"),
+    "merge": ("bertjax.cli.merge", "average or merge checkpoints (last k, EMA, linear, TIES) into a workdir + HF"),
     "plot": ("bertjax.cli.plot", "redraw a workdir's PNG curves from its metrics.jsonl"),
 }

@@ -31,7 +31,7 @@ def pretraining(workdir: str, out: str) -> str:
   if not tok_path:
     raise errors.TokenizerError(f"{workdir}: no tokenizer (neither WORKDIR/tokenizer/ nor its data dir "
                                 f"{run['data']['data_dir']} can be read)")
-  params = checkpoint_lib.Checkpointer(workdir).restore_params()
+  params = checkpoint_lib.Checkpointer(workdir, read_only=True).restore_params()
   arch, folders = pretraining_params(run, params, out)
   for sub in folders:
     copy_tokenizer(tok_path, lower, os.path.join(out, sub))

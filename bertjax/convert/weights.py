@@ -123,7 +123,7 @@ def load(path: str, *, overrides: Mapping[str, Any] | None = None, head: str = "
       meta = json.load(f)
     run = ml_collections.ConfigDict(meta)
     cfg = model_lib.BertConfig.from_dict({**run.model.to_dict(), **overrides})
-    params = checkpoint_lib.Checkpointer(path).restore_params()
+    params = checkpoint_lib.Checkpointer(path, read_only=True).restore_params()
     objective = objectives.get(run)
     if head == "pretraining" and not objective.has_mlm_head:
       raise errors.ConfigError(f"{path} is a {objective.name!r} run: its model has no MLM head to pre-train from; "
@@ -212,7 +212,7 @@ def run_tokenizer(workdir: str, run) -> tuple[str, bool]:
     creation = dataset.read_creation(data_dir) if data_dir else {}
   except (OSError, errors.Error):
     pass
-  lower = creation.get("do_lower_case", True)
+  lower = creation.get("do_lower_case", run.data.get("do_lower_case", True))
   held = tokenizer_lib.find_in(os.path.join(workdir, "tokenizer"))
   if held is not None:
     return held, lower

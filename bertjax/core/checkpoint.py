@@ -37,6 +37,18 @@ finally:
   _absl_logger.setLevel(_level)
 
 
+class _ReadOnlyNotes(logging.Filter):
+  """Orbax warns that a read-only manager is read-only (twice per reader): what bertjax asked for, kept off the
+  terminal."""
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    text = record.getMessage()
+    return not ("read_only=True" in text or "directory is read only" in text)
+
+
+_absl_logger.addFilter(_ReadOnlyNotes())
+
+
 class WorkdirLock:
   """An exclusive lock on WORKDIR/.lock (released by the OS when the holder dies, even by kill -9).
 
@@ -77,11 +89,24 @@ _TMP = re.compile(r"^(\d+)\.orbax-checkpoint-tmp")
 
 
 class Checkpointer:
-  def __init__(self, workdir: str, keep: int = 3, async_save: bool = True):
+  """A workdir's checkpoints. `keep`: the newest steps kept; `keep_steps`: steps never deleted (a phased run's
+  phase ends: ModernBERT-style pre-decay checkpoints stay for annealing); `read_only`: another run's workdir,
+  read and never changed (nothing created, nothing set aside)."""
+
+  def __init__(self, workdir: str, keep: int = 3, async_save: bool = True, keep_steps=(), read_only: bool = False):
     self._pending = None  # the step of a save still running in the background
+    self.read_only = read_only
     self.directory = os.path.join(os.path.abspath(workdir) if "://" not in workdir else workdir, "checkpoints")
-    options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=True,
-                                           enable_async_checkpointing=async_save)
+    if read_only:
+      options = ocp.CheckpointManagerOptions(create=False, read_only=True)
+    elif keep_steps:
+      from orbax.checkpoint import checkpoint_managers as policies
+      options = ocp.CheckpointManagerOptions(create=True, enable_async_checkpointing=async_save,
+                                             preservation_policy=policies.AnyPreservationPolicy([
+                                                 policies.LatestN(keep), policies.CustomSteps(list(keep_steps))]))
+    else:
+      options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=True,
+                                             enable_async_checkpointing=async_save)
     self.manager = ocp.CheckpointManager(
         self.directory, options=options, item_names=("state", "data"),
         item_handlers={"state": ocp.StandardCheckpointHandler(), "data": ocp.JsonCheckpointHandler()})
@@ -155,6 +180,11 @@ class Checkpointer:
     raise CheckpointError(f"{self.directory}: no readable checkpoint among steps {candidates}: "
                           + "; ".join(f"step {s}: {why}" for s, why in skipped))
 
+  def data_state(self, step: int) -> dict:
+    """What the checkpoint at `step` keeps beside the state (the data position, the learning rate)."""
+    out = self.manager.restore(int(step), args=ocp.args.Composite(data=ocp.args.JsonRestore()))
+    return dict(out["data"] or {})
+
   def set_aside_half_written(self, announce=print) -> None:
     """Moves what killed saves left (temporary folders, steps without their commit marker) to
     WORKDIR/damaged_checkpoints/, so that the run can save those steps again; a training run calls it before it
@@ -165,8 +195,12 @@ class Checkpointer:
       self._move_aside([(name, "half-written") for name in leftovers], announce=None)
 
   def _set_aside(self, skipped, announce) -> None:
-    """Moves unreadable steps newer than the restored one to WORKDIR/damaged_checkpoints/ (process 0)."""
-    if skipped:
+    """Moves unreadable steps newer than the restored one to WORKDIR/damaged_checkpoints/ (process 0); a
+    read-only checkpointer only names them."""
+    if skipped and self.read_only:
+      for name, why in skipped:
+        announce(f"note: skipped the unreadable checkpoint at step {name} in {self.directory} ({why})")
+    elif skipped:
       self._move_aside(skipped, announce)
 
   def _move_aside(self, entries, announce) -> None:
@@ -188,10 +222,11 @@ class Checkpointer:
       multihost_utils.sync_global_devices("bertjax_damaged_checkpoints_set_aside")
     self.manager.reload()
 
-  def restore_params(self, step: int | None = None, announce=print):
+  def restore_params(self, step: int | None = None, announce=print, item: str = "params"):
     """The params of the newest readable checkpoint (or of `step`) as host arrays, whatever optimizer wrote it;
-    only the parameters are read. Unreadable newer steps are skipped and named through `announce` (nothing is
-    moved: read-only tools do not change a workdir)."""
+    only the parameters are read (`item="ema"`: the moving average of them a run with train.ema_decay keeps).
+    Unreadable newer steps are skipped and named through `announce` (nothing is moved: read-only tools do not
+    change a workdir)."""
     candidates = [step] if step is not None else sorted(self.steps(), reverse=True)
     if not candidates:
       raise CheckpointError(f"{self.directory}: no checkpoint to initialise from")
@@ -202,17 +237,23 @@ class Checkpointer:
     skipped = []
     for s in candidates:
       try:
-        meta = _state_metadata(reader, s)["params"]
-        item = {"params": jax.tree_util.tree_map(lambda m: np.zeros(m.shape, m.dtype), meta)}
-        restore_args = {"params": jax.tree_util.tree_map(lambda m: ocp.RestoreArgs(restore_type=np.ndarray), meta)}
+        saved = _state_metadata(reader, s)
+        if item not in saved:
+          raise CheckpointError(f"{self.directory}/{s}: holds no {item!r}" + (
+              " (the run kept no moving average: train.ema_decay was 0)" if item == "ema" else ""))
+        meta = saved[item]
+        tree = {item: jax.tree_util.tree_map(lambda m: np.zeros(m.shape, m.dtype), meta)}
+        restore_args = {item: jax.tree_util.tree_map(lambda m: ocp.RestoreArgs(restore_type=np.ndarray), meta)}
         out = reader.restore(s, args=ocp.args.Composite(state=ocp.args.PyTreeRestore(
-            item=item, restore_args=restore_args, partial_restore=True)))
+            item=tree, restore_args=restore_args, partial_restore=True)))
+      except CheckpointError:
+        raise
       except Exception as e:
         skipped.append((s, short_error(e)))
         continue
       for bad, why in skipped:
         announce(f"note: skipped the unreadable checkpoint at step {bad} in {self.directory} ({why}); using step {s}")
-      return jax.tree_util.tree_map(np.asarray, out["state"]["params"])
+      return jax.tree_util.tree_map(np.asarray, out["state"][item])
     raise CheckpointError(f"{self.directory}: no readable checkpoint among steps {candidates}: "
                           + "; ".join(f"step {s}: {why}" for s, why in skipped))
 
@@ -247,7 +288,7 @@ def restore_best(workdir: str) -> dict:
       raise CheckpointError(f"{best}: unreadable ({why}) and the workdir holds no other checkpoint") from None
     print(f"note: {best} is unreadable ({why}); using the newest readable training checkpoint instead",
           flush=True)
-    return Checkpointer(workdir).restore_params()
+    return Checkpointer(workdir, read_only=True).restore_params()
   return jax.tree_util.tree_map(np.asarray, params)
 
 

@@ -10,8 +10,15 @@ doubles to quintuples every step. False reproduces the original; True is AdamW a
 get_linear_schedule_with_warmup: lr·(T − t)/(T − w) after warmup, reaching 0 at T from the peak) | cosine |
 wsd (warmup-stable-decay; `decay_fraction`, `decay_shape`) | constant; see `schedule`.
 
-StableAdamW (ModernBERT's optimizer) is not in optax; the modern recipes use optax's AdamW with their β2/ε and
-global-norm gradient clipping.
+`train.optimizer`: adamw | lamb | stable_adamw. StableAdamW (Wortsman et al. 2023; ModernBERT's optimizer) is AdamW
+whose step on each tensor is divided by max(1, RMS), RMS = √mean(g² / max(v̂, ε²)): a tensor whose gradient is
+large against its second-moment estimate (a loss spike in the making) takes a smaller step, without the global
+clipping that slows every tensor down. `stable_adamw`.
+
+The learning rate of a pre-training run is not inside the optimizer: the optimizer steps with a rate of 1 and the
+train step multiplies its update by the schedule at the run's global step (`trainer.apply_gradients`, `scale`).
+AdamW's, LAMB's and StableAdamW's updates, weight decay included, are linear in the rate, so the result is the
+same; it is what lets a phased run reset the optimizer state (a fresh Adam count) and keep its schedule.
 
 LAMB follows the reference used for BERT (NVIDIA's and TF-Addons'): LayerNorm parameters and biases are left out
 of the layer-wise trust ratio as they are of weight decay (`optax.lamb` applies the ratio to every parameter).
@@ -30,19 +37,23 @@ import optax
 
 from bertjax import errors
 
-SCHEDULES = ("linear", "linear_from_warmup", "cosine", "wsd", "constant")
-DECAY_SHAPES = ("linear", "cosine", "sqrt")
+SCHEDULES = ("linear", "linear_from_warmup", "cosine", "wsd", "inverse_sqrt", "constant")
+DECAY_SHAPES = ("linear", "cosine", "sqrt", "1-sqrt")  # sqrt and 1-sqrt are one shape: 1 - √progress
+OPTIMIZERS = ("adamw", "lamb", "stable_adamw")
 
 
 def schedule(learning_rate: float, warmup_steps: int, num_steps: int, kind: str = "linear", *,
-             decay_fraction: float = 0.1, decay_shape: str = "linear", final_lr_ratio: float = 0.0):
-  """The learning rate at a step: lr·step/warmup during warmup, then by `kind`:
+             decay_fraction: float = 0.1, decay_shape: str = "linear", final_lr_ratio: float = 0.0,
+             warmup_from: float = 0.0):
+  """The learning rate at a step: lr·step/warmup during warmup (from `warmup_from` rather than 0 when given: a
+  phase that warms up again from where the previous one ended), then by `kind`:
 
   linear: lr·(1 - step/num_steps), the original's polynomial decay of power 1 (from 0, so the end of warmup is
   below the peak); linear_from_warmup: lr·(num_steps - step)/(num_steps - warmup), HF's linear schedule;
   cosine: from lr down to lr·final_lr_ratio along half a cosine over the steps after warmup;
   wsd (warmup-stable-decay, as ModernBERT and MiniCPM train): lr until the last `decay_fraction` of the steps,
-  then down to lr·final_lr_ratio with `decay_shape` linear, cosine or sqrt (1 - √progress);
+  then down to lr·final_lr_ratio with `decay_shape` linear, cosine or 1-sqrt (1 - √progress; also named sqrt);
+  inverse_sqrt: lr·√(warmup/step) after warmup (the Transformer's rule; no end);
   constant: lr after warmup.
   """
   if kind not in SCHEDULES:
@@ -55,13 +66,16 @@ def schedule(learning_rate: float, warmup_steps: int, num_steps: int, kind: str 
     progress = jnp.clip(progress, 0.0, 1.0)
     if shape == "cosine":
       return 0.5 * (1.0 + jnp.cos(jnp.pi * progress))
-    if shape == "sqrt":
+    if shape in ("sqrt", "1-sqrt"):
       return 1.0 - jnp.sqrt(progress)
     return 1.0 - progress
 
   def fn(step):
     step = jnp.asarray(step, jnp.float32)
-    warm = learning_rate * step / max(warmup_steps, 1)
+    if warmup_from:
+      warm = warmup_from + (learning_rate - warmup_from) * step / max(warmup_steps, 1)
+    else:
+      warm = learning_rate * step / max(warmup_steps, 1)
     if kind == "linear":
       after = learning_rate * jnp.maximum(0.0, 1.0 - step / max(num_steps, 1))
     elif kind == "linear_from_warmup":
@@ -73,6 +87,8 @@ def schedule(learning_rate: float, warmup_steps: int, num_steps: int, kind: str 
       decay_steps = max(int(round(num_steps * decay_fraction)), 1)
       progress = (step - (num_steps - decay_steps)) / decay_steps
       after = floor + (learning_rate - floor) * shaped(progress, decay_shape)
+    elif kind == "inverse_sqrt":
+      after = learning_rate * jnp.sqrt(max(warmup_steps, 1) / jnp.maximum(step, 1.0))
     else:
       after = jnp.full_like(step, learning_rate)
     return jnp.where(step < warmup_steps, warm, after)
@@ -173,6 +189,51 @@ def fused_adamw(learning_rate, b1: float, b2: float, eps: float, weight_decay: f
   return optax.GradientTransformation(reference.init, update)
 
 
+def stable_adamw(learning_rate, b1: float, b2: float, eps: float, weight_decay: float, mask
+                 ) -> optax.GradientTransformation:
+  """StableAdamW (Wortsman et al. 2023, Algorithm 2; optimi's StableAdamW): AdamW with bias-corrected moments whose
+  step on each tensor, weight decay included, is divided by max(1, RMS_t), RMS_t = √mean(g² / max(v̂_t, ε²)), v̂_t
+  the bias-corrected second moment after this step's gradient. Weight decay is decoupled and scaled by the
+  learning rate (optimi's default); a fully decoupled decay λ (θ ← θ(1 − λ·lr/peak)) is weight_decay = λ/peak.
+  The state is optax.scale_by_adam's, with the schedule's count beside it."""
+  base = optax.chain(optax.scale_by_adam(b1=b1, b2=b2, eps=eps), optax.scale_by_learning_rate(learning_rate))
+
+  def update(grads, state, params=None):
+    if params is None:
+      raise ValueError("stable_adamw needs the parameters (for weight decay)")
+    adam, sched = state
+    count = optax.safe_increment(adam.count)
+    t = count.astype(jnp.float32)
+    bc1, bc2 = 1.0 - b1 ** t, 1.0 - b2 ** t
+    lr = learning_rate(sched.count) if callable(learning_rate) else learning_rate
+    decay = mask(params) if callable(mask) else mask
+    if decay is None:
+      decay = jax.tree_util.tree_map(lambda _: True, params)
+
+    def leaf(g, m, v, p, d):
+      m = b1 * m + (1.0 - b1) * g
+      v = b2 * v + (1.0 - b2) * g * g
+      v_hat = v / bc2
+      rms = jnp.sqrt(jnp.mean(g * g / jnp.maximum(v_hat, eps * eps)))
+      u = (m / bc1) / (jnp.sqrt(v_hat) + eps)
+      if d:
+        u = u + weight_decay * p
+      return m, v, (-lr * u / jnp.maximum(1.0, rms)).astype(p.dtype)
+
+    out = jax.tree_util.tree_map(leaf, grads, adam.mu, adam.nu, params, decay)
+    treedef = jax.tree_util.tree_structure(grads)
+    mu, nu, updates = (treedef.unflatten(x) for x in zip(*treedef.flatten_up_to(out)))
+    return updates, (adam._replace(count=count, mu=mu, nu=nu), sched._replace(count=optax.safe_increment(sched.count)))
+
+  return optax.GradientTransformation(base.init, update)
+
+
+def unit(count):
+  """A learning rate of 1 at every step, as a schedule (so the optimizer state keeps its schedule count)."""
+  del count
+  return jnp.ones((), jnp.float32)
+
+
 # The optimizer's settings that a `config.train` may leave out (a config written before the setting existed), each
 # with its one default: the original BERT's choice. The recipes in configs/ state them for the reader.
 DEFAULTS = {"schedule": "linear", "decay_fraction": 0.1, "decay_shape": "linear", "final_lr_ratio": 0.0,
@@ -184,11 +245,13 @@ def settings(cfg_train):
   return ml_collections.ConfigDict({**DEFAULTS, **cfg_train.to_dict()})
 
 
-def make(cfg_train) -> tuple[optax.GradientTransformation, callable]:
-  """(optimizer, learning-rate schedule) from `config.train`."""
+def make(cfg_train, lr=None) -> tuple[optax.GradientTransformation, callable]:
+  """(optimizer, learning-rate schedule) from `config.train`. `lr`, when given, is the rate inside the optimizer
+  instead of the config's schedule: `unit` for a step that scales the update itself."""
   t = settings(cfg_train)
-  lr = schedule(t.learning_rate, t.warmup_steps, t.num_steps, t.schedule, decay_fraction=t.decay_fraction,
-                decay_shape=t.decay_shape, final_lr_ratio=t.final_lr_ratio)
+  if lr is None:
+    lr = schedule(t.learning_rate, t.warmup_steps, t.num_steps, t.schedule, decay_fraction=t.decay_fraction,
+                  decay_shape=t.decay_shape, final_lr_ratio=t.final_lr_ratio)
   clip = t.grad_clip_norm if t.grad_clip_norm and t.grad_clip_norm > 0 else 0.0
   bias_correction = t.adam_bias_correction
   if t.optimizer == "adamw" and t.fused_update:
@@ -197,8 +260,10 @@ def make(cfg_train) -> tuple[optax.GradientTransformation, callable]:
     opt = adamw(lr, t.b1, t.b2, t.eps, t.weight_decay, decay_mask, bias_correction)
   elif t.optimizer == "lamb":
     opt = lamb(lr, t.b1, t.b2, t.eps, t.weight_decay, decay_mask)
+  elif t.optimizer == "stable_adamw":
+    opt = stable_adamw(lr, t.b1, t.b2, t.eps, t.weight_decay, decay_mask)
   else:
-    raise errors.ConfigError(f"unknown optimizer {t.optimizer!r}; choose adamw or lamb")
+    raise errors.ConfigError(f"unknown optimizer {t.optimizer!r}; choose one of {list(OPTIMIZERS)}")
   if clip:
     opt = optax.chain(optax.clip_by_global_norm(clip), opt)
   return opt, lr

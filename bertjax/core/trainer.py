@@ -37,17 +37,29 @@ class TrainState:
   opt_state: Any
 
 
-def _init_boxed(model, tx, batch, rng):
+@flax.struct.dataclass
+class EmaTrainState(TrainState):
+  """A state that also keeps an exponential moving average of the weights (`train.ema_decay`), sharded as the
+  params are. A separate class: a run without it saves and restores exactly the three fields it always had."""
+  ema: Any = None
+
+
+def _init_boxed(model, tx, batch, rng, ema: bool = False):
   params = model.init({"params": rng, "dropout": rng}, batch)["params"]
-  return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params))
+  state = TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params))
+  return EmaTrainState(**vars(state), ema=params) if ema else state
 
 
-def _abstract_state(model, tx, batch, mesh, rules):
+def ema_decay(config) -> float:
+  return float(config.train.get("ema_decay", 0.0) or 0.0)
+
+
+def _abstract_state(model, tx, batch, mesh, rules, ema: bool = False):
   """(abstract unboxed state with shardings, state shardings), built sharded from the start: eval_shape ->
   logical specs -> NamedShardings. Nothing is allocated."""
   key = jax.eval_shape(lambda: jax.random.key(0))  # abstract: nothing is created on any device
   with sharding_lib.use_mesh(mesh, rules):
-    boxed = jax.eval_shape(lambda r: _init_boxed(model, tx, batch, r), key)
+    boxed = jax.eval_shape(lambda r: _init_boxed(model, tx, batch, r, ema), key)
     shardings = sharding_lib.logical_to_shardings(boxed, mesh, rules)
   abstract = nn.meta.unbox(boxed)
   abstract = jax.tree_util.tree_map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
@@ -69,6 +81,7 @@ class Trainer:
   shardings: TrainState
   train_step: Callable  # jitted (state, batch) -> (state, metrics); the state is donated
   eval_step: Callable   # jitted (params, batch) -> outputs
+  ema: bool = False     # the state keeps a moving average of the weights (EmaTrainState)
 
   @property
   def platform(self) -> str:
@@ -93,18 +106,20 @@ def build(config, module, tx, lr_fn, dummy: dict, train_fn: Callable, eval_fn: C
     mesh, rules, batch_sharding = mesh_and_shardings(config, devices)
   else:
     rules, batch_sharding = sharding_lib.rules(config), sharding_lib.batch_sharding(mesh)
-  abstract, shardings = _abstract_state(module, tx, dummy, mesh, rules)
+  ema = ema_decay(config) > 0
+  abstract, shardings = _abstract_state(module, tx, dummy, mesh, rules, ema)
   scalar = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
   train_step = jax.jit(train_fn, in_shardings=(shardings, batch_sharding) + (scalar,) * train_scalars,
                        out_shardings=(shardings, None), donate_argnums=(0,))
   eval_step = jax.jit(eval_fn, in_shardings=(shardings.params, batch_sharding))
-  return Trainer(mesh, rules, batch_sharding, module, tx, lr_fn, dummy, abstract, shardings, train_step, eval_step)
+  return Trainer(mesh, rules, batch_sharding, module, tx, lr_fn, dummy, abstract, shardings, train_step, eval_step,
+                 ema)
 
 
 def init_state(t: Trainer, seed: int) -> TrainState:
   """The initial state, each array created directly in its shards (never unsharded on one device)."""
   def fn(r):
-    return nn.meta.unbox(_init_boxed(t.module, t.tx, t.dummy, r))
+    return nn.meta.unbox(_init_boxed(t.module, t.tx, t.dummy, r, t.ema))
   with sharding_lib.use_mesh(t.mesh, t.rules):
     return jax.jit(fn, out_shardings=t.shardings)(jax.random.key(seed))
 
@@ -124,7 +139,8 @@ def with_params(t: Trainer, params) -> TrainState:
   """A fresh state (step 0, new optimizer state) around given params, placed on the trainer's shardings."""
   params = jax.device_put(params, t.shardings.params)
   def fn(p):
-    return TrainState(step=jnp.zeros((), jnp.int32), params=p, opt_state=t.tx.init(p))
+    state = TrainState(step=jnp.zeros((), jnp.int32), params=p, opt_state=t.tx.init(p))
+    return EmaTrainState(**vars(state), ema=p) if t.ema else state
   with sharding_lib.use_mesh(t.mesh, t.rules):
     return jax.jit(fn, out_shardings=t.shardings)(params)
 
@@ -150,18 +166,24 @@ def not_in(init: dict):
   return keep
 
 
-def apply_gradients(state: TrainState, grads, tx: optax.GradientTransformation, scale=None, hold=None):
+def apply_gradients(state: TrainState, grads, tx: optax.GradientTransformation, scale=None, hold=None,
+                    ema_decay: float = 0.0):
   """The optimizer update every mode ends its step with: (next state, the gradients' global norm). `scale`, when
-  given, multiplies the updates (a fine-tuning run's peak learning rate, an argument of the step: AdamW's update,
-  weight decay included, is linear in the learning rate); `hold(updates)` returns the updates with those of
-  parameters held fixed this step zeroed (ELECTRA's frozen generator)."""
+  given, multiplies the updates (the learning rate at this step, or a fine-tuning run's peak, an argument of the
+  step: the optimizers' updates, weight decay included, are linear in the learning rate); `hold(updates)`
+  returns the updates with those of parameters held fixed this step zeroed (ELECTRA's frozen generator). An
+  EmaTrainState's average moves by `ema_decay`: ema <- d·ema + (1 - d)·params after the update."""
   updates, opt_state = tx.update(grads, state.opt_state, state.params)
   if hold is not None:
     updates = hold(updates)
   if scale is not None:
-    updates = jax.tree_util.tree_map(lambda u: u * scale.astype(u.dtype), updates)
-  return (TrainState(step=state.step + 1, params=optax.apply_updates(state.params, updates), opt_state=opt_state),
-          optax.global_norm(grads))
+    updates = jax.tree_util.tree_map(lambda u: u * jnp.asarray(scale).astype(u.dtype), updates)
+  params = optax.apply_updates(state.params, updates)
+  new = state.replace(step=state.step + 1, params=params, opt_state=opt_state)
+  if isinstance(state, EmaTrainState):
+    new = new.replace(ema=jax.tree_util.tree_map(lambda e, p: ema_decay * e + (1.0 - ema_decay) * p.astype(e.dtype),
+                                                 state.ema, params))
+  return new, optax.global_norm(grads)
 
 
 def resume_or_init(t: Trainer, ckpt: checkpoint_lib.Checkpointer, seed: int, init_params: dict | None = None,

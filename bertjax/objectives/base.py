@@ -41,11 +41,14 @@ def dropout_key(config, step):
   return jax.random.fold_in(jax.random.fold_in(key, 1), step)
 
 
-def apply_gradients(state, grads, metrics, tx, lr_fn, batch, hold=None):
+def apply_gradients(state, grads, metrics, tx, lr_fn, batch, hold=None, ema_decay: float = 0.0):
   """The optimizer update every pre-training objective ends with (`trainer.apply_gradients`) and the metrics every
-  one logs beside its own: (next state, metrics + gradient norm, learning rate, tokens). `hold(updates)`, when
-  given, returns the updates with those of parameters held fixed this step zeroed."""
-  new, grad_norm = trainer.apply_gradients(state, grads, tx, hold=hold)
-  metrics.update(grad_norm=grad_norm, learning_rate=lr_fn(state.step),
+  one logs beside its own: (next state, metrics + gradient norm, learning rate, tokens). `tx` steps with a
+  learning rate of 1 (`optim.unit`) and the update is scaled by `lr_fn` at the run's global step, so a phase that
+  resets the optimizer keeps the schedule. `hold(updates)`, when given, returns the updates with those of
+  parameters held fixed this step zeroed."""
+  lr = lr_fn(state.step)
+  new, grad_norm = trainer.apply_gradients(state, grads, tx, scale=lr, hold=hold, ema_decay=ema_decay)
+  metrics.update(grad_norm=grad_norm, learning_rate=lr,
                  tokens=jnp.sum(batch["input_mask"].astype(jnp.float32)))
   return new, metrics

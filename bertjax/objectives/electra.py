@@ -26,7 +26,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from bertjax.core import accounting
+from bertjax.core import accounting, trainer
 from bertjax.model.config import ACTIVATIONS, BertConfig
 from bertjax.model.encoder import BertModel
 from bertjax.model.heads import BertForPreTraining
@@ -247,7 +247,8 @@ def train_step(model, tx, lr_fn, config):
     hold = None
     if freeze_at:  # the generator stops at freeze_at: its updates (AdamW's momentum and decay too) are zero
       hold = lambda u: {**u, "generator": jax.tree.map(lambda x: jnp.where(joint, x, 0), u["generator"])}  # noqa: E731
-    return base.apply_gradients(state, grads, metrics, tx, lr_fn, batch, hold)
+    return base.apply_gradients(state, grads, metrics, tx, lr_fn, batch, hold,
+                                ema_decay=trainer.ema_decay(config))
 
   return step_fn
 

@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 
 from bertjax import model as model_lib
-from bertjax.core import accounting, losses
+from bertjax.core import accounting, losses, trainer
 from bertjax.objectives import base
 
 
@@ -116,7 +116,8 @@ def train_step(model, tx, lr_fn, config):
 
       (grads, sums), _ = jax.lax.scan(body, zeros, (micro, jnp.arange(accum)))
     _, metrics = from_sums(sums, use_nsp)
-    return base.apply_gradients(state, grads, metrics, tx, lr_fn, batch)
+    return base.apply_gradients(state, grads, metrics, tx, lr_fn, batch,
+                                ema_decay=trainer.ema_decay(config))
 
   return step_fn
 

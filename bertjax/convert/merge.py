@@ -1,0 +1,254 @@
+"""Checkpoint averaging and merging (`python -m bertjax merge`): several checkpoints of one architecture into one.
+
+Inputs are bertjax pre-training workdirs (their newest checkpoint; `W@STEP` a given step, `W@ema` the moving
+average of the weights a run with train.ema_decay keeps) and HF folders. Methods:
+
+  linear   Σ w_i θ_i / Σ w_i (model soups; averaging the last k checkpoints of one run, `last`).
+  ties     TIES-merging (Yadav et al. 2023) of task vectors τ_i = θ_i − θ_base: trim each τ_i to its `density`
+           fraction of largest magnitudes (per tensor), elect each entry's sign as the sign of Σ_i τ̂_i, take the
+           mean of the τ̂_i that agree with it (the disjoint mean), θ = θ_base + λ·τ_m. mmBERT merges its
+           decay-phase variants this way, with the pre-decay checkpoint as the base.
+
+The result is written as a workdir (a params-only checkpoint with the first input's run config, tokenizer
+copied: `init_checkpoint=OUT` continues from it and every bertjax tool reads it) and, beside it, OUT/hf, the HF
+folder of the family. Merging copies of one checkpoint gives it back unchanged (linear; ties with density 1).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+
+import ml_collections
+import numpy as np
+
+from bertjax import errors
+from bertjax import model as model_lib
+from bertjax.convert import export, weights
+from bertjax.core import checkpoint as checkpoint_lib
+from bertjax.data import tokenizer as tokenizer_lib
+
+METHODS = ("linear", "ties")
+# The fields that decide what the weights compute with; training-time settings (dropout, kernels, dtypes, layout)
+# and fields an HF round trip may spell otherwise are not compared (parameter shapes are, separately).
+ARCH_FIELDS = ("vocab_size", "hidden_size", "num_layers", "num_heads", "intermediate_size", "type_vocab_size",
+               "hidden_act", "ffn", "position_embedding", "layer_norm", "norm", "norm_bias", "use_bias",
+               "embedding_norm", "first_attention_norm", "embedding_size")
+
+
+@dataclasses.dataclass
+class Input:
+  label: str
+  path: str
+  cfg: model_lib.BertConfig
+  params: dict  # unscanned layout, host arrays
+  run: dict  # the workdir's run config, or a minimal one for an HF folder
+  tokenizer: tuple[str, bool]
+
+
+def split_spec(spec: str) -> tuple[str, str]:
+  """'W', 'W@1200', 'W@ema' -> (path, selector); a path that exists as written has no selector."""
+  if os.path.exists(spec) or "@" not in spec:
+    return spec, ""
+  path, _, sel = spec.rpartition("@")
+  return path, sel
+
+
+def read(spec: str) -> Input:
+  path, sel = split_spec(spec)
+  if not os.path.isdir(path):
+    raise FileNotFoundError(f"{path}: no such workdir or HF folder")
+  kind = weights.source_of(path)
+  if kind == "finetuned":
+    raise errors.ConfigError(f"{path} is a fine-tuned workdir: merge reads pre-training workdirs and HF folders")
+  if kind == "hf":
+    if sel:
+      raise errors.ConfigError(f"{spec}: an HF folder holds one checkpoint; @{sel} selects a workdir's step or its ema")
+    w = weights.load(path, overrides={"scan_layers": False}, head="all")
+    run = {"mode": "pretrain", "objective": "mlm", "model": dataclasses.asdict(w.cfg),
+           "train": {"use_nsp": "nsp" in w.params}, "data": {"data_dir": "", "do_lower_case": w.do_lower_case}}
+    return Input(spec, path, w.cfg, _host(w.params), run, (w.tokenizer, w.do_lower_case))
+  with open(os.path.join(path, "config.json"), encoding="utf-8") as f:
+    run = json.load(f)
+  step, item = None, "params"
+  if sel == "ema":
+    item = "ema"
+  elif sel:
+    try:
+      step = int(sel)
+    except ValueError:
+      raise errors.ConfigError(f"{spec}: @{sel} is neither a step nor 'ema'") from None
+  ckpt = checkpoint_lib.Checkpointer(path, read_only=True)
+  if step is not None and step not in ckpt.steps():
+    raise checkpoint_lib.CheckpointError(f"{spec}: {path} has no checkpoint at step {step} (it has {ckpt.steps()})")
+  params = ckpt.restore_params(step, item=item)
+  cfg = model_lib.BertConfig.from_dict({**run["model"], "scan_layers": False})  # compared and merged unstacked
+  if "bert" in params:
+    params = {**params, "bert": weights.to_layout(params["bert"], cfg)}
+  return Input(spec, path, cfg, _host(params), run, weights.run_tokenizer(path, ml_collections.ConfigDict(run)))
+
+
+def _host(tree):
+  import jax
+  return jax.tree_util.tree_map(lambda x: np.asarray(x), tree)
+
+
+def _leaves(tree) -> dict:
+  import jax
+  return {jax.tree_util.keystr(p): x for p, x in jax.tree_util.tree_leaves_with_path(tree)}
+
+
+def check_alike(inputs: list[Input]) -> None:
+  """One line naming the first way the inputs differ: the family's switches, the sizes, or a parameter's shape."""
+  first = inputs[0]
+  base = {k: getattr(first.cfg, k) for k in ARCH_FIELDS}
+  for other in inputs[1:]:
+    theirs = {k: getattr(other.cfg, k) for k in ARCH_FIELDS}
+    diff = sorted(k for k in base if base[k] != theirs.get(k))
+    if diff:
+      k = diff[0]
+      raise errors.ConfigError(f"cannot merge {first.label} and {other.label}: different architectures ({k} "
+                               f"{base[k]!r} vs {theirs.get(k)!r}" + (f"; {len(diff) - 1} more" if len(diff) > 1
+                                                                      else "") + ")")
+    if first.run.get("objective", "mlm") != other.run.get("objective", "mlm"):
+      raise errors.ConfigError(f"cannot merge {first.label} and {other.label}: different objectives")
+    a, b = _leaves(first.params), _leaves(other.params)
+    if set(a) != set(b):
+      only = sorted(set(a) ^ set(b))[0]
+      raise errors.ConfigError(f"cannot merge {first.label} and {other.label}: {only} is in one and not the other")
+    for k in a:
+      if a[k].shape != b[k].shape:
+        raise errors.ConfigError(f"cannot merge {first.label} and {other.label}: {k} is {a[k].shape} vs {b[k].shape}")
+
+
+def linear(trees: list[dict], weights_: list[float]) -> dict:
+  """Σ w_i θ_i / Σ w_i, accumulated in float64, cast back to each parameter's dtype."""
+  import jax
+  w = np.asarray(weights_, np.float64) / np.sum(weights_)
+
+  def mean(*xs):
+    acc = np.zeros(xs[0].shape, np.float64)
+    for wi, x in zip(w, xs):
+      acc += wi * x.astype(np.float64)
+    return acc.astype(xs[0].dtype)
+  return jax.tree_util.tree_map(mean, *trees)
+
+
+def trim(tau: np.ndarray, density: float) -> np.ndarray:
+  """τ with all but its ceil(density·n) largest magnitudes zeroed (TIES's trim, per tensor)."""
+  if density >= 1:
+    return tau
+  flat = np.abs(tau).ravel()
+  k = max(1, int(np.ceil(density * flat.size)))
+  threshold = np.partition(flat, flat.size - k)[flat.size - k]
+  return np.where(np.abs(tau) >= threshold, tau, 0)
+
+
+def ties(trees: list[dict], base: dict, density: float, lam: float, weights_: list[float] | None = None) -> dict:
+  """TIES-merging of `trees` onto `base` (module docstring); `weights_` scale each task vector before the
+  election (1 each by default)."""
+  import jax
+  w = [1.0] * len(trees) if weights_ is None else list(weights_)
+
+  def merge(b, *xs):
+    b64 = b.astype(np.float64)
+    taus = np.stack([wi * trim(x.astype(np.float64) - b64, density) for wi, x in zip(w, xs)])
+    sign = np.sign(taus.sum(axis=0))
+    agree = (np.sign(taus) == sign) & (taus != 0)
+    count = agree.sum(axis=0)
+    merged = np.where(count > 0, (taus * agree).sum(axis=0) / np.maximum(count, 1), 0.0)
+    return (b64 + lam * merged).astype(b.dtype)
+  return jax.tree_util.tree_map(merge, base, *trees)
+
+
+def last_steps(workdir: str, k: int) -> list[str]:
+  """The specs of a workdir's newest k checkpoints (`W@STEP`), oldest first."""
+  steps = checkpoint_lib.Checkpointer(workdir, read_only=True).steps()
+  if k < 1 or len(steps) < k:
+    raise errors.ConfigError(f"--last {k}: {workdir} holds {len(steps)} checkpoint(s) {steps}; raise "
+                             "keep_checkpoints in the run to keep more")
+  return [f"{workdir}@{s}" for s in steps[-k:]]
+
+
+def write(out: str, merged: dict, first: Input, record: dict) -> str:
+  """OUT as a params-only workdir (checkpoints/0, config.json with the merge's record, tokenizer/) and OUT/hf,
+  the HF folder; returns the architecture written."""
+  def make(tmp: str) -> str:
+    run = dict(first.run)
+    run["merged"] = record
+    params = merged
+    if "bert" in merged:  # back in the first input's layer layout (a scanned run's, stacked)
+      params = {**merged, "bert": weights.to_layout(merged["bert"], model_lib.BertConfig.from_dict(run["model"]),
+                                                    saved_scan=False)}
+    tok_path, lower = first.tokenizer
+    run.setdefault("data", {})["do_lower_case"] = lower
+    ckpt = checkpoint_lib.Checkpointer(tmp, async_save=False)
+    ckpt.save(0, {"params": params}, {"merged": True})
+    ckpt.close()
+    with open(os.path.join(tmp, "config.json"), "w", encoding="utf-8") as f:
+      json.dump(run, f, indent=2)
+    if tok_path:
+      tokenizer_lib.copy_into(tok_path, os.path.join(tmp, "tokenizer"))
+    hf = os.path.join(tmp, "hf")
+    os.makedirs(hf)
+    arch, folders = export.pretraining_params(run, params, hf)
+    if tok_path:
+      for sub in folders:
+        export.copy_tokenizer(tok_path, lower, os.path.join(hf, sub))
+    return arch
+  return export.into_place(out, make)
+
+
+def check_out(out: str, inputs: list[str], overwrite: bool) -> None:
+  """Refuses an --out that is one of the inputs, or that holds anything a merge did not write; a previous merge's
+  output is replaced only with --overwrite."""
+  if not os.path.lexists(out):
+    return
+  for spec in inputs:
+    if os.path.realpath(split_spec(spec)[0]) == os.path.realpath(out):
+      raise errors.ConfigError(f"--out {out} is one of the inputs; choose a new folder")
+  if not os.path.isdir(out):
+    raise FileExistsError(f"{out}: exists and is not a folder")
+  if not os.listdir(out):
+    return
+  merged = False
+  try:
+    with open(os.path.join(out, "config.json"), encoding="utf-8") as f:
+      merged = "merged" in json.load(f)
+  except (OSError, ValueError):
+    pass
+  if not merged:
+    raise errors.ConfigError(f"--out {out} holds files a merge did not write; choose a new folder")
+  if not overwrite:
+    raise FileExistsError(f"{out}: holds an earlier merge; pass --overwrite to replace it")
+
+
+def merge(specs: list[str], out: str, method: str = "linear", weights_: list[float] | None = None, base: str = "",
+          density: float = 1.0, lam: float = 1.0, overwrite: bool = False) -> dict:
+  """Reads, checks, merges and writes; returns the merge's record."""
+  if method not in METHODS:
+    raise errors.ConfigError(f"--method {method!r} is not one of {list(METHODS)}")
+  if len(specs) < (1 if method == "ties" else 2):
+    raise errors.ConfigError(f"{method} merging needs at least {1 if method == 'ties' else 2} inputs, got {len(specs)}")
+  if weights_ is not None and (len(weights_) != len(specs) or any(not np.isfinite(w) or w <= 0 for w in weights_)):
+    raise errors.ConfigError(f"--weights {weights_}: one number > 0 per input ({len(specs)})")
+  if method == "ties" and not base:
+    raise errors.ConfigError("ties merges task vectors θ_i - θ_base: give --base (e.g. the pre-decay checkpoint)")
+  if method == "linear" and base:
+    raise errors.ConfigError("--base is for --method ties")
+  if not 0 < density <= 1 or not np.isfinite(lam):
+    raise errors.ConfigError(f"--density must be in (0, 1] and --lam a number; got {density}, {lam}")
+  check_out(out, specs + ([base] if base else []), overwrite)
+  inputs = [read(s) for s in specs]
+  base_in = read(base) if base else None
+  check_alike(inputs + ([base_in] if base_in else []))
+  trees = [i.params for i in inputs]
+  if method == "linear":
+    merged = linear(trees, weights_ or [1.0] * len(trees))
+  else:
+    merged = ties(trees, base_in.params, density, lam, weights_)
+  record = {"method": method, "inputs": specs, "weights": weights_, "base": base or None, "density": density,
+            "lam": lam}
+  record["architecture"] = write(out, merged, inputs[0], record)
+  return record
+
