@@ -71,7 +71,8 @@ CASES = [
      "a phase batch the devices cannot split"),
     ("ph_mask", "train", MBP + ["--config.phases.decay.masked_lm_prob=1.5"], r"masked_lm_prob must be in \(0, 1\)",
      "a phase masking rate above 1"),
-    ("ph_static_mask", "train", MBP + ["--config.data.dynamic_masking=False", "--config.phases.decay.masked_lm_prob=0.1"],
+    ("ph_static_mask", "train",
+     MBP + ["--config.data.dynamic_masking=False", "--config.phases.decay.masked_lm_prob=0.1"],
      r"set data.dynamic_masking=True to mask in the pipeline", "a falling masking rate on statically masked data"),
     ("ph_lr_previous", "train", MBP + ["--config.phases.stable.learning_rate=-1"], r"starts from the previous "
      r"phase's learning rate, and there is none", "the first phase starting from a rate nothing ran at"),
