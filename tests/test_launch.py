@@ -39,7 +39,6 @@ def _aot(code):
 
 
 @pytest.mark.slow
-@pytest.mark.ci
 def test_aot_compile_for_a_tpu_topology():
   ok, big, modern_splash = _aot(
       "c = pretrain.get_config('variant=tiny,seq=64,preds=8,shard=fsdp')\n"

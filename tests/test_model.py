@@ -191,7 +191,8 @@ def test_scan_equals_unrolled():
   np.testing.assert_allclose(a["mlm_logits"], r["mlm_logits"], atol=1e-5)
 
 
-@pytest.mark.parametrize("scan,ln,layers,full_check", [(True, "post", 3, True), (False, "pre", 2, False),
+@pytest.mark.parametrize("scan,ln,layers,full_check", [pytest.param(True, "post", 3, True, marks=pytest.mark.slow),
+                                                        (False, "pre", 2, False),
                                                         (True, "post", 1, False)])
 def test_pruned_final_layer_is_exact(scan, ln, layers, full_check):
   """prune_final_layer (the last layer at [CLS] and the masked positions only) keeps the parameters and gives the
@@ -252,8 +253,9 @@ def _all_eqns(jaxpr):
           yield from _all_eqns(inner)
 
 
-# unroll 3 (= num_layers) compiles as 8 does; it runs with -m slow.
-@pytest.mark.parametrize("unroll", [2, pytest.param(3, marks=pytest.mark.slow), 8])
+# unroll 2 and 3 (= num_layers) compile as 8 does; they run with -m slow.
+@pytest.mark.parametrize("unroll", [pytest.param(2, marks=pytest.mark.slow), pytest.param(3, marks=pytest.mark.slow),
+                                    8])
 def test_scan_unroll_changes_neither_parameters_nor_results(unroll):
   """Unrolling the layer scan (3 layers; 2 leaves a remainder; 8 means all of them) keeps the stacked parameter
   layout, the per-layer dropout draws, the outputs and the gradients of the plain scan."""

@@ -66,7 +66,8 @@ def check(report, loss_rtol=2e-5, update_rtol=2e-3):
   assert report.update_norm > 1e-2  # the run moved the parameters (lr 2e-3 over ~10 steps)
 
 
-@pytest.mark.parametrize("pair,labels", [(False, ("neg", "pos")), (True, ("a", "b", "c"))])
+@pytest.mark.parametrize("pair,labels", [(False, ("neg", "pos")),
+                                         pytest.param(True, ("a", "b", "c"), marks=pytest.mark.slow)])
 def test_sequence_classification_matches_hf(tmp_path, hf_init, pair, labels):
   rng = random.Random(1)
   with open(tmp_path / "train.csv", "w", newline="") as f:
@@ -196,8 +197,12 @@ def family_inits(tmp_path_factory):
   return out
 
 
-@pytest.mark.parametrize("family", ["roberta", "modernbert", "electra"])
-@pytest.mark.parametrize("kind", ["classification", "tagging"])
+# Two of the six pairs run by default (each family's tagging and classification heads are the shared ones); all six
+# run with -m slow.
+@pytest.mark.parametrize("kind,family", [
+    (kind, family) if (kind, family) in (("tagging", "roberta"), ("classification", "modernbert"))
+    else pytest.param(kind, family, marks=pytest.mark.slow)
+    for kind in ("classification", "tagging") for family in ("roberta", "modernbert", "electra")])
 def test_family_fine_tuning_matches_hf(tmp_path, family_inits, family, kind):
   """The family's own head (RobertaClassificationHead, ModernBERT's prediction head, ElectraClassificationHead) in
   the real fine-tuning loop

@@ -111,6 +111,7 @@ def _small(c, data_dir, steps=6):
   return c
 
 
+@pytest.mark.slow
 def test_modernbert_recipe_end_to_end_evaluates_at_its_own_rate(tmp_path, packed_data, capsys):
   """ModernBERT's first phase (64 tokens, global θ 10,000): the run, its held-out rate, its HF export and a
   fine-tuning run from it; then the context-extension recipe continues it at 128 tokens."""
@@ -173,6 +174,7 @@ def _modernbert_workdir_exports_and_fine_tunes(tmp_path, tok):
   np.testing.assert_allclose([got["neg"], got["pos"]], probs, atol=1e-4)
 
 
+@pytest.mark.slow
 def test_switch_on_the_bert_recipe(tmp_path, data_dir):
   """--config.model.position_embedding=rotary (and the other modern switches) on the BERT recipe and data."""
   import helpers
@@ -251,6 +253,7 @@ def test_roberta_recipe_end_to_end_exports_with_its_tokenizer(tmp_path, packed_d
   np.testing.assert_allclose(ours, theirs, atol=1e-4)
 
 
+@pytest.mark.slow
 def test_electra_recipe_end_to_end(tmp_path, packed_data):
   """configs/electra.py on the small corpus: both networks train in one step, the metrics carry the
   discriminator's accuracy beside its all-original baseline, a stopped run resumes to the same state, and

@@ -45,7 +45,6 @@ def run(config, workdir):
 
 
 @pytest.mark.slow
-@pytest.mark.ci
 def test_chaos_kill9_three_times_resumes_bitwise(tmp_path, data_dir):
   out = subprocess.run([sys.executable, "tests/chaos.py", "--kills", "3", "--steps", "18", "--seed", "1",
                         "--workdir", str(tmp_path), "--data_dir", data_dir], capture_output=True, text=True,

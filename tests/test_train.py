@@ -77,7 +77,7 @@ def modern(c, **more):
   return c
 
 
-@pytest.mark.parametrize("shard", ["fsdp", "dp_tp"])
+@pytest.mark.parametrize("shard", [pytest.param("fsdp", marks=pytest.mark.slow), "dp_tp"])
 def test_sharded_step_with_modern_switches_equals_single_device(shard):
   single, single_params = single_device_run(modern_switches=True)
   losses, state, _ = run_steps(modern(small_config(shard=shard)), jax.devices(), fixed_batches())
@@ -86,7 +86,8 @@ def test_sharded_step_with_modern_switches_equals_single_device(shard):
                          state.params, single_params)
 
 
-@pytest.mark.parametrize("shard,mesh", [("dp", (8, 1, 1)), ("fsdp", (1, 8, 1)), ("dp_tp", (2, 1, 4))])
+@pytest.mark.parametrize("shard,mesh", [pytest.param("dp", (8, 1, 1), marks=pytest.mark.slow), ("fsdp", (1, 8, 1)),
+                                        pytest.param("dp_tp", (2, 1, 4), marks=pytest.mark.slow)])
 def test_sharded_step_equals_single_device(shard, mesh):
   single, single_params = single_device_run()
   config = small_config(shard=shard)
@@ -108,6 +109,7 @@ def test_sharded_step_equals_single_device(shard, mesh):
     assert shard_shape(emb) == emb.shape
 
 
+@pytest.mark.slow
 def test_one_hot_embeddings_sharded_equal_gather_on_one_device():
   """The GPU lookup (one-hot matmul against a table split over fsdp) trains like the gather on one device."""
   single, _ = single_device_run()
@@ -282,6 +284,7 @@ def test_lamb_matches_the_reference_lamb_in_numpy():
   assert not np.allclose(np.asarray(by_lamb["bias"]), p["bias"], rtol=1e-3)
 
 
+@pytest.mark.slow
 def test_fused_update_equals_optax_chain_on_bert():
   """`train.fused_update` against optax's chain(clip_by_global_norm, adamw) on a BERT's real gradients: the same
   state tree (a checkpoint of one restores into the other) and the same parameters and moments after five steps,
@@ -369,6 +372,7 @@ def test_config_overrides_are_typed_and_checked():
       common.override(small_config(), [item])
 
 
+@pytest.mark.slow
 def test_prng_impl_switch_changes_only_the_dropout_bits():
   """rbg dropout bits: deterministic run to run, different masks from threefry's, the same loss without dropout."""
   batches = fixed_batches(n=2)
@@ -494,6 +498,7 @@ def test_an_init_is_fitted_to_the_model_head_by_head_and_refused_without_its_who
                           announce=said.append)
 
 
+@pytest.mark.slow
 def test_continued_pretraining_from_an_hf_encoder_draws_its_heads_and_resumes_exactly(tmp_path, data_dir, capsys):
   """An HF encoder without heads (BertModel) continues pre-training through configs/continued.py (the model is the
   folder's architecture): the MLM and NSP heads and the pooler are drawn fresh and said so; stopped and resumed
@@ -614,10 +619,10 @@ def test_cpu_peak_is_shared_by_fake_devices(monkeypatch):
   assert accounting.peak_tflops_per_device(2.5) == (2.5, "configured")
 
 
-# Plain bfloat16 runs with -m slow: the default selection trains it under modern_bfloat16_remat and checks its
-# float32 islands in test_bfloat16_keeps_logits_softmax_and_losses_in_float32.
-@pytest.mark.parametrize("switch", ["lamb", "no_nsp", "remat_dots", pytest.param("bfloat16", marks=pytest.mark.slow),
-                                    "modern_bfloat16_remat", "alibi_rmsnorm_swiglu"])
+# The default selection trains the modern switches together (bfloat16, remat); the others run with -m slow (LAMB's
+# update is checked against NumPy, bfloat16's float32 islands in test_bfloat16_keeps_logits_softmax_and_losses_...).
+@pytest.mark.parametrize("switch", [pytest.param(s, marks=pytest.mark.slow) for s in (
+    "lamb", "no_nsp", "remat_dots", "bfloat16", "alibi_rmsnorm_swiglu")] + ["modern_bfloat16_remat"])
 def test_each_switch_runs_training_steps(switch):
   """Steps that were only ever built: LAMB, the NSP ablation, remat of matmul outputs, bfloat16 activations, the
   modern switches under bfloat16 with remat, ALiBi with RMSNorm and SwiGLU. Each trains (the loss of a repeated
