@@ -88,12 +88,12 @@ def log(msg):
 
 # ---------------------------------------------------------------- shared data
 
-def build_corpus(root: str) -> str:
+def build_corpus(root: str, sources=("python", "man")) -> str:
   path = os.path.join(root, "corpus.txt")
   if not os.path.exists(path):
     from bertjax.data.pretraining import demo_corpus
     t = time.time()
-    s = demo_corpus.build_offline_corpus(path, ("python", "man"), dedupe=True)
+    s = demo_corpus.build_offline_corpus(path, tuple(sources), dedupe=True)
     log(f"corpus: {s.documents} documents, {s.sentences} sentences in {time.time() - t:.0f}s -> {path}")
   return path
 

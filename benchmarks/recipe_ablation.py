@@ -16,7 +16,8 @@ Arms (each changes one thing of the plain recipe, which decays linearly to 0):
 
 Equal wall-clock: a probe of each arm (run alone, before anything else) measures its step rate; each arm gets the
 steps that fill `--minutes` at that rate (ramp: plain's tokens), then runs to that many steps, so that a machine
-busy with other work while the runs go changes their time, not their results. Scoring: held-out MLM loss (one
+busy with other work while the runs go changes their time, not their results. With --steps N instead: equal
+steps (ramp: equal tokens) and no probes. Scoring: held-out MLM loss (one
 evaluator for every model, pretrain_vs_hf.evaluate) of the final model, and the downstream sentiment task
 (launch/suite.py, the best of two fine-tuning learning rates); per arm the paired difference against plain over
 the seeds, mean and 95% interval (t distribution). Writes JSON and prints the table.
@@ -174,14 +175,19 @@ def main(argv=None):
   p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   p.add_argument("--root", required=True, help="the bake-off's folder (its corpus, tokenizer and held-out set)")
   p.add_argument("--minutes", type=float, default=5.0, help="wall-clock budget of each run")
+  p.add_argument("--steps", type=int, default=0,
+                 help="equal steps (ramp: equal tokens) for every arm instead of equal wall-clock; no probes, so the "
+                      "machine may be busy meanwhile")
   p.add_argument("--seeds", default="0,1,2")
   p.add_argument("--arms", default=",".join(ARMS))
   p.add_argument("--lrs", default="1e-4,1e-3", help="fine-tuning learning rates of the downstream task")
+  p.add_argument("--sources", default="python,man",
+                 help="the corpus's offline sources (the bake-off's: python,man; python alone builds in seconds)")
   p.add_argument("--out", required=True)
   args = p.parse_args(argv)
   root = os.path.abspath(args.root)
   os.makedirs(os.path.join(root, "ablation"), exist_ok=True)
-  corpus = bake.build_corpus(root)
+  corpus = bake.build_corpus(root, args.sources.split(","))
   train_txt, held = bake.split(root, corpus)
   vocab = bake.tokenizer(root, train_txt)
   heldout = bake.heldout_set(root, held, vocab)
@@ -192,12 +198,16 @@ def main(argv=None):
       bake.RECIPES[f"ablation_{arm}_probe"] = recipe(arm, 0)
       key = bake.data_key(f"ablation_{arm}_probe")
       paths[key] = bake.bertjax_data(root, train_txt, vocab, f"ablation_{arm}_probe")[0]
-  rates = {arm: probe_rate(arm, root, paths) for arm in arms if arm != "avg3"}
-  budget = args.minutes * 60
-  steps = {arm: int(budget * r) for arm, r in rates.items()}
+  if args.steps:
+    rates = {}
+    steps = {arm: args.steps for arm in arms if arm != "avg3"}
+  else:
+    rates = {arm: probe_rate(arm, root, paths) for arm in arms if arm != "avg3"}
+    steps = {arm: int(args.minutes * 60 * r) for arm, r in rates.items()}
   if "ramp" in steps:
     steps["ramp"] = ramp_steps(steps["ramp"] * bake.BATCH * bake.SEQ)
-  bake.log("steps per arm: " + ", ".join(f"{a} {s} ({rates[a]:.2f}/s)" for a, s in steps.items()))
+  bake.log("steps per arm: " + ", ".join(f"{a} {s}" + (f" ({rates[a]:.2f}/s)" if a in rates else "")
+                                       for a, s in steps.items()))
   seeds = [int(s) for s in args.seeds.split(",")]
   results = {}
   order = [a for a in arms if a != "avg3"] + (["avg3"] if "avg3" in arms else [])
@@ -226,8 +236,10 @@ def main(argv=None):
       row["mlm_loss_minus_plain"] = paired([results[("plain", s)]["mlm_loss"] for s in seeds], loss)
       row["sentiment_minus_plain"] = paired([results[("plain", s)]["sentiment"] for s in seeds], sent)
     rows.append(row)
-  out = {"budget_minutes": args.minutes, "seeds": seeds, "steps_per_s": rates, "rows": rows,
-         "machine": _cpu(), "cores": os.cpu_count(),
+  out = {"budget_minutes": None if args.steps else args.minutes, "equal_steps": args.steps or None, "seeds": seeds,
+         "sources": args.sources,
+         "command": "python benchmarks/recipe_ablation.py " + " ".join(sys.argv[1:]),
+         "steps_per_s": rates, "rows": rows, "machine": _cpu(), "cores": os.cpu_count(),
          "date": time.strftime("%Y-%m-%d")}
   with open(args.out, "w") as f:
     json.dump(out, f, indent=1)

@@ -165,10 +165,12 @@ def test_byte_level_bpe_ids_match_roberta_tokenizer_fast(tmp_path):
       hf.cls_token_id, hf.pad_token_id, hf.sep_token_id, hf.unk_token_id, hf.mask_token_id) == (0, 1, 2, 3, 4)
 
 
-@pytest.mark.parametrize("family", ["roberta", pytest.param("modernbert", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("family", [pytest.param("roberta", marks=pytest.mark.slow), "xlm-roberta",
+                                    pytest.param("modernbert", marks=pytest.mark.slow)])
 def test_finetuning_starts_from_a_family_checkpoint(tmp_path, family):
-  """`init=` an HF roberta / modernbert folder (with its byte-level BPE tokenizer): the encoder loads, the task
-  head starts fresh, and a learnable sentence task is learnt through the same fine-tuning path as BERT's."""
+  """`init=` an HF roberta / modernbert folder (with its byte-level BPE tokenizer) or an XLM-R folder (its
+  sentencepiece tokenizer.json): the encoder loads, the task head starts fresh, and a learnable sentence task is
+  learnt through the same fine-tuning path as BERT's."""
   import shutil
 
   import helpers
@@ -176,12 +178,15 @@ def test_finetuning_starts_from_a_family_checkpoint(tmp_path, family):
   from bertjax.data import tokenizer
   text = tmp_path / "corpus.txt"
   helpers.write_sentiment(text, 300, 5)
-  path = tokenizer.train([text], tmp_path / "tok", kind="byte_bpe", vocab_size=320)
-  vocab = tokenizer.load(path).vocab_size
-  m = roberta(vocab=vocab) if family == "roberta" else modernbert(vocab=vocab, layers=3, window=8)
-  m.save_pretrained(tmp_path / "hf")
-  for name in ("vocab.json", "merges.txt"):
-    shutil.copy(tmp_path / "tok" / name, tmp_path / "hf" / name)
+  if family == "xlm-roberta":
+    xlm_roberta(tmp_path / "hf", lines=text.read_text().splitlines()[1:] * 3)
+  else:
+    path = tokenizer.train([text], tmp_path / "tok", kind="byte_bpe", vocab_size=320)
+    vocab = tokenizer.load(path).vocab_size
+    m = roberta(vocab=vocab) if family == "roberta" else modernbert(vocab=vocab, layers=3, window=8)
+    m.save_pretrained(tmp_path / "hf")
+    for name in ("vocab.json", "merges.txt"):
+      shutil.copy(tmp_path / "tok" / name, tmp_path / "hf" / name)
   out = helpers.finetune_sentiment(tmp_path, tmp_path / "hf")
   assert out["report"]["best"]["metrics"]["validation"]["accuracy"] > 0.9, out["report"]
   # The family's own head (RobertaClassificationHead; ModernBERT's prediction head, started from the MLM head as
@@ -189,12 +194,12 @@ def test_finetuning_starts_from_a_family_checkpoint(tmp_path, family):
   from bertjax import predict
   from bertjax.cli import convert as convert_cli
   params = out["state"].params
-  if family == "roberta":
+  if family != "modernbert":
     assert set(params) == {"bert", "head", "classifier"} and "pooler" not in params["bert"]
   else:
     assert set(params["head"]) == {"dense", "norm"}
   arch = convert_cli.write(str(tmp_path / "w"), str(tmp_path / "exported"))
-  assert arch == {"roberta": "RobertaForSequenceClassification",
+  assert arch == {"roberta": "RobertaForSequenceClassification", "xlm-roberta": "XLMRobertaForSequenceClassification",
                   "modernbert": "ModernBertForSequenceClassification"}[family]
   hf_tok = transformers.AutoTokenizer.from_pretrained(tmp_path / "exported")
   hf_clf = transformers.AutoModelForSequenceClassification.from_pretrained(tmp_path / "exported").eval()
@@ -236,3 +241,80 @@ def test_mlm_only_bert_exports_as_bert_for_masked_lm(tmp_path):
   _, ours_logits, full = ours_run(cfg3, params3, batch)
   assert np.abs(full - hidden)[batch["input_mask"].astype(bool)].max() <= ATOL
   np.testing.assert_allclose(ours_logits, logits, atol=ATOL)
+
+
+MULTILINGUAL = ["Příliš žluťoučký kůň úpěl ďábelské ódy.", "Съешь же ещё этих мягких французских булок, да выпей чаю.",
+                "東京は日本の首都です。北京是中国的首都。", "مرحبا بالعالم، هذا اختبار بسيط.",
+                "naïve café résumé 🙂 emoji 🚀", "Ünïcödé façade — Zürich, São Paulo, Kraków."]
+
+
+def xlm_roberta(folder, layers=2, hidden=64, heads=4, ffn=128, seed=0, lines=()):
+  """An XLM-RoBERTa folder built by HF's own classes: a sentencepiece unigram vocabulary trained here (on the Zen
+  of Python, standard-library docstrings and text in five scripts), laid out as fairseq does (<s> <pad> </s> <unk>,
+  the pieces, <mask>) by `XLMRobertaTokenizer`, and an `XLMRobertaForMaskedLM` of that vocabulary's size."""
+  import codecs
+  import json as json_mod
+
+  import sentencepiece as spm
+  folder.mkdir(parents=True, exist_ok=True)
+  texts = [codecs.decode(__import__("this").s, "rot13")] + [m.__doc__ for m in (json_mod, codecs, np) if m.__doc__]
+  (folder / "corpus.txt").write_text("\n".join(texts + MULTILINGUAL * 20 + list(lines)), encoding="utf-8")
+  # identity normalisation: the precompiled normaliser would need sentencepiece's protobuf module
+  spm.SentencePieceTrainer.train(input=str(folder / "corpus.txt"), model_prefix=str(folder / "sp"), vocab_size=500,
+                                 model_type="unigram", character_coverage=1.0, normalization_rule_name="identity",
+                                 hard_vocab_limit=False, minloglevel=2)
+  sp = spm.SentencePieceProcessor(model_file=str(folder / "sp.model"))
+  vocab = [("<s>", 0.0), ("<pad>", 0.0), ("</s>", 0.0), ("<unk>", 0.0)]
+  vocab += [(sp.id_to_piece(i), sp.get_score(i)) for i in range(3, sp.get_piece_size())] + [("<mask>", 0.0)]
+  tok = transformers.XLMRobertaTokenizer(vocab=vocab)
+  tok.save_pretrained(folder)
+  for f in ("corpus.txt", "sp.model", "sp.vocab"):
+    (folder / f).unlink()
+  torch.manual_seed(seed)
+  cfg = transformers.XLMRobertaConfig(vocab_size=len(tok), hidden_size=hidden, num_hidden_layers=layers,
+                                      num_attention_heads=heads, intermediate_size=ffn, max_position_embeddings=66,
+                                      type_vocab_size=1, pad_token_id=1)
+  _randomise(transformers.XLMRobertaForMaskedLM(cfg).eval()).save_pretrained(folder)
+  return tok
+
+
+def test_xlm_roberta_reads_and_writes_with_its_sentencepiece_ids(tmp_path):
+  """An XLM-R folder imports (forward parity with HF's XLMRobertaForMaskedLM), its tokenizer.json gives HF's ids in
+  several scripts (fairseq's shifted sentencepiece ids, <mask> last), and the export is an XLM-R folder again:
+  XLMRobertaForMaskedLM with equal outputs, and a tokenizer AutoTokenizer reads with the same ids."""
+  from bertjax.convert import export, weights
+  from bertjax.data import tokenizer
+  hf_tok = xlm_roberta(tmp_path / "hf")
+  m = transformers.AutoModelForMaskedLM.from_pretrained(tmp_path / "hf").eval()
+  assert type(m).__name__ == "XLMRobertaForMaskedLM"
+  cfg, params = convert.from_hf(str(tmp_path / "hf"))
+  assert cfg.hf_model_type == "xlm-roberta" and convert.family_of(cfg) == "xlm-roberta"
+  check(cfg, params, m, batch_for(m.config.vocab_size, pad_id=1))
+
+  path, _ = weights.hf_tokenizer(str(tmp_path / "hf"))
+  tok = tokenizer.load(path)
+  assert tok.kind == "metaspace" and tok.vocab_size == len(hf_tok) == m.config.vocab_size
+  assert (tok.cls_id, tok.pad_id, tok.sep_id, tok.unk_id, tok.mask_id) == (
+      hf_tok.cls_token_id, hf_tok.pad_token_id, hf_tok.sep_token_id, hf_tok.unk_token_id, hf_tok.mask_token_id) == (
+      0, 1, 2, 3, len(hf_tok) - 1)
+  probes = MULTILINGUAL + ["Words it never saw: Reykjavík, Ελληνικά, हिन्दी, 한국어 <mask> end.",
+                           "  spaces\tand\nlines  "]
+  for text in probes:
+    ids = tok.encode(text)
+    assert ids == hf_tok(text, add_special_tokens=False)["input_ids"], text
+    starts = [not tok.continues_word[i] for i in ids]
+    assert starts[0] and all(s == tok.id_to_token(i).startswith("\u2581") or i in tok.special_ids
+                             for s, i in zip(starts, ids))
+
+  rng = np.random.default_rng(3)
+  params = jax.tree_util.tree_map(lambda a: np.asarray(a) + rng.normal(0, 0.01, np.shape(a)).astype(np.float32),
+                                  params)
+  convert.to_hf(cfg, params, str(tmp_path / "out"))
+  export.copy_tokenizer(path, False, str(tmp_path / "out"))
+  back = transformers.AutoModelForMaskedLM.from_pretrained(str(tmp_path / "out")).eval()
+  assert type(back).__name__ == "XLMRobertaForMaskedLM" and back.config.pad_token_id == 1
+  check(cfg, params, back, batch_for(m.config.vocab_size, pad_id=1, seed=1))
+  again = transformers.AutoTokenizer.from_pretrained(str(tmp_path / "out"))
+  for text in probes:
+    assert again(text)["input_ids"] == hf_tok(text)["input_ids"], text
+    assert again(text, "a pair")["input_ids"] == hf_tok(text, "a pair")["input_ids"], text

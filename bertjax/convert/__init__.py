@@ -1,8 +1,8 @@
 """Interchange: HF transformers safetensors <-> bertjax params, and the original google-research/bert names.
 
 Only safetensors and JSON are read: no pickle (`pytorch_model.bin`, `.pt`, `.ckpt`) is ever loaded. One record per
-family (`bert`, `roberta`, `modernbert`, `electra`: `convert/<family>.py`) declares its config mapping, name
-table, tied tensors and architectures; `table` walks any of them.
+family (`bert`, `roberta` with `xlm-roberta`, `modernbert`, `electra`: `convert/<family>.py`) declares its config
+mapping, name table, tied tensors and architectures; `table` walks any of them.
 
     cfg, params = convert.from_hf("hf_dir")   # any family (config.json's model_type); the head its
                                               # `architectures` names: MLM model, encoder or a fine-tuned head
@@ -34,7 +34,9 @@ from bertjax.convert.table import (
 )
 from bertjax.objectives import electra as electra_model
 
-FAMILIES = {f.name: f for f in (bert.FAMILY, roberta.FAMILY, modernbert.FAMILY, electra.FAMILY)}
+FAMILIES = {f.name: f for f in (bert.FAMILY, roberta.FAMILY, roberta.XLM_FAMILY, modernbert.FAMILY, electra.FAMILY)}
+# Model types that share another's architecture: a config remembers which it came from (`hf_model_type`).
+SHARES_ARCHITECTURE = {"xlm-roberta": "roberta"}
 
 
 def family(name: str) -> table.Family:
@@ -60,7 +62,8 @@ def family_of(cfg: model_lib.BertConfig, params: Mapping | None = None) -> str:
   if off:
     raise ConversionError("no HF model type (bert, roberta, modernbert, electra) has this architecture: "
                           + ", ".join(off))
-  return "roberta" if cfg.position_offset else "bert"
+  name = "roberta" if cfg.position_offset else "bert"
+  return cfg.hf_model_type if SHARES_ARCHITECTURE.get(cfg.hf_model_type) == name else name
 
 
 def config_from_hf(hf_cfg: Mapping, **overrides) -> model_lib.BertConfig:

@@ -73,10 +73,16 @@ def copy_tokenizer(tok_path: str, lower: bool, out: str) -> None:
       import transformers
     except ImportError:
       transformers = None
+    tok = tokenizer_lib.load(tok_path)
     if transformers is not None and not os.path.isfile(os.path.join(folder, "tokenizer.json")):
       # RoBERTa's byte-level BPE over these files, special tokens and all, whatever the model's family (without
       # tokenizer.json, ModernBERT's AutoTokenizer has no reader for vocab.json + merges.txt).
       transformers.RobertaTokenizer.from_pretrained(out).save_pretrained(out)
+    elif tok.kind == "metaspace":  # a sentencepiece vocabulary (XLM-R's): tokenizer.json is the whole tokenizer
+      names = dict(zip(("pad_token", "unk_token", "cls_token", "sep_token", "mask_token"), tok.specials))
+      with open(os.path.join(out, "tokenizer_config.json"), "w", encoding="utf-8") as f:
+        json.dump({"tokenizer_class": "PreTrainedTokenizerFast", **names, "bos_token": names["cls_token"],
+                   "eos_token": names["sep_token"], "model_input_names": _input_names(out)}, f, indent=2)
     elif not os.path.isfile(os.path.join(out, "tokenizer_config.json")):
       with open(os.path.join(out, "tokenizer_config.json"), "w", encoding="utf-8") as f:
         json.dump({"tokenizer_class": "RobertaTokenizer"}, f, indent=2)
@@ -101,7 +107,7 @@ def _write_special_ids(tok, out: str) -> None:
   path = os.path.join(out, "config.json")
   with open(path, encoding="utf-8") as f:
     cfg = json.load(f)
-  if cfg.get("model_type") != "roberta":  # RoBERTa's positions count from its pad id: the config already has it
+  if cfg.get("model_type") not in ("roberta", "xlm-roberta"):  # positions count from the pad id: already set
     cfg["pad_token_id"] = tok.pad_id
   for key, value in (("bos_token_id", tok.cls_id), ("cls_token_id", tok.cls_id), ("eos_token_id", tok.sep_id),
                      ("sep_token_id", tok.sep_id)):

@@ -1,8 +1,13 @@
 """RoBERTa (HF model type `roberta`): BERT's layer maths, learned positions counted from padding_idx + 1
 (`position_offset`), one segment type, MLM only (no pooler, no NSP head), LayerNorm eps 1e-5. Its
-sequence head is `RobertaClassificationHead` at <s>: dropout, dense, tanh, dropout, out_proj."""
+sequence head is `RobertaClassificationHead` at <s>: dropout, dense, tanh, dropout, out_proj.
+
+XLM-RoBERTa (`xlm-roberta`) is the same model under its own names (`XLMRobertaForMaskedLM`, ...; the encoder's
+tensors under `roberta.` too) with a sentencepiece vocabulary whose ids fairseq shifts by one (<s> <pad> </s> <unk>
+first, <mask> last), which its tokenizer.json holds."""
 from __future__ import annotations
 
+import dataclasses
 from typing import Mapping
 
 from bertjax import model as model_lib
@@ -48,3 +53,16 @@ FAMILY = table.Family(
                    "sequence_classification": "RobertaForSequenceClassification",
                    "token_classification": "RobertaForTokenClassification",
                    "question_answering": "RobertaForQuestionAnswering"})
+
+
+def xlm_config_from_hf(hf: Mapping, **overrides) -> model_lib.BertConfig:
+  return config_from_hf(hf, **{"hf_model_type": "xlm-roberta", **overrides})
+
+
+def xlm_config_to_hf(cfg: model_lib.BertConfig, architecture: str = "XLMRobertaForMaskedLM") -> dict:
+  return {**config_to_hf(cfg, architecture), "model_type": "xlm-roberta"}
+
+
+XLM_FAMILY = dataclasses.replace(
+    FAMILY, name="xlm-roberta", config_from_hf=xlm_config_from_hf, config_to_hf=xlm_config_to_hf,
+    architectures={head: "XLM" + arch for head, arch in FAMILY.architectures.items()})

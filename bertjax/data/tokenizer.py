@@ -47,7 +47,7 @@ class TokenizerError(errors.TokenizerError):
 @dataclasses.dataclass
 class Tokenizer:
   """What the data pipeline needs of a tokenizer, whatever its kind."""
-  kind: str  # wordpiece | sentencepiece
+  kind: str  # wordpiece | sentencepiece | byte_bpe | metaspace (a sentencepiece vocabulary in a tokenizer.json)
   path: str
   _encode: object
   _decode: object
@@ -230,10 +230,15 @@ def _load_byte_bpe(path: str) -> Tokenizer:
   if type(tok.model).__name__ == "WordPiece":  # a BERT tokenizer.json: "##" marks a word's later pieces
     kind = "wordpiece"
     continues = np.array([p.startswith("##") for p in pieces], bool)
-  else:  # "Ġ" (a space byte) starts a word; so do special tokens and the first piece of a text
-    kind = "byte_bpe"
+  else:
+    # A byte-level BPE's "Ġ" (a space byte) starts a word; a sentencepiece vocabulary's "▁" (XLM-R's tokenizer.json
+    # marks words so in its pre-tokenizer or normaliser); so do special tokens and the first piece of a text.
+    spec = json.loads(tok.to_str())
+    marks = json.dumps([spec.get(k) for k in ("normalizer", "pre_tokenizer", "decoder")], ensure_ascii=False)
+    kind = "metaspace" if "Metaspace" in marks or "\u2581" in marks else "byte_bpe"
+    start = "\u2581" if kind == "metaspace" else "\u0120"
     starts = set(roles)
-    continues = np.array([not (p.startswith("\u0120") or p in starts) for p in pieces], bool)
+    continues = np.array([not (p.startswith(start) or p in starts) for p in pieces], bool)
 
   def offsets(s):
     enc = tok.encode(s, add_special_tokens=False)

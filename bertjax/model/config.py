@@ -74,6 +74,9 @@ class BertConfig:
   # and keys; ModernBERT) | alibi (a per-head linear distance bias on the attention scores; MosaicBERT)
   position_embedding: str = "learned"
   position_offset: int = 0  # first position id of a row (RoBERTa counts from padding_idx + 1 = 2)
+  # The HF model type of a checkpoint whose architecture another type shares ("xlm-roberta": RoBERTa's layers
+  # with a sentencepiece vocabulary), so that it exports as what it was; "" where the architecture says it.
+  hf_model_type: str = ""
   rope_theta: float = 10000.0  # rotary base of global-attention layers (ModernBERT: 160000)
   rope_theta_local: float = 0.0  # rotary base of local-attention layers; 0 = rope_theta (ModernBERT: 10000)
   # Sliding-window attention: 0 = every layer global; W > 0 = layers attend within |i - j| <= W/2 (ModernBERT's
