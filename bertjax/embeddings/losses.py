@@ -45,7 +45,7 @@ def candidates(row_keys, col_keys, row_partners, col_partners, col_weights):
 
 
 def ranking_loss(queries, documents, scale: float = 20.0, symmetric: bool = False, weights=None, doc_keys=None,
-                 query_keys=None, per_row: bool = False):
+                 query_keys=None, per_row: bool = False, similarity: str = "cosine"):
   """InfoNCE over the batch: `queries` [B, d]; `documents` [B·(1+n), d], the B positives first and then n blocks
   of B hard negatives (row i's negatives at i + B, i + 2B, ...). `weights` [B] (0 for padding rows) leave rows out
   as queries and as documents. The mean over the weighted queries (`per_row`: each row's loss, [B]); `symmetric`
@@ -53,7 +53,8 @@ def ranking_loss(queries, documents, scale: float = 20.0, symmetric: bool = Fals
 
   Repeated texts: with `doc_keys` [B·(1+n)] and `query_keys` [B] (a hash of each text), each row's candidates are
   every distinct text once, less the false negatives (`candidates`); sentence-transformers keeps such rows out of
-  a batch instead (its no-duplicates sampler)."""
+  a batch instead (its no-duplicates sampler). `similarity` "dot" scores raw dot products (sparse encoders)."""
+  score = cosine_scores if similarity == "cosine" else (lambda a, b: a @ b.T)
   b = queries.shape[0]
   w = jnp.ones((b,), jnp.float32) if weights is None else weights.astype(jnp.float32)
   doc_w = jnp.tile(w, documents.shape[0] // b)
@@ -61,12 +62,12 @@ def ranking_loss(queries, documents, scale: float = 20.0, symmetric: bool = Fals
   if doc_keys is not None:
     qk = query_keys if query_keys is not None else jnp.arange(b, dtype=doc_keys.dtype) - b  # no query repeats
     keep = keep & candidates(doc_keys[:b], doc_keys, qk, qk, doc_w)
-  forward = _info_nce(scale * cosine_scores(queries, documents), keep, w)
+  forward = _info_nce(scale * score(queries, documents), keep, w)
   if symmetric:
     back_keep = w[None, :] > 0
     if doc_keys is not None:
       back_keep = back_keep & candidates(qk, qk, doc_keys[:b], doc_keys[:b], w)
-    forward = (forward + _info_nce(scale * cosine_scores(documents[:b], queries), back_keep, w)) / 2
+    forward = (forward + _info_nce(scale * score(documents[:b], queries), back_keep, w)) / 2
   return forward if per_row else jnp.sum(forward * w) / jnp.maximum(jnp.sum(w), 1.0)
 
 
