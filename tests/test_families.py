@@ -318,3 +318,50 @@ def test_xlm_roberta_reads_and_writes_with_its_sentencepiece_ids(tmp_path):
   for text in probes:
     assert again(text)["input_ids"] == hf_tok(text)["input_ids"], text
     assert again(text, "a pair")["input_ids"] == hf_tok(text, "a pair")["input_ids"], text
+
+
+def test_a_modernbert_folder_with_gemmas_tokenizer_reads_and_writes(tmp_path):
+  """mmBERT's layout: a ModernBERT model whose tokenizer is Gemma's kind (byte-fallback BPE over '▁'-marked text,
+  <pad> <eos> <bos> <unk> <mask> at 0-4; the config's cls/sep ids are <bos>/<eos>), built by HF's GemmaTokenizer
+  over a BPE trained here on text in five scripts: bertjax reads the ids HF's AutoTokenizer gives, byte fallback
+  for a script it never saw included, imports the model with parity, and exports both so that AutoTokenizer and
+  AutoModelForMaskedLM read them back."""
+  import json as json_mod
+
+  from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, trainers
+
+  from bertjax.convert import export, weights
+  from bertjax.data import tokenizer
+  bpe = Tokenizer(models.BPE(unk_token="<unk>", byte_fallback=True, fuse_unk=True))
+  bpe.normalizer = normalizers.Replace(" ", "\u2581")
+  bpe.pre_tokenizer = pre_tokenizers.Split(" ", behavior="merged_with_previous")
+  specials = ["<pad>", "<eos>", "<bos>", "<unk>", "<mask>"] + [f"<0x{i:02X}>" for i in range(256)]
+  bpe.train_from_iterator(MULTILINGUAL * 30, trainers.BpeTrainer(vocab_size=700, special_tokens=specials,
+                                                                 show_progress=False))
+  spec = json_mod.loads(bpe.to_str())
+  hf_tok = transformers.GemmaTokenizer(vocab=spec["model"]["vocab"],
+                                       merges=[tuple(m) if isinstance(m, list) else tuple(m.split(" "))
+                                               for m in spec["model"]["merges"]])
+  hf_tok.save_pretrained(tmp_path / "hf")
+  m = modernbert(vocab=len(hf_tok), layers=3)
+  m.config.update(dict(pad_token_id=0, eos_token_id=1, bos_token_id=2, cls_token_id=2, sep_token_id=1))
+  m.save_pretrained(tmp_path / "hf")
+
+  path, _ = weights.hf_tokenizer(str(tmp_path / "hf"))
+  tok = tokenizer.load(path)
+  assert tok.kind == "metaspace" and tok.vocab_size == len(hf_tok)
+  assert (tok.pad_id, tok.sep_id, tok.cls_id, tok.unk_id, tok.mask_id) == (0, 1, 2, 3, 4)
+  probes = MULTILINGUAL + ["ಕನ್ನಡ and ქართული are bytes here", "  two  spaces"]
+  for text in probes:
+    assert tok.encode(text) == hf_tok(text, add_special_tokens=False)["input_ids"], text
+  assert tok.id_to_token(tok.encode("ಕ")[0]) == "<0xE0>"  # byte fallback for an unseen script
+  cfg, params = convert.from_hf(str(tmp_path / "hf"))
+  check(cfg, params, m, batch_for(len(hf_tok), pad_id=0))
+  convert.to_hf(cfg, params, str(tmp_path / "out"))
+  export.copy_tokenizer(path, False, str(tmp_path / "out"))
+  back = transformers.AutoModelForMaskedLM.from_pretrained(str(tmp_path / "out")).eval()
+  assert (back.config.pad_token_id, back.config.cls_token_id, back.config.sep_token_id) == (0, 2, 1)
+  check(cfg, params, back, batch_for(len(hf_tok), pad_id=0, seed=1))
+  again = transformers.AutoTokenizer.from_pretrained(str(tmp_path / "out"))
+  for text in probes:
+    assert again(text, add_special_tokens=False)["input_ids"] == hf_tok(text, add_special_tokens=False)["input_ids"]

@@ -38,6 +38,7 @@ from bertjax.data.vocab_files import MAIN_FILES, copy_into, find_in, fingerprint
 
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 BYTE_BPE_SPECIAL_TOKENS = ("<pad>", "<unk>", "<s>", "</s>", "<mask>")  # the same roles, RoBERTa's names
+GEMMA_SPECIAL_TOKENS = ("<pad>", "<unk>", "<bos>", "<eos>", "<mask>")  # Gemma's names (mmBERT's tokenizer)
 
 
 class TokenizerError(errors.TokenizerError):
@@ -226,7 +227,8 @@ def _load_byte_bpe(path: str) -> Tokenizer:
   pieces = [""] * (max(vocab.values()) + 1)
   for piece, i in vocab.items():
     pieces[i] = piece
-  roles = BYTE_BPE_SPECIAL_TOKENS if all(t in vocab for t in BYTE_BPE_SPECIAL_TOKENS) else SPECIAL_TOKENS
+  roles = next((names for names in (BYTE_BPE_SPECIAL_TOKENS, GEMMA_SPECIAL_TOKENS) if all(t in vocab for t in names)),
+               SPECIAL_TOKENS)
   if type(tok.model).__name__ == "WordPiece":  # a BERT tokenizer.json: "##" marks a word's later pieces
     kind = "wordpiece"
     continues = np.array([p.startswith("##") for p in pieces], bool)
