@@ -271,6 +271,13 @@ def modernbert_tiny(sources, **over):
   c.phases.decay.seq = 32  # the decay reads the 32-token code data
   c.phases.decay.global_batch_size = 16
   c.data.eval_dir = sources["web"]
+  c.lock()
+  return overridden(c, **over)
+
+
+def overridden(c, **over):
+  """The config with dotted fields set ("phases.decay.seq": 32)."""
+  c.unlock()
   for k, v in over.items():
     node, _, leaf = k.rpartition(".")
     target = c
@@ -375,15 +382,7 @@ def _adam_count(opt_state) -> int:
 
 def test_phase_mistakes_are_one_line_each_before_anything_compiles(sources, tmp_path):
   def attempt(**over):
-    c = modernbert_tiny(sources)
-    c.unlock()
-    for k, v in over.items():
-      node, _, leaf = k.rpartition(".")
-      target = c
-      for part in node.split(".") if node else []:
-        target = target[part]
-      target[leaf] = v
-    c.lock()
+    c = modernbert_tiny(sources, **over)
     with pytest.raises(errors.ConfigError) as e:
       train.train_and_evaluate(c, str(tmp_path / "w"))
     assert "\n" not in str(e.value)
