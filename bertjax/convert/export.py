@@ -59,7 +59,8 @@ def architecture(folder: str) -> str:
 def copy_tokenizer(tok_path: str, lower: bool, out: str) -> None:
   """The run's tokenizer as files HF's AutoTokenizer reads, in the HF folder `out`, and its special ids in
   config.json (HF's embeddings keep the pad id's row out of training: it must be the tokenizer's)."""
-  _write_special_ids(tokenizer_lib.load(tok_path, do_lower_case=lower), out)
+  tok = tokenizer_lib.load(tok_path, do_lower_case=lower)
+  _write_special_ids(tok, out)
   if os.path.basename(tok_path) == "vocab.txt":
     shutil.copyfile(tok_path, os.path.join(out, "vocab.txt"))
     with open(os.path.join(out, "tokenizer_config.json"), "w", encoding="utf-8") as f:
@@ -73,7 +74,6 @@ def copy_tokenizer(tok_path: str, lower: bool, out: str) -> None:
       import transformers
     except ImportError:
       transformers = None
-    tok = tokenizer_lib.load(tok_path)
     if transformers is not None and not os.path.isfile(os.path.join(folder, "tokenizer.json")):
       # RoBERTa's byte-level BPE over these files, special tokens and all, whatever the model's family (without
       # tokenizer.json, ModernBERT's AutoTokenizer has no reader for vocab.json + merges.txt).
