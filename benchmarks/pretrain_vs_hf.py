@@ -438,18 +438,23 @@ def downstream(side: str, root: str, model: str, seeds: str, lrs: str) -> dict:
     with open(suite_file, "w") as f:
       json.dump(tasks, f, indent=1)
   suite_root = os.path.join(root, side, "suite")
+  summary = run_suite(model, suite_file, lrs, seeds, suite_root, side)
+  if any(not t.get("runs") for t in summary["tasks"]):
+    raise SystemExit(f"error: the suite of {side} left tasks without a finished run; see {suite_root}")
+  return summary
+
+
+def run_suite(model: str, suite_file: str, lrs: str, seeds: str, suite_root: str, label: str) -> dict:
+  """launch/suite.py's run and table for `model`; its suite.json summary."""
   env = dict(os.environ, JAX_PLATFORMS="cpu")
   for cmd in (["run", "--init", model, "--suite", suite_file, "--lrs", lrs, "--seeds", seeds, "--root", suite_root],
               ["table", "--root", suite_root]):
     r = subprocess.run([sys.executable, os.path.join(ROOT, "launch", "suite.py"), *cmd], cwd=ROOT, env=env,
                        capture_output=True, text=True)
     if r.returncode:
-      raise SystemExit(f"error: the suite of {side} failed:\n{r.stdout[-2000:]}{r.stderr[-2000:]}")
+      raise SystemExit(f"error: the suite of {label} failed:\n{r.stdout[-2000:]}{r.stderr[-2000:]}")
   with open(os.path.join(suite_root, "suite.json")) as f:
-    summary = json.load(f)
-  if any(not t.get("runs") for t in summary["tasks"]):
-    raise SystemExit(f"error: the suite of {side} left tasks without a finished run; see {suite_root}")
-  return summary
+    return json.load(f)
 
 
 def final_model(side: str, root: str, record: dict, vocab: str) -> str:

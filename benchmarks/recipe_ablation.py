@@ -143,15 +143,8 @@ def downstream(arm: str, seed: int, root: str, model: str, lrs: str) -> float:
                                              f"--config.data.eval_file={files['test']}",
                                              f"--config.data.labels=({','.join(repr(x) for x in labels)},)"]}], f)
   suite_root = os.path.join(root, "ablation", f"suite_{arm}_s{seed}")
-  env = dict(os.environ, JAX_PLATFORMS="cpu")
-  for cmd in (["run", "--init", model, "--suite", suite_file, "--lrs", lrs, "--seeds", "0", "--root", suite_root],
-              ["table", "--root", suite_root]):
-    r = subprocess.run([sys.executable, os.path.join(ROOT, "launch", "suite.py"), *cmd], cwd=ROOT, env=env,
-                       capture_output=True, text=True)
-    if r.returncode:
-      raise SystemExit(f"error: the suite of {arm} seed {seed} failed:\n{r.stdout[-2000:]}{r.stderr[-2000:]}")
-  with open(os.path.join(suite_root, "suite.json")) as f:
-    return float(json.load(f)["tasks"][0]["mean"])
+  summary = bake.run_suite(model, suite_file, lrs, "0", suite_root, f"{arm} seed {seed}")
+  return float(summary["tasks"][0]["mean"])
 
 
 def paired(a: list[float], b: list[float]) -> dict:
