@@ -170,18 +170,20 @@ def unit_optimizer(train_config):
   return optim.make(unit)
 
 
-def make_steps(module, task, tx, lr_fn, prng_impl="threefry2x32"):
+def make_steps(module, task, tx, lr_fn, prng_impl="threefry2x32", total_steps=None):
   """(train_step(state, batch, seed, learning_rate), predict_step(params, batch)); build them with
   `trainer.build(..., train_scalars=2)`. `tx` and `lr_fn` are the recipe's with a peak learning rate of 1
   (`unit_optimizer`); the step scales the update by the peak it is given. The seed and the peak are arguments,
   not constants of the program, so that a sweep over seeds and learning rates compiles (or loads from the
-  persistent cache) each program once."""
+  persistent cache) each program once. `total_steps`: the run's length, for kinds whose loss follows the step
+  (`Kind.value_and_grad`)."""
   kind = tasks_lib.kind(task)
 
   def train_step(state, batch, seed, learning_rate):
     key = jax.random.fold_in(jax.random.key(seed, impl=prng_impl), 2)
     loss, grads = kind.value_and_grad(task, module, state.params, batch,
-                                      {"dropout": jax.random.fold_in(key, state.step)})
+                                      {"dropout": jax.random.fold_in(key, state.step)},
+                                      step=state.step, total_steps=total_steps)
     new, grad_norm = trainer.apply_gradients(state, grads, tx, scale=learning_rate)
     return new, {"loss": loss, "grad_norm": grad_norm, "learning_rate": learning_rate * lr_fn(state.step)}
 
@@ -200,7 +202,8 @@ def build(config, task: tasks_lib.Task, mcfg, data: TrainData, mesh) -> trainer.
   module = tasks_lib.kind(task).head(task, mcfg.for_platform(mesh.devices.flat[0].platform))
   dummy = make_batch(data.train, np.arange(min(data.rows_per_step, len(data.train["input_ids"]))),
                      data.rows_per_step)
-  return trainer.build(config, module, tx, lr_fn, dummy, *make_steps(module, task, tx, lr_fn, config.train.prng_impl),
+  return trainer.build(config, module, tx, lr_fn, dummy, *make_steps(module, task, tx, lr_fn, config.train.prng_impl,
+                                                                  data.plan.total_steps),
                        mesh=mesh, train_scalars=2)
 
 

@@ -4,8 +4,8 @@
       --workdir=W
 
 Argument keys: task (glue/{cola,sst2,mrpc,qqp,stsb,mnli,qnli,rte,wnli} | squad/v1.1 | squad/v2.0 | squad_json |
-ner | local | pairs), init, lr, batch, epochs, seq (0 = 128, or 384 for SQuAD), seed, shard, variant (only without
-init).
+ner | local | pairs | sparse), init, lr, batch, epochs, seq (0 = 128, or 384 for SQuAD), seed, shard, variant (only
+without init).
 """
 import ml_collections
 
@@ -85,6 +85,18 @@ def get_config(arg=None):
   # Gradient caching (GradCache): embed the batch in chunks of this many rows without activations, the loss on the
   # whole batch, then each chunk's backward pass. Equal gradients, memory of one chunk. 0: off.
   c.embedding.cache_chunk = 0
+
+  # task=sparse (SPLADE on the pairs' columns and negatives): sentence-transformers' SpladeLoss over
+  # SparseMultipleNegativesRankingLoss, its defaults. Pooling and activation "": a SparseEncoder init's, else max, relu.
+  c.sparse = ml_collections.ConfigDict()
+  c.sparse.pooling = ""  # max | sum over the tokens
+  c.sparse.activation = ""  # relu: log(1 + ReLU(logit)) | log1p_relu: log(1 + log(1 + ReLU(logit)))
+  c.sparse.scale = 1.0  # dot-product scale in the ranking loss
+  c.sparse.document_regularizer_weight = 3e-5  # FLOPS on the documents (positives and negatives)
+  c.sparse.query_regularizer_weight = 5e-5  # FLOPS on the queries; -1: none
+  # The regularisers' weights rise from 0 as (step / W)^2, W this fraction of the run, then hold.
+  c.sparse.regularizer_warmup = 1 / 3
+  c.sparse.max_active_dims = 0  # evaluation: keep each vector's largest terms (0: all)
 
   c.train = ml_collections.ConfigDict()
   c.train.learning_rate = a.lr  # 2e-5, 3e-5 or 5e-5

@@ -140,6 +140,21 @@ CASES = [
      [FINE[0].replace("task=local", "task=pairs"), "--workdir={tmp}/w_pairs", "--config.data.train_file={pairs_same}",
       "--config.data.text_a_column=anchor", "--config.data.text_b_column=positive", "--config.data.tokenizer={vocab}"],
      r"pairs_same.csv: every row has the same positive", "embedding pairs whose positives are all one text"),
+    ("ft_sparse_no_mlm", "train",
+     [FINE[0].replace("task=local", "task=sparse,init={hf_encoder}"), "--workdir={tmp}/w_sparse1",
+      "--config.data.train_file={pairs_ok}", "--config.data.text_a_column=anchor",
+      "--config.data.text_b_column=positive"],
+     r"no MLM head; a sparse encoder scores the vocabulary with one", "a sparse encoder from a model without MLM head"),
+    ("ft_sparse_regression", "train",
+     [FINE[0].replace("task=local", "task=sparse"), "--workdir={tmp}/w_sparse2", "--config.data.regression=True",
+      "--config.data.train_file={pairs_ok}", "--config.data.tokenizer={vocab}"],
+     r"data.regression=True \(scored pairs\) is task pairs'", "a sparse encoder on scored pairs"),
+    ("ft_sparse_weight", "train",
+     [FINE[0].replace("task=local", "task=sparse"), "--workdir={tmp}/w_sparse3",
+      "--config.sparse.document_regularizer_weight=-0.5", "--config.data.train_file={pairs_ok}",
+      "--config.data.tokenizer={vocab}"],
+     r"sparse.document_regularizer_weight -0.5 and query_regularizer_weight 5e-05 must be >= 0",
+     "a negative FLOPS weight"),
     ("ft_pairs_batch1", "train",
      [FINE[0].replace("task=local", "task=pairs").replace("batch=8", "batch=1"), "--workdir={tmp}/w_pairs3",
       "--config.data.train_file={pairs_ok}", "--config.data.text_a_column=anchor",
@@ -591,6 +606,7 @@ def fixtures(tmp: str) -> dict:
   write("foreign/ids.json", '["not", "ours"]')
   write("foreign/block-00000.npy", "not an array")
   f["hf"] = _tiny_hf_folder(os.path.join(tmp, "hf"), f["vocab"])
+  f["hf_encoder"] = _tiny_hf_folder(os.path.join(tmp, "hf_encoder"), f["vocab"], head="encoder")
   f["hf_wide"] = _tiny_hf_folder(os.path.join(tmp, "hf_wide"), f["vocab"], hidden=32)
   f["hf_rotary"] = _tiny_hf_folder(os.path.join(tmp, "hf_rotary"), f["vocab"], position_embedding="rotary",
                                    layer_norm="pre", type_vocab_size=0, ffn="glu", use_bias=False, norm_bias=False,
@@ -614,9 +630,9 @@ def fixtures(tmp: str) -> dict:
   return f
 
 
-def _tiny_hf_folder(out: str, vocab: str, hidden: int = 16, **switches) -> str:
+def _tiny_hf_folder(out: str, vocab: str, hidden: int = 16, head: str | None = None, **switches) -> str:
   """A 1-layer BERT (or, with `switches`, another family's layout) with random weights as an HF folder with the
-  vocabulary (MLM model and tokenizer files)."""
+  vocabulary (MLM model, or the encoder alone with head="encoder", and tokenizer files)."""
   import jax
 
   from bertjax import convert, model
@@ -627,7 +643,8 @@ def _tiny_hf_folder(out: str, vocab: str, hidden: int = 16, **switches) -> str:
   ids = jax.numpy.zeros((1, 8), jax.numpy.int32)
   batch = {"input_ids": ids, "input_mask": ids + 1, "segment_ids": ids, "masked_lm_positions": ids[:, :2]}
   params = model.BertForPreTraining(cfg).init(jax.random.key(0), batch)["params"]
-  convert.to_hf(cfg, jax.device_get(model_unbox(params)), out)
+  params = jax.device_get(model_unbox(params))
+  convert.to_hf(cfg, params["bert"] if head == "encoder" else params, out, head=head)
   export.copy_tokenizer(vocab, True, out)
   return out
 

@@ -118,3 +118,108 @@ def test_a_folder_that_is_not_a_sparse_encoder_is_one_line(splade_folder, tmp_pa
       encoder_only)
   with pytest.raises(ConversionError, match="MLM head"):
     sparse.SparseEncoder.load(str(encoder_only))
+
+
+def _write_sparse_pairs(path, n, seed):
+  """Anchors and positives that share a content word (learnable by exact match), negatives that do not."""
+  import csv
+  import random
+  rng = random.Random(seed)
+  topics, filler = WORDS[5:], WORDS[:5]
+  with open(path, "w", newline="") as f:
+    w = csv.writer(f)
+    w.writerow(["anchor", "positive", "negative"])
+    for i in range(n):
+      t, other = topics[i % len(topics)], topics[(i + 3) % len(topics)]
+      w.writerow([f"{t} " + " ".join(rng.sample(filler, 2)), " ".join(rng.sample(filler, 3)) + f" {t}",
+                  " ".join(rng.sample(filler, 3)) + f" {other}"])
+
+
+def _sparse_config(init, tmp_path, batch=8, epochs=1):
+  from configs import common
+  from configs import finetune as finetune_config
+  c = finetune_config.get_config(f"task=sparse,init={init},lr=1e-3,batch={batch},epochs={epochs},seq=16")
+  c.data.train_file, c.data.eval_file = str(tmp_path / "train.csv"), str(tmp_path / "dev.csv")
+  c.data.text_a_column, c.data.text_b_column = "anchor", "positive"
+  c.embedding.negative_columns, c.log_every = ("negative",), 1
+  c.sparse.document_regularizer_weight = c.sparse.query_regularizer_weight = 3e-2  # large enough to matter
+  c.model.dropout_rate = c.model.attention_dropout_rate = 0.0  # masks are drawn per shard layout
+  c.sharding = common.sharding("fsdp")
+  return c
+
+
+def test_sparse_training_on_8_devices_equals_1_device_and_exports_a_sparse_encoder(splade_folder, tmp_path):
+  """task=sparse through the real loop from an HF BertForMaskedLM: 8 fake devices (fsdp) and 1 give the same
+  losses and parameters (negatives and FLOPS means over the whole global batch); the report's retrieval scores
+  are ir-measures' on the model's own term vectors; the workdir exports as a SparseEncoder folder that
+  sentence-transformers encodes as bertjax does, and bertjax reads back."""
+  import jax
+  ir_measures = pytest.importorskip("ir_measures")
+  from sentence_transformers.sparse_encoder import SparseEncoder as TheirEncoder
+
+  from bertjax import finetune, predict
+  from bertjax.cli import convert as convert_cli
+  from bertjax.embeddings.task import featurize, read_pairs
+  path, _ = splade_folder
+  init = path.replace("/st", "/mlm")
+  _write_sparse_pairs(tmp_path / "train.csv", 32, 0)
+  _write_sparse_pairs(tmp_path / "dev.csv", 12, 1)
+  out, losses = {}, {}
+  for name, devices in (("eight", jax.devices()), ("one", jax.devices()[:1])):
+    out[name] = finetune.finetune(_sparse_config(init, tmp_path), str(tmp_path / name), devices=devices)
+    losses[name] = [r["loss"] for r in finetune.read_train_metrics(str(tmp_path / name))]
+  assert len(losses["one"]) == 4 and len(jax.tree_util.tree_leaves(out["eight"]["state"].params)[0].sharding
+                                           .device_set) == 8
+  np.testing.assert_allclose(losses["eight"], losses["one"], rtol=1e-5)
+  for a, b in zip(jax.tree_util.tree_leaves(out["eight"]["state"].params),
+                  jax.tree_util.tree_leaves(out["one"]["state"].params)):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-6)
+  # The report scores the dev file as ir-measures does on dot products of the model's term vectors.
+  w = str(tmp_path / "one")
+  rows = read_pairs(str(tmp_path / "dev.csv"), "anchor", "positive", ("negative",))
+  feats = featurize(rows, tokenizer_lib.load(f"{init}/vocab.txt"), 16)
+  module = out["one"]["model_config"]
+  from bertjax import tasks as tasks_lib
+  model = tasks_lib.kind(out["one"]["task"]).head(out["one"]["task"], module)
+  emb = model.apply({"params": out["one"]["state"].params}, {k: feats[k] for k in (
+      "input_ids", "input_mask", "segment_ids", "doc_input_ids", "doc_input_mask")})
+  q, d = np.asarray(emb["embedding"]), np.asarray(emb["doc_embedding"])
+  corpus = sorted({t for r in rows for t in r["docs"]})
+  vec = {t: d[i, j] for i, r in enumerate(rows) for j, t in enumerate(r["docs"])}
+  run = [ir_measures.ScoredDoc(f"q{i}", f"d{corpus.index(t)}", float(q[i] @ vec[t])) for i in range(len(rows))
+         for t in corpus]
+  qrels = [ir_measures.Qrel(f"q{i}", f"d{corpus.index(r['docs'][0])}", 1) for i, r in enumerate(rows)]
+  measures = [ir_measures.nDCG @ 10, ir_measures.RR @ 10, ir_measures.R @ 1, ir_measures.R @ 10]
+  want = ir_measures.calc_aggregate(measures, qrels, run)
+  got = out["one"]["report"]["epochs"][-1]["validation"]
+  np.testing.assert_allclose([got[m] for m in ("ndcg@10", "mrr@10", "recall@1", "recall@10")],
+                             [want[m] for m in measures], atol=1e-6)
+  assert got["query_active_dims"] == pytest.approx(np.mean(np.count_nonzero(q, axis=1)))
+  # Exported, sentence-transformers' SparseEncoder encodes as the run's model; bertjax reads both back.
+  assert convert_cli.write(w, str(tmp_path / "st")) == "SparseEncoder"
+  texts = [r["anchor"] for r in rows[:5]]
+  theirs = TheirEncoder(str(tmp_path / "st"), device="cpu")
+  assert theirs.max_seq_length == 16
+  ref = theirs.encode(texts, convert_to_tensor=True, convert_to_sparse_tensor=False).numpy()
+  np.testing.assert_allclose(ref, q[:5], atol=1e-5)
+  for source in (str(tmp_path / "st"), w):
+    np.testing.assert_allclose(sparse.SparseEncoder.load(source).encode(texts), q[:5], atol=1e-5)
+  top = predict.predict_text(w, text=texts[0])
+  assert top["active_dims"] == np.count_nonzero(q[0]) and len(top["terms"]) == min(20, top["active_dims"])
+
+
+def test_the_regularizer_ramp_is_sentence_transformers_scheduler():
+  """The weight factor at each step equals SpladeRegularizerWeightSchedulerCallback's (quadratic, 1/3 warmup)."""
+  from types import SimpleNamespace
+
+  from sentence_transformers.sparse_encoder.callbacks.splade_callbacks import SpladeRegularizerWeightSchedulerCallback
+  from sentence_transformers.sparse_encoder.losses import SparseMultipleNegativesRankingLoss, SpladeLoss
+  loss = SpladeLoss(SimpleNamespace(), SparseMultipleNegativesRankingLoss.__new__(SparseMultipleNegativesRankingLoss),
+                    document_regularizer_weight=1.0, query_regularizer_weight=2.0)
+  for total, ratio in ((30, 1 / 3), (7, 0.5), (2, 1 / 3)):
+    cb = SpladeRegularizerWeightSchedulerCallback(loss, warmup_ratio=ratio)
+    cb.on_train_begin(None, SimpleNamespace(max_steps=total), None)
+    for step in range(total):
+      cb.on_step_begin(None, SimpleNamespace(global_step=step), None)
+      assert float(sparse.regularizer_ramp(step, total, ratio)) == pytest.approx(loss.document_regularizer_weight)
+      assert 2 * float(sparse.regularizer_ramp(step, total, ratio)) == pytest.approx(loss.query_regularizer_weight)

@@ -24,12 +24,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from bertjax import convert
 from bertjax import model as model_lib
 from bertjax.convert import weights
 from bertjax.convert.table import ConversionError
 from bertjax.data import tokenizer as tokenizer_lib
 from bertjax.embeddings import losses
 from bertjax.embeddings.encoder import _max_seq_length, batch_of, token_rows
+from bertjax.model.heads import BertForPreTraining
 
 POOLINGS = ("max", "sum")
 ACTIVATIONS = ("relu", "log1p_relu")
@@ -67,6 +69,64 @@ def splade_loss(queries, documents, document_weight: float, query_weight: float 
   return parts
 
 
+def regularizer_ramp(step, total_steps: int, warmup_ratio: float = 1 / 3):
+  """The regularisers' weight factor at `step` (0-based, a traced value inside the train step): (step / W)² below
+  W = int(total_steps · warmup_ratio) (at least 1), then 1, as sentence-transformers'
+  SpladeRegularizerWeightSchedulerCallback (quadratic) sets it at the start of each step."""
+  warmup = max(int(total_steps * warmup_ratio), 1)
+  ratio = jnp.asarray(step, jnp.float32) / warmup
+  return jnp.where(ratio < 1.0, ratio * ratio, 1.0)
+
+
+class SparseModel(BertForPreTraining):
+  """{"embedding": [B, V]} term weights (`splade_pool` of the MLM logits at every position) of a batch of texts;
+  with `doc_input_ids` / `doc_input_mask` [B, K, L] also {"doc_embedding": [B, K, V]}. The parameters are the
+  pre-training module's (encoder + MLM head, no NSP), so any MLM checkpoint is a start and the result exports as
+  the family's MLM model."""
+  pooling: str = "max"
+  activation: str = "relu"
+
+  def terms(self, batch, deterministic: bool = True):
+    n = batch["input_ids"].shape[1]
+    positions = jnp.broadcast_to(jnp.arange(n), batch["input_ids"].shape)
+    logits = BertForPreTraining.__call__(self, {**batch, "masked_lm_positions": positions}, deterministic)
+    return splade_pool(logits["mlm_logits"].astype(jnp.float32), batch["input_mask"], self.pooling, self.activation)
+
+  def __call__(self, batch, deterministic: bool = True):
+    out = {"embedding": self.terms({k: batch[k] for k in ("input_ids", "input_mask", "segment_ids")}, deterministic)}
+    if "doc_input_ids" in batch:
+      b, k, length = batch["doc_input_ids"].shape
+      docs = {"input_ids": batch["doc_input_ids"].reshape(b * k, length),
+              "input_mask": batch["doc_input_mask"].reshape(b * k, length),
+              "segment_ids": jnp.zeros((b * k, length), jnp.int32)}
+      out["doc_embedding"] = self.terms(docs, deterministic).reshape(b, k, -1)
+    return out
+
+
+def write_folder(cfg: model_lib.BertConfig, params, out: str, max_seq_length: int, pooling: str = "max",
+                 activation: str = "relu") -> None:
+  """A sentence-transformers SparseEncoder folder: the family's MLM model in `out` (a fill-mask Transformer) and
+  1_SpladePooling (the tokenizer files are the caller's)."""
+  convert.to_hf(cfg.replace(nsp_head=False), {k: v for k, v in params.items() if k != "nsp"}, out, head="pretraining")
+  os.makedirs(os.path.join(out, "1_SpladePooling"), exist_ok=True)
+  documents = {
+      "modules.json": [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.base.modules.transformer."
+                        "Transformer"},
+                       {"idx": 1, "name": "1", "path": "1_SpladePooling", "type": "sentence_transformers."
+                        "sparse_encoder.modules.splade_pooling.SpladePooling"}],
+      "sentence_bert_config.json": {"max_seq_length": max_seq_length, "do_lower_case": False,
+                                    "transformer_task": "fill-mask",
+                                    "modality_config": {"text": {"method": "forward", "method_output_name": "logits"}},
+                                    "module_output_name": "token_embeddings"},
+      "config_sentence_transformers.json": {"model_type": "SparseEncoder", "prompts": {"query": "", "document": ""},
+                                            "default_prompt_name": None, "similarity_fn_name": "dot"},
+      "1_SpladePooling/config.json": {"pooling_strategy": pooling, "activation_function": activation,
+                                      "embedding_dimension": None}}
+  for name, content in documents.items():
+    with open(os.path.join(out, name), "w", encoding="utf-8") as f:
+      json.dump(content, f, indent=2)
+
+
 def top_k(vectors: np.ndarray, k: int | None) -> np.ndarray:
   """Each row's k largest terms kept, the rest 0 (sentence-transformers' max_active_dims)."""
   if not k or k >= vectors.shape[1]:
@@ -80,6 +140,15 @@ def top_k(vectors: np.ndarray, k: int | None) -> np.ndarray:
 def active_dims(vectors: np.ndarray) -> np.ndarray:
   """Non-zero terms per vector."""
   return np.count_nonzero(vectors, axis=1)
+
+
+def is_folder(path: str) -> bool:
+  """Whether `path` is a sentence-transformers folder whose stack has a SpladePooling module."""
+  try:
+    with open(os.path.join(path, "modules.json"), encoding="utf-8") as f:
+      return "SpladePooling" in f.read()
+  except OSError:
+    return False
 
 
 def read_folder(path: str) -> tuple[str, str, str]:
@@ -118,44 +187,48 @@ class SparseEncoder:
   @classmethod
   def load(cls, path: str, max_seq_length: int = 0, pooling: str = "max", activation: str = "relu",
            **overrides) -> "SparseEncoder":
-    """A SparseEncoder folder (its pooling, activation and max_seq_length) or any folder holding an MLM model
-    (HF, bertjax pre-training workdir) with the `pooling` and `activation` given."""
+    """A SparseEncoder folder (its pooling, activation and max_seq_length), a bertjax `task=sparse` workdir (its
+    best parameters and settings), or any folder holding an MLM model (HF, bertjax pre-training workdir) with the
+    `pooling` and `activation` given."""
     folder = path
     if os.path.isfile(os.path.join(path, "modules.json")):
       folder, pooling, activation = read_folder(path)
       max_seq_length = max_seq_length or _max_seq_length(path, folder)
+    elif weights.source_of(path) == "finetuned":
+      meta = weights.finetune_meta(path)
+      if meta.get("kind") != "sparse":
+        raise ConversionError(f"{path}: a {meta.get('kind')!r} fine-tuning run, not a sparse encoder's (task=sparse)")
+      opts = meta.get("task_options", {})
+      pooling, activation = opts.get("pooling", pooling), opts.get("activation", activation)
+      max_seq_length = max_seq_length or int(meta.get("max_seq_length", 0))
     w = weights.load(folder, overrides=overrides, head="pretraining")
     if "mlm_bias" not in w.params:
       raise ConversionError(f"{folder}: no MLM head; a sparse encoder scores the vocabulary with one")
     if not w.tokenizer:
       raise ConversionError(f"{folder}: no tokenizer files (vocab.txt, vocab.json + merges.txt, tokenizer.json)")
     tok = tokenizer_lib.load(w.tokenizer, do_lower_case=w.do_lower_case)
-    cfg = w.cfg.replace(nsp_head=w.cfg.nsp_head and "nsp" in w.params)  # HF's BertForMaskedLM has no NSP head
     params = {k: v for k, v in w.params.items() if k != "nsp"}
-    if not cfg.nsp_head:
-      params["bert"] = {k: v for k, v in params["bert"].items() if k != "pooler"}
-    limit = cfg.max_length
-    return cls(cfg.replace(nsp_head=False), params, tok, min(max_seq_length or limit, limit), pooling, activation)
+    params["bert"] = {k: v for k, v in params["bert"].items() if k != "pooler"}  # no NSP head reads it
+    limit = w.cfg.max_length
+    return cls(w.cfg.replace(nsp_head=False), params, tok, min(max_seq_length or limit, limit), pooling, activation)
+
+  @property
+  def dims(self) -> int:
+    """Terms per vector: the MLM head's output width (sentence-transformers' embedding dimension)."""
+    return self.cfg.vocab_size
 
   @functools.cached_property
   def _apply(self):
-    module = model_lib.for_pretraining(self.cfg)
-    vocab = self.tok.vocab_size
-
-    def embed(params, batch):
-      n = batch["input_ids"].shape[1]
-      batch = {**batch, "masked_lm_positions": jnp.broadcast_to(jnp.arange(n), batch["input_ids"].shape)}
-      logits = module.apply({"params": params}, batch, deterministic=True)["mlm_logits"][..., :vocab]
-      return splade_pool(logits, batch["input_mask"], self.pooling, self.activation)
-    return jax.jit(embed)
+    module = SparseModel(self.cfg, pooling=self.pooling, activation=self.activation)
+    return jax.jit(lambda params, batch: module.apply({"params": params}, batch, method=SparseModel.terms))
 
   def encode(self, texts: Sequence[str], batch_size: int = 32, max_active_dims: int | None = None) -> np.ndarray:
-    """[len(texts), vocab] term weights, longest texts batched together, in the order given."""
+    """[len(texts), dims] term weights, longest texts batched together, in the order given."""
     if not len(texts):
-      return np.zeros((0, self.tok.vocab_size), np.float32)
+      return np.zeros((0, self.dims), np.float32)
     rows = token_rows(self.tok, texts, self.max_seq_length)
     order = np.argsort([-len(r) for r in rows], kind="stable")
-    out = np.zeros((len(texts), self.tok.vocab_size), np.float32)
+    out = np.zeros((len(texts), self.dims), np.float32)
     for i in range(0, len(texts), batch_size):
       idx = order[i:i + batch_size]
       batch = batch_of([rows[j] for j in idx], self.tok.pad_id, self.max_seq_length, rows=batch_size, multiple=8)

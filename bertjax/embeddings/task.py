@@ -201,13 +201,13 @@ class Contrastive(Kind):
       raise errors.ConfigError(f"embedding.matryoshka_dims {list(dims)}: the embeddings have {q.shape[-1]} features")
     return losses.matryoshka_loss(loss_fn, (q, d), dims)
 
-  def value_and_grad(self, task, module, params, batch, rngs):
+  def value_and_grad(self, task, module, params, batch, rngs, step=None, total_steps=None):
     """With the `cache_chunk` option, gradient caching: anchors and documents embedded `cache_chunk` rows at a
     time (`contrastive.cached_value_and_grad`), each chunk's dropout drawn from its first row's index so that the
     embedding pass and the backward pass see the same masks."""
     chunk = int(task.option("cache_chunk") or 0)
     if not chunk:
-      return super().value_and_grad(task, module, params, batch, rngs)
+      return super().value_and_grad(task, module, params, batch, rngs, step, total_steps)
     b, k, length = batch["doc_input_ids"].shape
     queries = {"input_ids": batch["input_ids"], "input_mask": batch["input_mask"],
                "segment_ids": batch["segment_ids"], "row": jnp.arange(b)}

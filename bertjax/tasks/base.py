@@ -97,8 +97,10 @@ class Kind:
     """The token count of every text of the features (what packing lays end to end)."""
     return np.sum(feats["input_mask"], axis=1)
 
-  def value_and_grad(self, task: Task, module, params, batch: dict, rngs: dict):
-    """(loss, gradient w.r.t. params) of one training batch, dropout from `rngs`."""
+  def value_and_grad(self, task: Task, module, params, batch: dict, rngs: dict, step=None, total_steps=None):
+    """(loss, gradient w.r.t. params) of one training batch, dropout from `rngs`; `step` (traced) and
+    `total_steps` for a loss that follows the run's progress (the sparse kind's regulariser ramp)."""
+    del step, total_steps
     def loss_fn(p):
       return self.loss(task, module.apply({"params": p}, batch, deterministic=False, rngs=rngs), batch)
     return jax.value_and_grad(loss_fn)(params)
