@@ -462,6 +462,23 @@ CASES = [
      r"--top_k must be an integer >= 1", "--top_k 0"),
     ("emb_block0", "embeddings", ["--model", "{hf}", "--corpus", "{corpus_dup}", "--out", "{tmp}/e6", "--block", "0"],
      r"--block must be an integer >= 1", "--block 0"),
+    ("emb_active_dims", "embeddings", ["--model", "{sparse}", "--beir", "{beir_ok}", "--max_active_dims", "-1"],
+     r"--max_active_dims -1: a count of terms >= 0", "a negative --max_active_dims"),
+    ("emb_sparse_sts", "embeddings", ["--model", "{sparse}", "--sts", "{sts_no_score}"],
+     r"is a sparse encoder: it takes --beir", "a sparse encoder on STS"),
+    ("emb_sparse_cos", "embeddings", ["--model", "{sparse}", "--beir", "{beir_ok}", "--score", "cos"],
+     r"a sparse encoder scores by dot product: --score dot", "a sparse encoder with cosine scores"),
+    ("emb_rerank_sts", "embeddings", ["--model", "{hf}", "--sts", "{sts_no_score}", "--rerank", "{run_ok}"],
+     r"--rerank needs --beir", "--rerank without a BEIR folder"),
+    ("emb_rerank_depth0", "embeddings", ["--model", "{hf}", "--beir", "{beir_ok}", "--rerank", "{run_ok}",
+                                         "--depth", "0"],
+     r"--depth must be an integer >= 1", "--depth 0"),
+    ("emb_rerank_unknown", "embeddings", ["--model", "{hf}", "--beir", "{beir_ok}", "--rerank", "{run_unknown}"],
+     r"run_unknown.trec:2: document 'zz' is not in the corpus", "a run naming a document the corpus lacks"),
+    ("emb_rerank_twice", "embeddings", ["--model", "{hf}", "--beir", "{beir_ok}", "--rerank", "{run_twice}"],
+     r"run_twice.trec:2: document 'a' is listed twice for query '1'", "a run listing a document twice"),
+    ("emb_rerank_mlm", "embeddings", ["--model", "{hf}", "--beir", "{beir_ok}", "--rerank", "{run_ok}"],
+     r"not a cross-encoder", "reranking with a model that is not a cross-encoder"),
     ("emb_score", "embeddings", ["--model", "{hf}", "--beir", "{beir_dup}", "--score", "cosine"],
      r"argument --score: invalid choice", "an unknown --score"),
     ("emb_pooling", "embeddings", ["--model", "{hf}", "--beir", "{beir_dup}", "--pooling", "avg"],
@@ -589,6 +606,9 @@ def fixtures(tmp: str) -> dict:
     write(f"{name}/corpus.jsonl", corpus, "wb")
     write(f"{name}/queries.jsonl", b'{"_id": "1", "text": "first"}\n', "wb")
     write(f"{name}/qrels/test.tsv", qrels, "wb")
+  f["run_ok"] = write("run_ok.trec", "1 Q0 a 1 2.5 bm25\n")
+  f["run_unknown"] = write("run_unknown.trec", "1 Q0 a 1 2.5 bm25\n1 Q0 zz 2 1.5 bm25\n")
+  f["run_twice"] = write("run_twice.trec", "1 Q0 a 1 2.5 bm25\n1 Q0 a 2 1.5 bm25\n")
   for name, corpus, queries in (
       ("beir_ok", b'{"_id": "a", "text": "one"}\n', b'{"_id": "1", "text": "first"}\n'),
       ("beir_qdup", b'{"_id": "a", "text": "one"}\n', b'{"_id": "1", "text": "first"}\n{"_id": "1", "text": "2"}\n'),
@@ -607,6 +627,7 @@ def fixtures(tmp: str) -> dict:
   write("foreign/block-00000.npy", "not an array")
   f["hf"] = _tiny_hf_folder(os.path.join(tmp, "hf"), f["vocab"])
   f["hf_encoder"] = _tiny_hf_folder(os.path.join(tmp, "hf_encoder"), f["vocab"], head="encoder")
+  f["sparse"] = _tiny_hf_folder(os.path.join(tmp, "sparse"), f["vocab"], head="sparse")
   f["hf_wide"] = _tiny_hf_folder(os.path.join(tmp, "hf_wide"), f["vocab"], hidden=32)
   f["hf_rotary"] = _tiny_hf_folder(os.path.join(tmp, "hf_rotary"), f["vocab"], position_embedding="rotary",
                                    layer_norm="pre", type_vocab_size=0, ffn="glu", use_bias=False, norm_bias=False,
@@ -632,7 +653,8 @@ def fixtures(tmp: str) -> dict:
 
 def _tiny_hf_folder(out: str, vocab: str, hidden: int = 16, head: str | None = None, **switches) -> str:
   """A 1-layer BERT (or, with `switches`, another family's layout) with random weights as an HF folder with the
-  vocabulary (MLM model, or the encoder alone with head="encoder", and tokenizer files)."""
+  vocabulary (MLM model, or the encoder alone with head="encoder", or a SparseEncoder folder with head="sparse",
+  and tokenizer files)."""
   import jax
 
   from bertjax import convert, model
@@ -644,7 +666,11 @@ def _tiny_hf_folder(out: str, vocab: str, hidden: int = 16, head: str | None = N
   batch = {"input_ids": ids, "input_mask": ids + 1, "segment_ids": ids, "masked_lm_positions": ids[:, :2]}
   params = model.BertForPreTraining(cfg).init(jax.random.key(0), batch)["params"]
   params = jax.device_get(model_unbox(params))
-  convert.to_hf(cfg, params["bert"] if head == "encoder" else params, out, head=head)
+  if head == "sparse":
+    from bertjax.embeddings import sparse
+    sparse.write_folder(cfg, params, out, 32)
+  else:
+    convert.to_hf(cfg, params["bert"] if head == "encoder" else params, out, head=head)
   export.copy_tokenizer(vocab, True, out)
   return out
 

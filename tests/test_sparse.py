@@ -223,3 +223,47 @@ def test_the_regularizer_ramp_is_sentence_transformers_scheduler():
       cb.on_step_begin(None, SimpleNamespace(global_step=step), None)
       assert float(sparse.regularizer_ramp(step, total, ratio)) == pytest.approx(loss.document_regularizer_weight)
       assert 2 * float(sparse.regularizer_ramp(step, total, ratio)) == pytest.approx(loss.query_regularizer_weight)
+
+
+def test_sparse_beir_search_equals_sentence_transformers_scores_with_ir_measures(splade_folder, tmp_path, capsys):
+  """`python -m bertjax embeddings --beir` with a SparseEncoder folder: exact search over the term vectors in
+  blocks on the 8-device mesh, pruned to 12 terms a vector; the metrics equal ir-measures' on the run that
+  sentence-transformers' own vectors give, and the run file holds the same documents."""
+  ir_measures = pytest.importorskip("ir_measures")
+  from bertjax.cli import embeddings as embeddings_cli
+  path, theirs = splade_folder
+  rng = np.random.default_rng(3)
+  docs = {f"d{i}": " ".join(rng.choice(WORDS, 6)) for i in range(37)}
+  queries = {f"q{i}": " ".join(rng.choice(WORDS, 3)) for i in range(9)}
+  qrels = {q: {f"d{j}": 1 for j in rng.choice(37, 2, replace=False)} for q in queries}
+  beir = tmp_path / "beir"
+  (beir / "qrels").mkdir(parents=True)
+  (beir / "corpus.jsonl").write_text("".join(json.dumps({"_id": k, "text": v}) + "\n" for k, v in docs.items()))
+  (beir / "queries.jsonl").write_text("".join(json.dumps({"_id": k, "text": v}) + "\n" for k, v in queries.items()))
+  (beir / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\n" + "".join(
+      f"{q}\t{d}\t1\n" for q, ds in qrels.items() for d in ds))
+  assert embeddings_cli.main(["--model", path, "--beir", str(beir), "--run", str(tmp_path / "run.trec"),
+                              "--max_active_dims", "12", "--block", "7", "--top_k", "37"]) == 0
+  got = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+  q = theirs.encode(list(queries.values()), convert_to_tensor=True, convert_to_sparse_tensor=False,
+                    max_active_dims=12).numpy()
+  d = theirs.encode(list(docs.values()), convert_to_tensor=True, convert_to_sparse_tensor=False,
+                    max_active_dims=12).numpy()
+  sims = q @ d.T
+  run = [ir_measures.ScoredDoc(qid, did, float(sims[i, j])) for i, qid in enumerate(queries)
+         for j, did in enumerate(docs)]
+  measures = {"ndcg@10": ir_measures.nDCG @ 10, "mrr@10": ir_measures.RR @ 10, "recall@100": ir_measures.R @ 100,
+              "map": ir_measures.AP}
+  want = ir_measures.calc_aggregate(list(measures.values()),
+                                    [ir_measures.Qrel(qid, did, 1) for qid, ds in qrels.items() for did in ds], run)
+  for name, m in measures.items():
+    assert got[name] == pytest.approx(want[m], abs=1e-6), name
+  assert got["query active dims"] == got["document active dims"] == 12
+  ours = {}
+  for line in (tmp_path / "run.trec").read_text().splitlines():
+    qid, _, did, _, score, _ = line.split()
+    ours[(qid, did)] = float(score)
+  assert len(ours) == len(queries) * len(docs)
+  for i, qid in enumerate(queries):
+    for j, did in enumerate(docs):
+      assert ours[(qid, did)] == pytest.approx(float(sims[i, j]), rel=1e-4, abs=1e-4)

@@ -2,8 +2,9 @@
 
 Evaluates an embedding model (a sentence-transformers folder, an HF folder or a bertjax workdir) on scored
 sentence pairs (STS) or a BEIR folder (exact search, TREC run, trec_eval's measures), or embeds a corpus into
-resumable blocks; docs/embeddings.md. Every argument and the data are checked before the model is loaded; no file
-the command did not write is written over without --overwrite.
+resumable blocks; a sparse encoder (a SparseEncoder folder or a task=sparse workdir) searches BEIR by the dot
+product of its term vectors; docs/embeddings.md. Every argument and the data are checked before the model is
+loaded; no file the command did not write is written over without --overwrite.
 """
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import json
 
 from bertjax import errors
 from bertjax.cli import common
-from bertjax.embeddings import blocks, retrieval
+from bertjax.embeddings import blocks, rerank, retrieval, sparse
 from bertjax.embeddings import task as contrastive_task
 from bertjax.embeddings.encoder import Encoder, beir_scores, check_sizes, embed_corpus, sts_scores
 from bertjax.embeddings.model import POOLINGS, Pooling
@@ -34,12 +35,20 @@ def parser() -> common.ArgumentParser:
   p.add_argument("--top_k", type=int, default=1000, help="--beir: documents kept per query in the run")
   p.add_argument("--run", default="", help="--beir: write the run here in TREC format")
   p.add_argument("--cache_dir", default="", help="--beir: keep corpus embeddings here; a rerun resumes")
-  p.add_argument("--block", type=int, default=65536, help="--beir, --corpus: documents embedded at a time")
-  p.add_argument("--score", default="cos", choices=["cos", "dot"], help="--beir: cosine or dot product")
+  p.add_argument("--block", type=int, default=None, help="--beir, --corpus: documents embedded at a time (default "
+                                                          "65536; 2048 for a sparse encoder, whose vectors span the "
+                                                          "vocabulary)")
+  p.add_argument("--score", default=None, choices=["cos", "dot"],
+                 help="--beir: cosine or dot product (default cos; dot, the only one, for a sparse encoder)")
   p.add_argument("--query_prefix", default="", help="--beir: text put before each query (e.g. 'query: ')")
   p.add_argument("--doc_prefix", default="", help="--beir, --corpus: text put before each document (e.g. 'passage: ')")
   p.add_argument("--columns", default="sentence1,sentence2,score", help="--sts: the text, text and score columns")
   p.add_argument("--pooling", default="", choices=["", *POOLINGS], help="default: the model's own, else mean")
+  p.add_argument("--rerank", default="", help="--beir: rerank this TREC run's top --depth documents per query "
+                                             "with --model, a cross-encoder")
+  p.add_argument("--depth", type=int, default=100, help="--rerank: documents re-scored per query")
+  p.add_argument("--max_active_dims", type=int, default=0,
+                 help="--beir with a sparse encoder: keep each vector's largest terms (0: all)")
   p.add_argument("--batch_size", type=int, default=32)
   p.add_argument("--overwrite", action="store_true", help="replace a --run file or --out / --cache_dir folder "
                                                          "this command did not write")
@@ -49,8 +58,20 @@ def parser() -> common.ArgumentParser:
 @common.guard
 def main(argv=None) -> int:
   args = parser().parse_args(argv)
-  check_sizes(top_k=args.top_k, block=args.block, batch_size=args.batch_size)
+  check_sizes(top_k=args.top_k, block=65536 if args.block is None else args.block, batch_size=args.batch_size)
   pooling = Pooling(mode=args.pooling) if args.pooling else None
+  if args.max_active_dims < 0:
+    raise errors.ConfigError(f"--max_active_dims {args.max_active_dims}: a count of terms >= 0 (0: all)")
+  if args.rerank and not args.beir:
+    raise errors.ConfigError("--rerank needs --beir, the folder whose queries, corpus and judgements the run is of")
+  is_sparse = sparse.SparseEncoder.is_model(args.model)
+  args.block = args.block or (2048 if is_sparse else 65536)
+  args.score = args.score or ("dot" if is_sparse else "cos")
+  if is_sparse and not args.beir:
+    raise errors.ConfigError(f"{args.model} is a sparse encoder: it takes --beir (STS and --corpus are for dense "
+                             "embedding models)")
+  if is_sparse and args.score != "dot":
+    raise errors.ConfigError("a sparse encoder scores by dot product: --score dot")
   # The data and every output are checked before the model is loaded.
   if args.corpus:
     if not args.out:
@@ -61,13 +82,16 @@ def main(argv=None) -> int:
     print(json.dumps(embed_corpus(enc, ids, texts, args.out, args.block, args.batch_size, args.doc_prefix,
                                   overwrite=args.overwrite)))
     return 0
+  if args.rerank:
+    return _rerank(args)
   if args.beir:
     if args.run:
       retrieval.check_run_file(args.run, args.overwrite)
     if args.cache_dir:
       blocks.check_folder(args.cache_dir, "--cache_dir", args.overwrite)
     data = retrieval.read_beir(args.beir, args.split)
-    enc = Encoder.load(args.model, pooling)
+    enc = (sparse.SparseEncoder.load(args.model, max_active_dims=args.max_active_dims or None) if is_sparse
+           else Encoder.load(args.model, pooling))
     print(json.dumps(beir_scores(enc, data, args.split, args.top_k, args.run, args.cache_dir, args.block,
                                  args.batch_size, args.query_prefix, args.doc_prefix, args.score, args.overwrite)))
     return 0
@@ -77,4 +101,30 @@ def main(argv=None) -> int:
   rows = contrastive_task.read_pairs(args.sts, names[0], names[1], score=names[2])
   enc = Encoder.load(args.model, pooling)
   print(json.dumps(sts_scores(enc, [(r["anchor"], r["docs"][0], r["score"]) for r in rows], args.batch_size)))
+  return 0
+
+
+def _rerank(args) -> int:
+  """--beir F --rerank RUN: the run's top --depth documents per judged query re-scored by the cross-encoder; the
+  metrics of the run before and after, the new run written to --run."""
+  check_sizes(depth=args.depth)
+  if args.run:
+    retrieval.check_run_file(args.run, args.overwrite)
+  data = retrieval.read_beir(args.beir, args.split)
+  run = rerank.read_run(args.rerank, data.doc_ids)
+  judged = {q: run[q] for q in data.query_ids if q in run}
+  if not judged:
+    raise errors.DataError(f"{args.rerank}: no query of the run has judgements in qrels/{args.split}.tsv")
+  if not rerank.CrossEncoder.is_model(args.model):
+    raise errors.ConfigError(f"{args.model}: not a cross-encoder (a CrossEncoder folder, an HF "
+                             "*ForSequenceClassification folder or a bertjax classification workdir)")
+  ce = rerank.CrossEncoder.load(args.model)
+  new = rerank.rerank(ce, judged, dict(zip(data.query_ids, data.queries)), dict(zip(data.doc_ids, data.docs)),
+                      args.depth, args.batch_size)
+  if args.run:
+    retrieval.write_trec(new, args.run)
+  before = retrieval.evaluate_run(judged, data.qrels)
+  print(json.dumps({**retrieval.evaluate_run(new, data.qrels), **{f"{k} before": v for k, v in before.items()},
+                    "queries": len(data.queries), "pairs scored": sum(len(v) for v in new.values()),
+                    "queries of the run without judgements": len(run) - len(judged)}))
   return 0

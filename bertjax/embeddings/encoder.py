@@ -70,6 +70,9 @@ def _embedding_run(path: str) -> dict | None:
   if not os.path.isfile(os.path.join(path, "finetune.json")):
     return None
   meta = weights.finetune_meta(path)
+  if meta["kind"] == "sparse":
+    raise convert.ConversionError(f"{path}: a sparse encoder's run (task=sparse); read it with "
+                                  "bertjax.embeddings.sparse.SparseEncoder (the embeddings command does)")
   return meta if meta["kind"] == "contrastive" else None
 
 
@@ -201,19 +204,31 @@ def beir_scores(encoder: Encoder, folder: str | retrieval.Beir, split: str = "te
     retrieval.check_run_file(run_file, overwrite)
   beir = folder if isinstance(folder, retrieval.Beir) else retrieval.read_beir(folder, split)
   prep = scores.unit_rows if score == "cos" else (lambda x: x)
+  sparse = hasattr(encoder, "max_active_dims")  # a SparseEncoder: dot products of term vectors
+  if sparse and score != "dot":
+    raise errors.ConfigError("a sparse encoder scores by dot product: --score dot")
+  counts = {"query": [], "document": []}
+
+  def counted(side, vectors):
+    if sparse:
+      counts[side].append(np.count_nonzero(vectors, axis=1))
+    return vectors
   store = None
   if cache_dir:
     store = blocks_lib.BlockStore(cache_dir, blocks_lib.corpus_key(f"{encoder.fingerprint}|{doc_prefix}|{score}",
                                                                    beir.docs, block), "--cache_dir", overwrite)
-  queries = prep(encoder.encode([query_prefix + t for t in beir.queries], batch_size))
+  queries = counted("query", prep(encoder.encode([query_prefix + t for t in beir.queries], batch_size)))
   blocks = retrieval.corpus_blocks(lambda texts: prep(encoder.encode([doc_prefix + t for t in texts], batch_size)),
                                    beir.docs, block, store)
-  s, rows = retrieval.search(queries, blocks, top_k)
+  s, rows = retrieval.search(queries, (counted("document", b) for b in blocks), top_k)
   run = retrieval.make_run(beir, s, rows)
   if run_file:
     retrieval.write_trec(run, run_file)
-  return {**retrieval.evaluate_run(run, beir.qrels), "queries": len(beir.queries), "documents": len(beir.docs),
-          "queries without judgements": beir.skipped_queries, "empty documents": beir.empty_docs}
+  out = {**retrieval.evaluate_run(run, beir.qrels), "queries": len(beir.queries), "documents": len(beir.docs),
+         "queries without judgements": beir.skipped_queries, "empty documents": beir.empty_docs}
+  if sparse:  # the non-zero terms per vector: what an inverted index of them would hold
+    out.update({f"{side} active dims": float(np.mean(np.concatenate(c))) for side, c in counts.items()})
+  return out
 
 
 def embed_corpus(encoder: Encoder, ids: Sequence[str], texts: Sequence[str], out: str, block: int = 65536,

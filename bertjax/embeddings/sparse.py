@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import hashlib
 import json
 import os
 from typing import Sequence
@@ -183,10 +184,11 @@ class SparseEncoder:
   max_seq_length: int
   pooling: str = "max"
   activation: str = "relu"
+  max_active_dims: int | None = None  # keep each vector's largest terms (None: all)
 
   @classmethod
   def load(cls, path: str, max_seq_length: int = 0, pooling: str = "max", activation: str = "relu",
-           **overrides) -> "SparseEncoder":
+           max_active_dims: int | None = None, **overrides) -> "SparseEncoder":
     """A SparseEncoder folder (its pooling, activation and max_seq_length), a bertjax `task=sparse` workdir (its
     best parameters and settings), or any folder holding an MLM model (HF, bertjax pre-training workdir) with the
     `pooling` and `activation` given."""
@@ -210,7 +212,26 @@ class SparseEncoder:
     params = {k: v for k, v in w.params.items() if k != "nsp"}
     params["bert"] = {k: v for k, v in params["bert"].items() if k != "pooler"}  # no NSP head reads it
     limit = w.cfg.max_length
-    return cls(w.cfg.replace(nsp_head=False), params, tok, min(max_seq_length or limit, limit), pooling, activation)
+    return cls(w.cfg.replace(nsp_head=False), params, tok, min(max_seq_length or limit, limit), pooling, activation,
+               max_active_dims)
+
+  @classmethod
+  def is_model(cls, path: str) -> bool:
+    """Whether `path` is a SparseEncoder folder or a bertjax `task=sparse` workdir."""
+    if is_folder(path):
+      return True
+    if not os.path.isfile(os.path.join(path, "finetune.json")):
+      return False
+    return weights.finetune_meta(path).get("kind") == "sparse"
+
+  @functools.cached_property
+  def fingerprint(self) -> str:
+    """A digest of the weights and settings: what decides the term vectors."""
+    h = hashlib.sha256(repr(("sparse", self.cfg, self.max_seq_length, self.pooling, self.activation,
+                             self.max_active_dims)).encode())
+    for leaf in jax.tree_util.tree_leaves(self.params):
+      h.update(np.ascontiguousarray(leaf).tobytes())
+    return h.hexdigest()
 
   @property
   def dims(self) -> int:
@@ -223,7 +244,8 @@ class SparseEncoder:
     return jax.jit(lambda params, batch: module.apply({"params": params}, batch, method=SparseModel.terms))
 
   def encode(self, texts: Sequence[str], batch_size: int = 32, max_active_dims: int | None = None) -> np.ndarray:
-    """[len(texts), dims] term weights, longest texts batched together, in the order given."""
+    """[len(texts), dims] term weights, longest texts batched together, in the order given; at most
+    `max_active_dims` (else the encoder's own) non-zero terms each."""
     if not len(texts):
       return np.zeros((0, self.dims), np.float32)
     rows = token_rows(self.tok, texts, self.max_seq_length)
@@ -233,4 +255,4 @@ class SparseEncoder:
       idx = order[i:i + batch_size]
       batch = batch_of([rows[j] for j in idx], self.tok.pad_id, self.max_seq_length, rows=batch_size, multiple=8)
       out[idx] = np.asarray(self._apply(self.params, batch))[:len(idx)]
-    return top_k(out, max_active_dims)
+    return top_k(out, max_active_dims or self.max_active_dims)
