@@ -4,8 +4,8 @@
       --workdir=W
 
 Argument keys: task (glue/{cola,sst2,mrpc,qqp,stsb,mnli,qnli,rte,wnli} | squad/v1.1 | squad/v2.0 | squad_json |
-ner | local | pairs | sparse), init, lr, batch, epochs, seq (0 = 128, or 384 for SQuAD), seed, shard, variant (only
-without init).
+ner | local | pairs | sparse | rerank), init, lr, batch, epochs, seq (0 = 128, or 384 for SQuAD), seed, shard,
+variant (only without init).
 """
 import ml_collections
 

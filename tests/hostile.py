@@ -155,6 +155,15 @@ CASES = [
       "--config.data.tokenizer={vocab}"],
      r"sparse.document_regularizer_weight -0.5 and query_regularizer_weight 5e-05 must be >= 0",
      "a negative FLOPS weight"),
+    ("ft_rerank_no_pair", "train",
+     [FINE[0].replace("task=local", "task=rerank"), "--workdir={tmp}/w_rerank1", "--config.data.train_file={csv_ok}",
+      "--config.data.text_a_column=sentence", "--config.data.tokenizer={vocab}"],
+     r"task rerank reads \(query, document, label\) rows: set data.text_b_column", "a reranker without documents"),
+    ("ft_rerank_label", "train",
+     [FINE[0].replace("task=local", "task=rerank"), "--workdir={tmp}/w_rerank2",
+      "--config.data.train_file={rerank_bad}", "--config.data.text_a_column=query",
+      "--config.data.text_b_column=document", "--config.data.tokenizer={vocab}"],
+     r"rerank_bad.csv: row 2 has label 2.0; task rerank takes relevance in \[0, 1\]", "a relevance label above 1"),
     ("ft_pairs_batch1", "train",
      [FINE[0].replace("task=local", "task=pairs").replace("batch=8", "batch=1"), "--workdir={tmp}/w_pairs3",
       "--config.data.train_file={pairs_ok}", "--config.data.text_a_column=anchor",
@@ -606,6 +615,7 @@ def fixtures(tmp: str) -> dict:
     write(f"{name}/corpus.jsonl", corpus, "wb")
     write(f"{name}/queries.jsonl", b'{"_id": "1", "text": "first"}\n', "wb")
     write(f"{name}/qrels/test.tsv", qrels, "wb")
+  f["rerank_bad"] = write("rerank_bad.csv", "query,document,label\nfirst,one,1\nfirst,two,2\n")
   f["run_ok"] = write("run_ok.trec", "1 Q0 a 1 2.5 bm25\n")
   f["run_unknown"] = write("run_unknown.trec", "1 Q0 a 1 2.5 bm25\n1 Q0 zz 2 1.5 bm25\n")
   f["run_twice"] = write("run_twice.trec", "1 Q0 a 1 2.5 bm25\n1 Q0 a 2 1.5 bm25\n")

@@ -156,3 +156,103 @@ def test_longest_first_truncation_equals_hf_tokenizers():
         want = (sum(1 for s in enc.sequence_ids if s == 0), sum(1 for s in enc.sequence_ids if s == 1))
         rerank.truncate_longest_first(a, b, budget)
         assert (len(a), len(b)) == want, (n1, n2, budget)
+
+
+def _write_rerank_rows(path, n, seed, per_query=2):
+  """(query, document, label): `per_query` documents a query, the first relevant (it holds the query's first
+  word), the others holding other topics."""
+  import csv
+  import random
+  rng = random.Random(seed)
+  topics, filler = WORDS[5:], WORDS[:5]
+  with open(path, "w", newline="") as f:
+    w = csv.writer(f)
+    w.writerow(["query", "document", "label"])
+    for i in range(n):
+      t = topics[(i // per_query) % len(topics)]
+      other = topics[(i // per_query + 4 + i % per_query) % len(topics)]
+      relevant = i % per_query == 0
+      # Every third query of a dev file labels its second document instead: rankings that are not all perfect.
+      label = relevant != (per_query > 2 and (i // per_query) % 3 == 0 and i % per_query < 2)
+      if i % per_query == 0:
+        query = f"{t} " + " ".join(rng.sample(filler, 2))
+      w.writerow([query,
+                  " ".join(rng.sample(filler, 3)) + f" {t if relevant else other}", int(label)])
+
+
+def test_rerank_training_on_8_devices_equals_1_device_and_exports_a_cross_encoder(bert_cross_encoder, tmp_path):
+  """task=rerank through the real loop from a CrossEncoder folder: its loss is sentence-transformers'
+  BinaryCrossEntropyLoss on the same pairs; 8 fake devices (fsdp) and 1 give the same losses and parameters; the
+  report's reranking metrics equal ir-measures' on the model's scores; the export is a CrossEncoder folder that
+  sentence-transformers predicts with as the run's model does."""
+  import jax
+  ir_measures = pytest.importorskip("ir_measures")
+  from sentence_transformers.cross_encoder.losses import BinaryCrossEntropyLoss
+
+  from bertjax import finetune, predict
+  from bertjax import tasks as tasks_lib
+  from bertjax.cli import convert as convert_cli
+  from bertjax.embeddings import rerank_task
+  from configs import common
+  from configs import finetune as finetune_config
+  path, theirs = bert_cross_encoder
+  _write_rerank_rows(tmp_path / "train.csv", 32, 0)
+  _write_rerank_rows(tmp_path / "dev.csv", 24, 1, per_query=4)
+
+  def config():
+    c = finetune_config.get_config(f"task=rerank,init={path},lr=1e-3,batch=8,epochs=1,seq=24")
+    c.data.train_file, c.data.eval_file = str(tmp_path / "train.csv"), str(tmp_path / "dev.csv")
+    c.data.text_a_column, c.data.text_b_column, c.data.label_column = "query", "document", "label"
+    c.model.dropout_rate = c.model.attention_dropout_rate = 0.0
+    c.sharding, c.log_every = common.sharding("fsdp"), 1
+    return c
+  # The kind's loss on the start's weights equals sentence-transformers' BinaryCrossEntropyLoss.
+  c = config()
+  task = tasks_lib.get("rerank", config=c)
+  kind = tasks_lib.kind(task)
+  cfg, params, tok_path, lower = kind.weights(task, path, {})
+  tok = tokenizer_lib.load(tok_path, do_lower_case=lower)
+  rows = rerank_task.read(str(tmp_path / "train.csv"), c)
+  feats = rerank_task.featurize(rows, tok, 24)
+  out = kind.head(task, cfg).apply({"params": params}, {k: feats[k] for k in ("input_ids", "input_mask",
+                                                                               "segment_ids")})
+  ours = kind.loss(task, out, {"labels": feats["labels"], "example_weights": np.ones(len(rows), np.float32)})
+  theirs.eval()
+  with torch.no_grad():
+    want = BinaryCrossEntropyLoss(theirs)([[r["text_a"] for r in rows], [r["text_b"] for r in rows]],
+                                          torch.tensor(feats["labels"]))
+  np.testing.assert_allclose(float(ours), float(want), rtol=1e-5)
+  # 8 devices = 1 through the real loop.
+  runs, losses = {}, {}
+  for name, devices in (("eight", jax.devices()), ("one", jax.devices()[:1])):
+    runs[name] = finetune.finetune(config(), str(tmp_path / name), devices=devices)
+    losses[name] = [r["loss"] for r in finetune.read_train_metrics(str(tmp_path / name))]
+  assert len(losses["one"]) == 4
+  np.testing.assert_allclose(losses["eight"], losses["one"], rtol=1e-5)
+  for a, b in zip(jax.tree_util.tree_leaves(runs["eight"]["state"].params),
+                  jax.tree_util.tree_leaves(runs["one"]["state"].params)):
+    # Adam moves a weight whose gradient is near 0 by up to lr (1e-3) a step either way: 5e-5 is 5% of a step.
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=5e-5)
+  # The report's metrics are ir-measures' on the trained model's scores of the dev pairs.
+  dev = rerank_task.read(str(tmp_path / "dev.csv"), c)
+  w = str(tmp_path / "one")
+  ce = rerank.CrossEncoder.load(w)
+  scores = ce.predict([(r["text_a"], r["text_b"]) for r in dev])
+  qid = {q: f"q{i}" for i, q in enumerate(dict.fromkeys(r["text_a"] for r in dev))}
+  run = [ir_measures.ScoredDoc(qid[r["text_a"]], f"d{i}", float(s)) for i, (r, s) in enumerate(zip(dev, scores))]
+  gold = [ir_measures.Qrel(qid[r["text_a"]], f"d{i}", int(r["label"] >= 0.5)) for i, r in enumerate(dev)]
+  measures = {"ndcg@10": ir_measures.nDCG @ 10, "mrr@10": ir_measures.RR @ 10, "map": ir_measures.AP}
+  want = ir_measures.calc_aggregate(list(measures.values()), gold, run)
+  got = runs["one"]["report"]["epochs"][-1]["validation"]
+  for name, m in measures.items():
+    assert got[name] == pytest.approx(want[m], abs=1e-6), name
+  # Exported as a CrossEncoder folder: sentence-transformers predicts as the workdir does, and so does bertjax.
+  assert convert_cli.write(w, str(tmp_path / "ce")) == "CrossEncoder"
+  exported = st.CrossEncoder(str(tmp_path / "ce"), device="cpu")
+  assert exported.max_length == 24
+  pairs = [(r["text_a"], r["text_b"]) for r in dev] + PAIRS
+  np.testing.assert_allclose(exported.predict(pairs), ce.predict(pairs), atol=1e-5)
+  np.testing.assert_allclose(rerank.CrossEncoder.load(str(tmp_path / "ce")).predict(pairs), ce.predict(pairs),
+                             atol=1e-5)
+  assert predict.predict_text(w, text=dev[0]["text_a"], pair=dev[0]["text_b"])["score"] == pytest.approx(
+      float(scores[0]), abs=1e-5)

@@ -65,7 +65,7 @@ def copy_tokenizer(tok_path: str, lower: bool, out: str) -> None:
     shutil.copyfile(tok_path, os.path.join(out, "vocab.txt"))
     with open(os.path.join(out, "tokenizer_config.json"), "w", encoding="utf-8") as f:
       json.dump({"tokenizer_class": "BertTokenizer", "do_lower_case": bool(lower)}, f, indent=2)
-  elif tok_path.endswith(".json"):  # byte-level BPE: the files HF's tokenizers read
+  elif tok_path.endswith(".json"):  # tokenizer.json (or byte-level BPE's vocab.json): the files HF's tokenizers read
     folder = os.path.dirname(tok_path)
     for name in ("vocab.json", "merges.txt", "tokenizer.json"):
       if os.path.isfile(os.path.join(folder, name)):
@@ -78,11 +78,14 @@ def copy_tokenizer(tok_path: str, lower: bool, out: str) -> None:
       # RoBERTa's byte-level BPE over these files, special tokens and all, whatever the model's family (without
       # tokenizer.json, ModernBERT's AutoTokenizer has no reader for vocab.json + merges.txt).
       transformers.RobertaTokenizer.from_pretrained(out).save_pretrained(out)
-    elif tok.kind == "metaspace":  # a sentencepiece vocabulary (XLM-R's): tokenizer.json is the whole tokenizer
+    elif tok.kind in ("metaspace", "wordpiece"):
+      # tokenizer.json is the whole tokenizer (XLM-R's sentencepiece vocabulary; a fast BERT tokenizer's WordPiece
+      # with its lower-casing and pair template): a class of its own would lay its special tokens over it.
       names = dict(zip(("pad_token", "unk_token", "cls_token", "sep_token", "mask_token"), tok.specials))
+      ends = {"bos_token": names["cls_token"], "eos_token": names["sep_token"]} if tok.kind == "metaspace" else {}
       with open(os.path.join(out, "tokenizer_config.json"), "w", encoding="utf-8") as f:
-        json.dump({"tokenizer_class": "PreTrainedTokenizerFast", **names, "bos_token": names["cls_token"],
-                   "eos_token": names["sep_token"], "model_input_names": _input_names(out)}, f, indent=2)
+        json.dump({"tokenizer_class": "PreTrainedTokenizerFast", **names, **ends,
+                   "model_input_names": _input_names(out)}, f, indent=2)
     elif not os.path.isfile(os.path.join(out, "tokenizer_config.json")):
       with open(os.path.join(out, "tokenizer_config.json"), "w", encoding="utf-8") as f:
         json.dump({"tokenizer_class": "RobertaTokenizer"}, f, indent=2)

@@ -22,7 +22,7 @@ from typing import Sequence
 import jax
 import numpy as np
 
-from bertjax import convert, errors
+from bertjax import errors
 from bertjax import model as model_lib
 from bertjax.convert import weights
 from bertjax.convert.table import ConversionError
@@ -62,6 +62,21 @@ def truncate_longest_first(a: list, b: list, max_tokens: int) -> None:
   if swap:
     n1, n2 = n2, n1
   del a[n1:], b[n2:]
+
+
+def pair_rows(tok: tokenizer_lib.Tokenizer, pairs: Sequence[tuple[str, str]], max_length: int
+              ) -> list[tuple[list[int], int, bool]]:
+  """Each pair as its HF tokenizer lays it out for a sequence classifier: (ids, where the second text starts,
+  whether it takes segment id 1 there). [CLS] q [SEP] d [SEP] with segments; a tokenizer whose first token is
+  <s> (RoBERTa, XLM-RoBERTa) <s> q </s></s> d </s> without. Cut by `truncate_longest_first`."""
+  double = tok.id_to_token(tok.cls_id) == "<s>"
+  out = []
+  for q, d in pairs:
+    a, b = tok.encode(q), tok.encode(d)
+    truncate_longest_first(a, b, max_length - (4 if double else 3))
+    first = [tok.cls_id] + a + [tok.sep_id] + ([tok.sep_id] if double else [])
+    out.append((first + b + [tok.sep_id], len(first), not double))
+  return out
 
 
 def read_activation(path: str, num_labels: int) -> str:
@@ -110,7 +125,7 @@ class CrossEncoder:
     """Whether `path` is a CrossEncoder folder, an HF *ForSequenceClassification folder or a bertjax
     classification / regression workdir."""
     if os.path.isfile(os.path.join(path, "finetune.json")):
-      return weights.finetune_meta(path).get("kind") in ("classification", "regression")
+      return weights.finetune_meta(path).get("kind") in ("classification", "regression", "rerank")
     if _json(os.path.join(path, "config_sentence_transformers.json")).get("model_type") == "CrossEncoder":
       return True
     archs = _json(os.path.join(path, "config.json")).get("architectures") or []
@@ -120,18 +135,19 @@ class CrossEncoder:
   def load(cls, path: str, max_length: int = 0, **overrides) -> "CrossEncoder":
     if os.path.isfile(os.path.join(path, "finetune.json")):
       meta = weights.finetune_meta(path)
-      if meta.get("kind") not in ("classification", "regression"):
-        raise ConversionError(f"{path}: a {meta.get('kind')!r} run; a reranker is a classification or regression "
-                              "model")
-      n = 1 if meta["kind"] == "regression" else len(meta["labels"])
-      activation = "identity" if meta["kind"] == "regression" or n > 1 else "sigmoid"
+      if meta.get("kind") not in ("classification", "regression", "rerank"):
+        raise ConversionError(f"{path}: a {meta.get('kind')!r} run; a reranker is a rerank, classification or "
+                              "regression model")
+      n = len(meta["labels"]) if meta["kind"] == "classification" else 1
+      activation = "sigmoid" if meta["kind"] == "rerank" or n == 1 and meta["kind"] != "regression" else "identity"
       max_length = max_length or int(meta["max_seq_length"])
     else:
       conf = _json(os.path.join(path, "config.json"))
       n = int(conf.get("num_labels") or len(conf.get("id2label") or {}) or 2)
       activation = read_activation(path, n)
       max_length = max_length or _max_seq_length(path, path)
-    w = weights.load(path, overrides=overrides, head="sequence_classification", num_labels=n)
+    finetuned = os.path.isfile(os.path.join(path, "finetune.json"))  # its own head, whatever its task
+    w = weights.load(path, overrides=overrides, head="all" if finetuned else "sequence_classification", num_labels=n)
     if "classifier" not in w.params:
       raise ConversionError(f"{path}: no sequence-classification head (a reranker scores with one)")
     if not w.tokenizer:
@@ -141,25 +157,14 @@ class CrossEncoder:
     return cls(w.cfg, w.params, tok, min(max_length or limit, limit), n, activation)
 
   @functools.cached_property
-  def _double_sep(self) -> bool:
-    return convert.family_of(self.cfg) == "roberta"  # <s> q </s></s> d </s>, no segment ids
-
-  @functools.cached_property
   def fingerprint(self) -> str:
     h = hashlib.sha256(repr(("cross", self.cfg, self.max_length, self.num_labels, self.activation)).encode())
     for leaf in jax.tree_util.tree_leaves(self.params):
       h.update(np.ascontiguousarray(leaf).tobytes())
     return h.hexdigest()
 
-  def rows(self, pairs: Sequence[tuple[str, str]]) -> list[tuple[list[int], int]]:
-    """Each pair's token ids and where its second text starts."""
-    out, specials = [], 4 if self._double_sep else 3
-    for q, d in pairs:
-      a, b = self.tok.encode(q), self.tok.encode(d)
-      truncate_longest_first(a, b, self.max_length - specials)
-      first = [self.tok.cls_id] + a + [self.tok.sep_id] + ([self.tok.sep_id] if self._double_sep else [])
-      out.append((first + b + [self.tok.sep_id], len(first)))
-    return out
+  def rows(self, pairs: Sequence[tuple[str, str]]) -> list[tuple[list[int], int, bool]]:
+    return pair_rows(self.tok, pairs, self.max_length)
 
   @functools.cached_property
   def _apply(self):
@@ -172,17 +177,16 @@ class CrossEncoder:
       raise errors.ConfigError(f"batch_size must be >= 1, got {batch_size}")
     rows = self.rows(pairs)
     out = np.zeros((len(rows), self.num_labels), np.float32)
-    order = np.argsort([-len(r) for r, _ in rows], kind="stable")
-    segments = not self._double_sep and self.cfg.type_vocab_size > 1
+    order = np.argsort([-len(r) for r, _, _ in rows], kind="stable")
     for i in range(0, len(rows), batch_size):
       idx = order[i:i + batch_size]
       n = min(-(-max(len(rows[j][0]) for j in idx) // 8) * 8, self.max_length)
       ids = np.full((batch_size, n), self.tok.pad_id, np.int32)
       mask, seg = np.zeros_like(ids), np.zeros_like(ids)
       for r, j in enumerate(idx):
-        row, start = rows[j]
+        row, start, segments = rows[j]
         ids[r, :len(row)], mask[r, :len(row)] = row, 1
-        if segments:
+        if segments and self.cfg.type_vocab_size > 1:
           seg[r, start:len(row)] = 1
       logits = self._apply(self.params, {"input_ids": ids, "input_mask": mask, "segment_ids": seg})
       out[idx] = np.asarray(logits, np.float32)[:len(idx)]
