@@ -98,6 +98,11 @@ def get_config(arg=None):
   c.sparse.regularizer_warmup = 1 / 3
   c.sparse.max_active_dims = 0  # evaluation: keep each vector's largest terms (0: all)
 
+  # task=rerank (cross-encoder; query, document, relevance columns): bce, sentence-transformers'
+  # BinaryCrossEntropyLoss on each pair | listnet, its ListNetLoss over each query's documents (a batch is queries).
+  c.rerank = ml_collections.ConfigDict()
+  c.rerank.loss = "bce"
+
   c.train = ml_collections.ConfigDict()
   c.train.learning_rate = a.lr  # 2e-5, 3e-5 or 5e-5
   c.train.global_batch_size = a.batch  # 32 (16 allowed)

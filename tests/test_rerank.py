@@ -256,3 +256,61 @@ def test_rerank_training_on_8_devices_equals_1_device_and_exports_a_cross_encode
                              atol=1e-5)
   assert predict.predict_text(w, text=dev[0]["text_a"], pair=dev[0]["text_b"])["score"] == pytest.approx(
       float(scores[0]), abs=1e-5)
+
+
+def test_listnet_equals_sentence_transformers_on_queries_of_unequal_lists(bert_cross_encoder, tmp_path):
+  """rerank.loss=listnet: the kind's listwise loss on the start's weights equals sentence-transformers'
+  ListNetLoss on the same queries (3 and 4 documents, graded labels)."""
+  from sentence_transformers.cross_encoder.losses import ListNetLoss
+
+  from bertjax import tasks as tasks_lib
+  from bertjax.embeddings import rerank_task
+  from configs import finetune as finetune_config
+  path, theirs = bert_cross_encoder
+  lists = [("the river runs", ["past the city", "music", "a model reads text", "trains"], [1.0, 0.0, 0.5, 0.0]),
+           ("islands and mountains " * 4, ["mountains islands bridges " * 5, "words", "every query"], [0.0, 1.0, 0.2])]
+  with open(tmp_path / "lists.csv", "w") as f:
+    f.write("query,document,label\n" + "".join(f'"{q}","{d}",{y}\n' for q, ds, ys in lists for d, y in zip(ds, ys)))
+  c = finetune_config.get_config(f"task=rerank,init={path},seq=24")
+  c.data.text_a_column, c.data.text_b_column, c.data.label_column = "query", "document", "label"
+  c.rerank.loss = "listnet"
+  task = tasks_lib.get("rerank", config=c)
+  kind = tasks_lib.kind(task)
+  cfg, params, tok_path, lower = kind.weights(task, path, {})
+  feats = rerank_task.featurize_lists(rerank_task.read(str(tmp_path / "lists.csv"), c),
+                                      tokenizer_lib.load(tok_path, do_lower_case=lower), 24)
+  assert feats["list_input_ids"].shape[:2] == (2, 4) and feats["list_weights"].sum() == 7
+  batch = {**feats, "example_weights": np.ones(2, np.float32)}
+  module = kind.head(task, cfg.replace(dropout_rate=0.0, attention_dropout_rate=0.0))
+  import jax
+  ours, _ = kind.value_and_grad(task, module, params, batch, {"dropout": jax.random.key(0)})
+  theirs.eval()
+  with torch.no_grad():
+    want = ListNetLoss(theirs)([[q for q, _, _ in lists], [ds for _, ds, _ in lists]],
+                               [torch.tensor(ys) for _, _, ys in lists])
+  np.testing.assert_allclose(float(ours), float(want), rtol=1e-5)
+
+
+@pytest.mark.slow
+def test_listnet_training_on_8_devices_equals_1_device(bert_cross_encoder, tmp_path):
+  import jax
+
+  from bertjax import finetune
+  from configs import common
+  from configs import finetune as finetune_config
+  path, _ = bert_cross_encoder
+  _write_rerank_rows(tmp_path / "train.csv", 64, 0, per_query=4)
+  losses, params = {}, {}
+  for name, devices in (("eight", jax.devices()), ("one", jax.devices()[:1])):
+    c = finetune_config.get_config(f"task=rerank,init={path},lr=1e-3,batch=8,epochs=1,seq=24")
+    c.data.train_file = str(tmp_path / "train.csv")
+    c.data.text_a_column, c.data.text_b_column, c.data.label_column = "query", "document", "label"
+    c.model.dropout_rate = c.model.attention_dropout_rate = 0.0
+    c.sharding, c.log_every, c.rerank.loss = common.sharding("fsdp"), 1, "listnet"
+    out = finetune.finetune(c, str(tmp_path / name), devices=devices)
+    losses[name] = [r["loss"] for r in finetune.read_train_metrics(str(tmp_path / name))]
+    params[name] = jax.tree_util.tree_leaves(out["state"].params)
+  assert len(losses["one"]) == 2  # 16 queries of 4 documents, 8 queries a step
+  np.testing.assert_allclose(losses["eight"], losses["one"], rtol=1e-5)
+  for a, b in zip(params["eight"], params["one"]):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=5e-5)

@@ -22,13 +22,21 @@ NAMES = ("rerank",)
 METRICS = ("ndcg@10", "mrr@10", "map")
 
 
+LOSSES = ("bce", "listnet")
+
+
 def task(name, labels, regression, config) -> Task | None:
   """`rerank`: (query, document, relevance) rows from the config's files (data.text_a_column, text_b_column,
-  label_column)."""
-  del labels, regression, config
+  label_column); the loss from `config.rerank.loss`."""
+  del labels, regression
   if name != "rerank":
     return None
-  return Task(name, "rerank", ("text_a", "text_b"), (), METRICS, "ndcg@10")
+  options = ()
+  if config is not None:
+    if config.rerank.loss not in LOSSES:
+      raise errors.ConfigError(f"rerank.loss {config.rerank.loss!r} is not one of {list(LOSSES)}")
+    options = (("loss", config.rerank.loss),)
+  return Task(name, "rerank", ("text_a", "text_b"), (), METRICS, "ndcg@10", options=options)
 
 
 def read(path: str, config) -> list[dict]:
@@ -54,6 +62,34 @@ def featurize(rows: list[dict], tok, seq: int) -> dict:
       seg[i, start:len(row)] = 1
   return {"input_ids": ids, "input_mask": mask, "segment_ids": seg,
           "labels": np.array([r["label"] for r in rows], np.float32)}
+
+
+def featurize_lists(rows: list[dict], tok, seq: int) -> dict:
+  """The rows grouped by query (in order of first appearance) for a listwise loss: `list_*` [Q, K, L] and
+  `list_labels`, `list_weights` [Q, K] (0 where a query has fewer than K documents); `input_ids` etc. [Q, L] hold
+  each query's first pair (what the model is traced on)."""
+  groups: dict[str, list[int]] = {}
+  for i, r in enumerate(rows):
+    groups.setdefault(r["text_a"], []).append(i)
+  pairs = featurize(rows, tok, seq)
+  k = max(len(g) for g in groups.values())
+  index = np.zeros((len(groups), k), np.int64)
+  weights = np.zeros((len(groups), k), np.float32)
+  for q, members in enumerate(groups.values()):
+    index[q, :len(members)], weights[q, :len(members)] = members, 1.0
+  out = {f"list_{n}": pairs[n][index] for n in ("input_ids", "input_mask", "segment_ids", "labels")}
+  out["list_weights"] = weights
+  out.update({n: pairs[n][index[:, 0]] for n in ("input_ids", "input_mask", "segment_ids", "labels")})
+  return out
+
+
+def list_net(scores, labels, weights):
+  """sentence-transformers' ListNetLoss per query [Q]: −Σ_k softmax(labels)_k · log softmax(scores)_k over the
+  query's real documents (`weights` 1)."""
+  real = weights > 0
+  target = jax.nn.softmax(jnp.where(real, labels, -jnp.inf), axis=-1)
+  log_p = jax.nn.log_softmax(jnp.where(real, scores, -1e16), axis=-1)
+  return -jnp.sum(jnp.where(real, target * log_p, 0.0), axis=-1)
 
 
 def bce_with_logits(logits, labels):
@@ -82,10 +118,28 @@ class Rerank(Kind):
     if config.data.eval_file:
       rows = read(config.data.eval_file, config)
       evals.append(EvalSet("validation", featurize(rows, tok, seq), {"rows": rows}))
+    if task.option("loss") == "listnet":
+      train = featurize_lists(train_rows, tok, seq)
+      return train, evals, {"queries": len(train["input_ids"]),
+                            "documents per query (at most)": train["list_weights"].shape[1]}
     return featurize(train_rows, tok, seq), evals, {}
 
   def loss(self, task, out, batch):
     return example_mean(bce_with_logits(out["logits"][..., 0], batch["labels"]), batch["example_weights"])
+
+  def value_and_grad(self, task, module, params, batch, rngs, step=None, total_steps=None):
+    """ListNet: every (query, document) pair of the batch's queries scored in one pass, the loss over each
+    query's list; BCE: the kind's `loss` on the batch's pairs."""
+    if task.option("loss") != "listnet":
+      return super().value_and_grad(task, module, params, batch, rngs, step, total_steps)
+    q, k, length = batch["list_input_ids"].shape
+    flat = {n: batch[f"list_{n}"].reshape(q * k, length) for n in ("input_ids", "input_mask", "segment_ids")}
+
+    def loss_fn(p):
+      scores = module.apply({"params": p}, flat, deterministic=False, rngs=rngs)["logits"][:, 0].reshape(q, k)
+      w = batch["list_weights"] * batch["example_weights"][:, None]
+      return example_mean(list_net(scores, batch["list_labels"], w), batch["example_weights"])
+    return jax.value_and_grad(loss_fn)(params)
 
   def score(self, task, ev, preds, config):
     rows, logits = ev.meta["rows"], np.asarray(preds["logits"])[:, 0]
