@@ -492,6 +492,10 @@ CASES = [
      r"run_twice.trec:2: document 'a' is listed twice for query '1'", "a run listing a document twice"),
     ("emb_rerank_mlm", "embeddings", ["--model", "{hf}", "--beir", "{beir_ok}", "--rerank", "{run_ok}"],
      r"not a cross-encoder", "reranking with a model that is not a cross-encoder"),
+    ("emb_multi_score", "embeddings", ["--model", "{mve}", "--beir", "{beir_ok}", "--score", "dot"],
+     r"a multi-vector encoder scores by MaxSim", "--score with a multi-vector encoder"),
+    ("emb_multi_corpus", "embeddings", ["--model", "{mve}", "--corpus", "{corpus_dup}", "--out", "{tmp}/e_mv"],
+     r"is a multi-vector encoder: it takes --beir", "a multi-vector encoder on --corpus"),
     ("emb_score", "embeddings", ["--model", "{hf}", "--beir", "{beir_dup}", "--score", "cosine"],
      r"argument --score: invalid choice", "an unknown --score"),
     ("emb_pooling", "embeddings", ["--model", "{hf}", "--beir", "{beir_dup}", "--pooling", "avg"],
@@ -620,6 +624,8 @@ def fixtures(tmp: str) -> dict:
     write(f"{name}/queries.jsonl", b'{"_id": "1", "text": "first"}\n', "wb")
     write(f"{name}/qrels/test.tsv", qrels, "wb")
   f["rerank_bad"] = write("rerank_bad.csv", "query,document,label\nfirst,one,1\nfirst,two,2\n")
+  os.makedirs(os.path.join(tmp, "mve"))  # what marks a MultiVectorEncoder folder; the checks stop before weights
+  f["mve"] = os.path.dirname(write("mve/config_sentence_transformers.json", '{"model_type": "MultiVectorEncoder"}'))
   f["run_ok"] = write("run_ok.trec", "1 Q0 a 1 2.5 bm25\n")
   f["run_unknown"] = write("run_unknown.trec", "1 Q0 a 1 2.5 bm25\n1 Q0 zz 2 1.5 bm25\n")
   f["run_twice"] = write("run_twice.trec", "1 Q0 a 1 2.5 bm25\n1 Q0 a 2 1.5 bm25\n")

@@ -12,7 +12,7 @@ import json
 
 from bertjax import errors
 from bertjax.cli import common
-from bertjax.embeddings import blocks, rerank, retrieval, sparse
+from bertjax.embeddings import blocks, multivector, rerank, retrieval, sparse
 from bertjax.embeddings import task as contrastive_task
 from bertjax.embeddings.encoder import Encoder, beir_scores, check_sizes, embed_corpus, sts_scores
 from bertjax.embeddings.model import POOLINGS, Pooling
@@ -37,7 +37,7 @@ def parser() -> common.ArgumentParser:
   p.add_argument("--cache_dir", default="", help="--beir: keep corpus embeddings here; a rerun resumes")
   p.add_argument("--block", type=int, default=None, help="--beir, --corpus: documents embedded at a time (default "
                                                           "65536; 2048 for a sparse encoder, whose vectors span the "
-                                                          "vocabulary)")
+                                                          "vocabulary; 1024 for a multi-vector one)")
   p.add_argument("--score", default=None, choices=["cos", "dot"],
                  help="--beir: cosine or dot product (default cos; dot, the only one, for a sparse encoder)")
   p.add_argument("--query_prefix", default="", help="--beir: text put before each query (e.g. 'query: ')")
@@ -65,13 +65,18 @@ def main(argv=None) -> int:
   if args.rerank and not args.beir:
     raise errors.ConfigError("--rerank needs --beir, the folder whose queries, corpus and judgements the run is of")
   is_sparse = sparse.SparseEncoder.is_model(args.model)
-  args.block = args.block or (2048 if is_sparse else 65536)
+  is_multi = multivector.is_folder(args.model)
+  if is_multi and args.score:
+    raise errors.ConfigError("a multi-vector encoder scores by MaxSim (its folder's similarity): leave out --score")
+  args.block = args.block or (2048 if is_sparse else 1024 if is_multi else 65536)
   args.score = args.score or ("dot" if is_sparse else "cos")
   if is_sparse and not args.beir:
     raise errors.ConfigError(f"{args.model} is a sparse encoder: it takes --beir (STS and --corpus are for dense "
                              "embedding models)")
   if is_sparse and args.score != "dot":
     raise errors.ConfigError("a sparse encoder scores by dot product: --score dot")
+  if is_multi and not args.rerank:
+    return _late_interaction(args)
   # The data and every output are checked before the model is loaded.
   if args.corpus:
     if not args.out:
@@ -127,4 +132,23 @@ def _rerank(args) -> int:
   print(json.dumps({**retrieval.evaluate_run(new, data.qrels), **{f"{k} before": v for k, v in before.items()},
                     "queries": len(data.queries), "pairs scored": sum(len(v) for v in new.values()),
                     "queries of the run without judgements": len(run) - len(judged)}))
+  return 0
+
+
+def _late_interaction(args) -> int:
+  """--beir with a MultiVectorEncoder folder: exact MaxSim search, the run and its metrics."""
+  if not args.beir:
+    raise errors.ConfigError(f"{args.model} is a multi-vector encoder: it takes --beir (STS and --corpus are for "
+                             "dense embedding models)")
+  if args.run:
+    retrieval.check_run_file(args.run, args.overwrite)
+  data = retrieval.read_beir(args.beir, args.split)
+  enc = multivector.MultiVectorEncoder.load(args.model)
+  s, rows = multivector.search(enc, data.queries, data.docs, args.top_k, args.block, args.batch_size)
+  run = retrieval.make_run(data, s, rows)
+  if args.run:
+    retrieval.write_trec(run, args.run)
+  print(json.dumps({**retrieval.evaluate_run(run, data.qrels), "queries": len(data.queries),
+                    "documents": len(data.docs), "queries without judgements": data.skipped_queries,
+                    "empty documents": data.empty_docs}))
   return 0

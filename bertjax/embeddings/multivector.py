@@ -1,0 +1,273 @@
+"""Multi-vector late-interaction encoders (ColBERT): a text is one vector per token, and a query scores a document
+by MaxSim, the sum over its vectors of the best dot product with any of the document's.
+
+    enc = multivector.MultiVectorEncoder.load("colbert-folder")   # a sentence-transformers MultiVectorEncoder folder
+    q = enc.encode(["a query"], task="query")        # a list of [tokens, dim] float32 arrays, unit rows
+    d = enc.encode(["a document"], task="document")
+    multivector.maxsim(q[0], d[0])
+
+A MultiVectorEncoder folder (sentence-transformers >= 6) is a Transformer, a Dense projection of every token
+(`module_input_name` token_embeddings, no bias in ColBERT's), a MultiVectorMask and a Normalize of the tokens.
+`encode` follows its encode_query / encode_document: the task's prompt ("[Q] ", "[D] ") before the text; queries
+cut at `query_length`, documents at `document_length` (else the folder's max_seq_length); with query expansion
+(ColBERT's query augmentation) a query is padded to `length` tokens with [MASK], which the encoder does not attend
+to (unless `attend`) but which MaxSim scores; the skiplist's tokens (punctuation in ColBERT) are dropped from
+documents; every kept vector has unit length.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import os
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from bertjax import convert
+from bertjax import model as model_lib
+from bertjax.convert import files, weights
+from bertjax.convert.table import ConversionError
+from bertjax.data import tokenizer as tokenizer_lib
+from bertjax.embeddings.encoder import _max_seq_length
+from bertjax.embeddings.model import normalize
+
+_DENSE_ACTIVATIONS = ("torch.nn.modules.linear.Identity",)
+
+
+def _json(path: str) -> dict:
+  try:
+    with open(path, encoding="utf-8") as f:
+      out = json.load(f)
+  except FileNotFoundError:
+    return {}
+  except (OSError, ValueError) as e:
+    raise ConversionError(f"{path}: not readable JSON ({str(e).splitlines()[0][:200]})") from None
+  return out
+
+
+def is_folder(path: str) -> bool:
+  return _json(os.path.join(path, "config_sentence_transformers.json")).get("model_type") == "MultiVectorEncoder"
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+  """What decides a text's vectors besides the weights (the folder's configs)."""
+  max_seq_length: int
+  query_length: int | None = None
+  document_length: int | None = None
+  expansion: tuple | None = None  # (strategy, attend, token, length)
+  query_prompt: str = ""
+  document_prompt: str = ""
+  skiplist: tuple[str, ...] = ()
+  skiplist_tasks: tuple[str, ...] = ("document",)
+  normalize: bool = True
+  similarity: str = "maxsim"
+
+
+def read_folder(path: str) -> tuple[str, dict, Settings]:
+  """(transformer sub-folder, the Dense projection's params, Settings) of a MultiVectorEncoder folder; a module
+  bertjax does not compute is a one-line error naming it."""
+  stack = _json(os.path.join(path, "modules.json"))
+  if not isinstance(stack, list) or not stack:
+    raise ConversionError(f"{path}/modules.json: not a list of modules")
+  kinds = [m.get("type", "").rsplit(".", 1)[-1] for m in stack]
+  allowed = {"Transformer", "Dense", "MultiVectorMask", "Normalize"}
+  if kinds[0] != "Transformer" or any(k not in allowed for k in kinds):
+    raise ConversionError(f"{path}: modules {kinds} are not a multi-vector encoder's Transformer, Dense, "
+                          f"MultiVectorMask, Normalize; not supported: {[k for k in kinds if k not in allowed]}")
+  folder = os.path.join(path, stack[0].get("path", ""))
+  st_cfg = _json(os.path.join(path, "config_sentence_transformers.json"))
+  bert_cfg = _json(os.path.join(folder, "sentence_bert_config.json"))
+  dense, skip, skip_tasks, norm = {}, (), ("document",), False
+  for m, kind in zip(stack[1:], kinds[1:]):
+    sub = os.path.join(path, m.get("path", ""))
+    conf = _json(os.path.join(sub, "config.json"))
+    if conf.get("module_input_name", "token_embeddings") != "token_embeddings":
+      raise ConversionError(f"{sub}/config.json: {kind} of {conf.get('module_input_name')!r}; a multi-vector "
+                            "encoder's modules work on token_embeddings")
+    if kind == "Dense":
+      if dense:
+        raise ConversionError(f"{path}: more than one Dense module")
+      if conf.get("activation_function", _DENSE_ACTIVATIONS[0]) not in _DENSE_ACTIVATIONS:
+        raise ConversionError(f"{sub}: activation {conf.get('activation_function')}; bertjax computes Identity")
+      state = files.read_safetensors(os.path.join(sub, "model.safetensors"))
+      dense = {"kernel": np.asarray(state["linear.weight"], np.float32).T}
+      if conf.get("bias", True):
+        dense["bias"] = np.asarray(state["linear.bias"], np.float32)
+    elif kind == "MultiVectorMask":
+      if conf.get("keep_only_token_ids"):
+        raise ConversionError(f"{sub}: keep_only_token_ids (image-patch documents) is not computed by bertjax")
+      skip = tuple(conf.get("skiplist_words") or ())
+      tasks = conf.get("skiplist_tasks") or ["document"]
+      skip_tasks = tuple([tasks] if isinstance(tasks, str) else tasks)
+    elif kind == "Normalize":
+      norm = True
+  if not dense:
+    raise ConversionError(f"{path}: no Dense projection; a multi-vector encoder projects each token with one")
+  exp = bert_cfg.get("query_expansion")
+  expansion = None
+  if exp:
+    if exp.get("strategy") not in ("fixed", "min") or not isinstance(exp.get("length"), int):
+      raise ConversionError(f"{folder}/sentence_bert_config.json: query_expansion {exp} is not fixed/min with a "
+                            "length")
+    expansion = (exp["strategy"], bool(exp.get("attend", False)), exp.get("token"), exp["length"])
+  prompts = st_cfg.get("prompts") or {}
+  similarity = st_cfg.get("similarity_fn_name") or "maxsim"
+  if similarity not in ("maxsim", "meanmaxsim"):
+    raise ConversionError(f"{path}: similarity {similarity!r}; bertjax computes maxsim and meanmaxsim")
+  settings = Settings(_max_seq_length(path, folder) or 512, bert_cfg.get("query_length"),
+                      bert_cfg.get("document_length"), expansion, prompts.get("query") or "",
+                      prompts.get("document") or "", skip, skip_tasks, norm, similarity)
+  return folder, dense, settings
+
+
+def maxsim(query: np.ndarray, document: np.ndarray, mean: bool = False) -> float:
+  """Σ_i max_j q_i·d_j (divided by the query's vector count with `mean`: meanmaxsim)."""
+  s = float(np.sum(np.max(query @ document.T, axis=1)))
+  return s / len(query) if mean else s
+
+
+@dataclasses.dataclass
+class MultiVectorEncoder:
+  cfg: model_lib.BertConfig
+  params: dict  # {"bert": ..., "dense": {"kernel"[, "bias"]}}
+  tok: tokenizer_lib.Tokenizer
+  settings: Settings
+
+  @classmethod
+  def load(cls, path: str, **overrides) -> "MultiVectorEncoder":
+    if not is_folder(path):
+      raise ConversionError(f"{path}: not a sentence-transformers MultiVectorEncoder folder "
+                            "(config_sentence_transformers.json model_type)")
+    folder, dense, settings = read_folder(path)
+    cfg, params = convert.from_hf(folder, head="encoder", **overrides)
+    # tokenizer.json first: it holds the prompt markers ([Q], [D]) as added tokens, which vocab.txt splits.
+    full = os.path.join(folder, "tokenizer.json")
+    tok_path, lower = (full, True) if os.path.isfile(full) else weights.hf_tokenizer(folder)
+    if not tok_path:
+      raise ConversionError(f"{folder}: no tokenizer files")
+    tok = tokenizer_lib.load(tok_path, do_lower_case=lower)
+    limit = cfg.max_length
+    settings = dataclasses.replace(settings, max_seq_length=min(settings.max_seq_length, limit))
+    return cls(cfg, {"bert": params.get("bert", params), "dense": dense}, tok, settings)
+
+  @functools.cached_property
+  def _skip_ids(self) -> frozenset:
+    """The skiplist's words that are one token of the vocabulary (others would match only [UNK])."""
+    index = {p: i for i, p in enumerate(self.tok.pieces)}
+    return frozenset(index[w] for w in self.settings.skiplist if w in index and index[w] != self.tok.unk_id)
+
+  def rows(self, texts: Sequence[str], task: str) -> list[tuple[list[int], int, int]]:
+    """Each text's (token ids, tokens the encoder attends to, vectors kept before the skiplist) for `task`."""
+    s = self.settings
+    exp = s.expansion if task == "query" else None
+    prompt = s.query_prompt if task == "query" else s.document_prompt
+    limit = (s.query_length if task == "query" else s.document_length) or s.max_seq_length
+    if exp is not None:
+      limit = exp[3] if exp[0] == "fixed" else max(limit, exp[3])
+    out = []
+    for text in texts:
+      ids = [self.tok.cls_id] + self.tok.encode(prompt + text)[:max(limit - 2, 0)] + [self.tok.sep_id]
+      n = len(ids)
+      if exp is not None and n < exp[3]:
+        token = self.tok.token_to_id(exp[2]) if exp[2] else self.tok.mask_id  # a missing token: KeyError
+        ids = ids + [token] * (exp[3] - n)
+      out.append((ids, len(ids) if exp is not None and exp[1] else n, len(ids)))
+    return out
+
+  @functools.cached_property
+  def _apply(self):
+    module = model_lib.BertModel(self.cfg)
+    norm = self.settings.normalize
+
+    def token_vectors(params, batch):
+      hidden = module.apply({"params": params["bert"]}, batch, True, pool=False)["hidden"].astype(jnp.float32)
+      x = hidden @ params["dense"]["kernel"]
+      if "bias" in params["dense"]:
+        x = x + params["dense"]["bias"]
+      return normalize(x) if norm else x
+    return jax.jit(token_vectors)
+
+  def encode(self, texts: Sequence[str], task: str = "document", batch_size: int = 32) -> list[np.ndarray]:
+    """One [vectors, dim] array per text: every token the encoder read (and a query's expansion tokens), less
+    the skiplist's tokens on the skiplist's tasks."""
+    if task not in ("query", "document"):
+      raise ValueError(f"task {task!r}: query or document")
+    rows = self.rows(texts, task)
+    skip = self._skip_ids if task in self.settings.skiplist_tasks else frozenset()
+    out: list[np.ndarray] = [np.zeros((0, 0), np.float32)] * len(rows)
+    order = np.argsort([-len(r[0]) for r in rows], kind="stable")
+    for i in range(0, len(rows), batch_size):
+      idx = order[i:i + batch_size]
+      width = -(-max(len(rows[j][0]) for j in idx) // 8) * 8
+      ids = np.full((batch_size, width), self.tok.pad_id, np.int32)
+      mask = np.zeros_like(ids)
+      for r, j in enumerate(idx):
+        ids[r, :len(rows[j][0])], mask[r, :rows[j][1]] = rows[j][0], 1
+      vectors = np.asarray(self._apply(self.params, {"input_ids": ids, "input_mask": mask,
+                                                     "segment_ids": np.zeros_like(ids)}))
+      for r, j in enumerate(idx):
+        keep = [p for p, t in enumerate(rows[j][0][:rows[j][2]]) if t not in skip]
+        out[j] = vectors[r, keep]
+    return out
+
+  def score(self, queries: Sequence[np.ndarray], documents: Sequence[np.ndarray]) -> np.ndarray:
+    """[Q, D] MaxSim (or meanmaxsim, the folder's similarity) of every query against every document."""
+    mean = self.settings.similarity == "meanmaxsim"
+    return np.array([[maxsim(q, d, mean) for d in documents] for q in queries], np.float32)
+
+
+def _padded(vectors: Sequence[np.ndarray], length: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+  """[n, L, d] vectors and [n, L] mask, zero-padded to the longest (or `length`)."""
+  width = length or max(1, max(len(v) for v in vectors))
+  dim = next(v.shape[1] for v in vectors if v.size)
+  out = np.zeros((len(vectors), width, dim), np.float32)
+  mask = np.zeros((len(vectors), width), bool)
+  for i, v in enumerate(vectors):
+    out[i, :len(v)], mask[i, :len(v)] = v, True
+  return out, mask
+
+
+@functools.lru_cache(maxsize=None)
+def _block_maxsim(mean: bool):
+  """jit(q [Q, Lq, d], q_mask, docs [N, Ld, d], d_mask) -> [Q, N] MaxSim; the documents' rows may be sharded
+  over the mesh (each device scores its own)."""
+  def f(q, qm, docs, dm):
+    s = jnp.einsum("qid,njd->qnij", q, docs, preferred_element_type=jnp.float32)
+    best = jnp.max(jnp.where(dm[None, :, None, :], s, -jnp.inf), axis=-1)
+    total = jnp.sum(jnp.where(qm[:, None, :], best, 0.0), axis=-1)
+    return total / jnp.maximum(jnp.sum(qm, axis=-1), 1)[:, None] if mean else total
+  return jax.jit(f)
+
+
+def search(enc: MultiVectorEncoder, queries: Sequence[str], docs: Sequence[str], k: int, block: int = 1024,
+           batch_size: int = 32, budget_bytes: int = 1 << 28) -> tuple[np.ndarray, np.ndarray]:
+  """Exact MaxSim top-k of every query over the documents, embedded `block` at a time: (scores, document
+  indices), each [Q, k], best first. Each block's documents are split over the devices; queries go in groups
+  whose [queries, documents, query tokens, document tokens] scores fit `budget_bytes`."""
+  from jax.sharding import Mesh, NamedSharding
+  from jax.sharding import PartitionSpec as P
+
+  from bertjax.embeddings.retrieval import _merge
+  mesh = Mesh(np.array(jax.devices()), ("docs",))
+  n_dev = mesh.devices.size
+  q, qm = _padded(enc.encode(queries, "query", batch_size))
+  f = _block_maxsim(enc.settings.similarity == "meanmaxsim")
+  best_s = np.full((len(queries), 0), -np.inf, np.float32)
+  best_i = np.zeros((len(queries), 0), np.int64)
+  for start in range(0, len(docs), block):
+    d, dm = _padded(enc.encode(docs[start:start + block], "document", batch_size))
+    rows = -(-len(d) // n_dev) * n_dev
+    d = np.concatenate([d, np.zeros((rows - len(d),) + d.shape[1:], np.float32)])
+    dm = np.concatenate([dm, np.zeros((rows - len(dm), dm.shape[1]), bool)])
+    spec = NamedSharding(mesh, P("docs"))
+    d, dm = jax.device_put(d, spec), jax.device_put(dm, spec)
+    group = max(1, budget_bytes // (4 * rows * q.shape[1] * d.shape[1]))
+    s = np.concatenate([np.asarray(f(q[i:i + group], qm[i:i + group], d, dm)) for i in range(0, len(q), group)])
+    s = s[:, :min(block, len(docs) - start)]
+    top = np.argsort(-s, axis=1, kind="stable")[:, :k]
+    best_s, best_i = _merge(best_s, best_i, np.take_along_axis(s, top, 1), top + start, k)
+  return best_s, best_i
