@@ -4,8 +4,8 @@
       --workdir=W
 
 Argument keys: task (glue/{cola,sst2,mrpc,qqp,stsb,mnli,qnli,rte,wnli} | squad/v1.1 | squad/v2.0 | squad_json |
-ner | local | pairs | sparse | rerank), init, lr, batch, epochs, seq (0 = 128, or 384 for SQuAD), seed, shard,
-variant (only without init).
+ner | local | pairs | sparse | rerank | multivector), init, lr, batch, epochs, seq (0 = 128, or 384 for SQuAD), seed,
+shard, variant (only without init).
 """
 import ml_collections
 
@@ -102,6 +102,19 @@ def get_config(arg=None):
   # BinaryCrossEntropyLoss on each pair | listnet, its ListNetLoss over each query's documents (a batch is queries).
   c.rerank = ml_collections.ConfigDict()
   c.rerank.loss = "bce"
+
+  # task=multivector (ColBERT-style late interaction on the pairs' columns and negatives): sentence-transformers'
+  # multi-vector MultipleNegativesRankingLoss on MaxSim scores. A MultiVectorEncoder init brings its own settings.
+  c.multivector = ml_collections.ConfigDict()
+  c.multivector.dim = 128  # the projection's width
+  c.multivector.scale = 1.0
+  c.multivector.query_length = 32  # 0: data.max_seq_length
+  c.multivector.document_length = 0  # 0: data.max_seq_length
+  c.multivector.query_expansion = True  # pad queries to query_length with [MASK], scored by MaxSim (ColBERT)
+  c.multivector.attend_to_expansion = False
+  c.multivector.query_prompt = ""  # e.g. "[Q] " when the tokenizer has such a token
+  c.multivector.document_prompt = ""
+  c.multivector.skip_punctuation = True  # punctuation tokens give no document vectors (ColBERT)
 
   c.train = ml_collections.ConfigDict()
   c.train.learning_rate = a.lr  # 2e-5, 3e-5 or 5e-5

@@ -48,6 +48,11 @@ def mve_folder(request, make_vocab, tmp_path_factory):
   return str(d / "st"), MultiVectorEncoder(str(d / "st"), device="cpu")
 
 
+ATTEND_SLOW = pytest.mark.parametrize("mve_folder", [False, pytest.param(True, marks=pytest.mark.slow)],
+                                      indirect=True, ids=["expansion", "attend"])
+
+
+@ATTEND_SLOW
 def test_multi_vector_encoding_and_maxsim_equal_sentence_transformers(mve_folder):
   path, theirs = mve_folder
   enc = multivector.MultiVectorEncoder.load(path)
@@ -62,6 +67,7 @@ def test_multi_vector_encoding_and_maxsim_equal_sentence_transformers(mve_folder
   np.testing.assert_allclose(enc.score(q, d), theirs.similarity(tq, td).numpy(), rtol=1e-5, atol=1e-5)
 
 
+@ATTEND_SLOW
 def test_a_folder_with_a_module_bertjax_does_not_compute_is_one_line(mve_folder, tmp_path):
   import json
   import shutil
@@ -74,6 +80,7 @@ def test_a_folder_with_a_module_bertjax_does_not_compute_is_one_line(mve_folder,
     multivector.MultiVectorEncoder.load(str(tmp_path / "m"))
 
 
+@ATTEND_SLOW
 def test_maxsim_beir_search_equals_ir_measures_on_sentence_transformers_scores(mve_folder, tmp_path, capsys):
   """`python -m bertjax embeddings --beir` with a MultiVectorEncoder folder: exact MaxSim over the corpus in
   blocks of 7 documents split over the 8-device mesh; the metrics equal ir-measures' on the run of
@@ -108,3 +115,90 @@ def test_maxsim_beir_search_equals_ir_measures_on_sentence_transformers_scores(m
   assert len(lines) == len(queries) * len(docs)
   for q, _, d, _, s, _ in lines:
     assert float(s) == pytest.approx(float(sims[int(q[1:]), int(d[1:])]), abs=1e-4)
+
+
+def _write_pairs(path, n, seed):
+  import csv
+  import random
+  rng = random.Random(seed)
+  topics, filler = WORDS[5:], WORDS[:5]
+  with open(path, "w", newline="") as f:
+    w = csv.writer(f)
+    w.writerow(["anchor", "positive", "negative"])
+    for i in range(n):
+      t, other = topics[i % len(topics)], topics[(i + 3) % len(topics)]
+      w.writerow([f"{t} " + " ".join(rng.sample(filler, 2)) + "?", " ".join(rng.sample(filler, 3)) + f", {t}.",
+                  " ".join(rng.sample(filler, 3)) + f" {other}"])
+
+
+@pytest.mark.slow
+def test_multivector_training_equals_sentence_transformers_loss_8_devices_1_and_exports(mve_folder, tmp_path):
+  """task=multivector from a MultiVectorEncoder folder: the kind's loss on the start's weights equals
+  sentence-transformers' multi-vector MultipleNegativesRankingLoss on the same rows; 8 fake devices (fsdp) equal
+  1 through the real loop; the export is a MultiVectorEncoder folder that sentence-transformers encodes as the
+  run's model does."""
+  import jax
+  from sentence_transformers.multi_vector_encoder.losses import MultiVectorMultipleNegativesRankingLoss
+
+  from bertjax import finetune
+  from bertjax import tasks as tasks_lib
+  from bertjax.cli import convert as convert_cli
+  from bertjax.data import tokenizer as tokenizer_lib
+  from bertjax.embeddings import multivector_task
+  from bertjax.embeddings.task import read_pairs
+  from configs import common
+  from configs import finetune as finetune_config
+  path, theirs = mve_folder
+  _write_pairs(tmp_path / "train.csv", 32, 0)
+  _write_pairs(tmp_path / "dev.csv", 12, 1)
+
+  def config():
+    c = finetune_config.get_config(f"task=multivector,init={path},lr=1e-3,batch=8,epochs=1,seq=48")
+    c.data.train_file, c.data.eval_file = str(tmp_path / "train.csv"), str(tmp_path / "dev.csv")
+    c.data.text_a_column, c.data.text_b_column = "anchor", "positive"
+    c.embedding.negative_columns, c.log_every = ("negative",), 1
+    c.model.dropout_rate = c.model.attention_dropout_rate = 0.0
+    c.sharding = common.sharding("fsdp")
+    return c
+  c = config()
+  task = tasks_lib.get("multivector", config=c)
+  kind = tasks_lib.kind(task)
+  cfg, params, tok_path, lower = kind.weights(task, path, {})
+  rows = read_pairs(str(tmp_path / "train.csv"), "anchor", "positive", ("negative",))[:8]
+  feats = multivector_task.featurize(rows, tokenizer_lib.load(tok_path, do_lower_case=lower),
+                                     multivector_task._settings(task))
+  out = kind.head(task, cfg).apply({"params": params}, feats)
+  ours = kind.loss(task, out, {**feats, "example_weights": np.ones(8, np.float32)})
+  theirs.eval()
+  # bertjax trains with the folder's prompts, as encode uses them (sentence-transformers' trainer adds prompts
+  # only when its arguments name them per column): the reference gets them in the text.
+  cols = [["[Q] " + r["anchor"] for r in rows], ["[D] " + r["docs"][0] for r in rows],
+          ["[D] " + r["docs"][1] for r in rows]]
+  features = [dict(theirs.preprocess(col, task=t), task=t) for col, t in zip(cols, ("query", "document",
+                                                                                    "document"))]
+  with torch.no_grad():
+    want = MultiVectorMultipleNegativesRankingLoss(theirs)(features, None)
+  np.testing.assert_allclose(float(ours), float(want), rtol=1e-5)
+  runs, losses = {}, {}
+  for name, devices in (("eight", jax.devices()), ("one", jax.devices()[:1])):
+    runs[name] = finetune.finetune(config(), str(tmp_path / name), devices=devices)
+    losses[name] = [r["loss"] for r in finetune.read_train_metrics(str(tmp_path / name))]
+  assert len(losses["one"]) == 4
+  np.testing.assert_allclose(losses["eight"], losses["one"], rtol=1e-5)
+  for a, b in zip(jax.tree_util.tree_leaves(runs["eight"]["state"].params),
+                  jax.tree_util.tree_leaves(runs["one"]["state"].params)):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=5e-5)
+  got = runs["one"]["report"]["epochs"][-1]["validation"]
+  assert 0 < got["ndcg@10"] <= 1
+  assert convert_cli.write(str(tmp_path / "one"), str(tmp_path / "mve")) == "MultiVectorEncoder"
+  exported = st.MultiVectorEncoder(str(tmp_path / "mve"), device="cpu")
+  mine = multivector.MultiVectorEncoder.load(str(tmp_path / "mve"))
+  for ours, ref in zip(mine.encode(QUERIES, "query") + mine.encode(DOCS, "document"),
+                       list(exported.encode_query(QUERIES)) + list(exported.encode_document(DOCS))):
+    np.testing.assert_allclose(ours, ref.numpy(), atol=1e-5)
+  # The exported model is the run's: its vectors of a dev query equal the trained module's.
+  dev = read_pairs(str(tmp_path / "dev.csv"), "anchor", "positive", ("negative",))
+  f = multivector_task.featurize(dev[:1], mine.tok, multivector_task._settings(task))
+  q = kind.head(task, runs["one"]["model_config"]).apply({"params": runs["one"]["state"].params}, f)["embedding"]
+  np.testing.assert_allclose(np.asarray(q)[0][f["score_mask"][0] > 0], mine.encode([dev[0]["anchor"]], "query")[0],
+                             atol=1e-5)

@@ -180,6 +180,7 @@ def _write_rerank_rows(path, n, seed, per_query=2):
                   " ".join(rng.sample(filler, 3)) + f" {t if relevant else other}", int(label)])
 
 
+@pytest.mark.slow
 def test_rerank_training_on_8_devices_equals_1_device_and_exports_a_cross_encoder(bert_cross_encoder, tmp_path):
   """task=rerank through the real loop from a CrossEncoder folder: its loss is sentence-transformers'
   BinaryCrossEntropyLoss on the same pairs; 8 fake devices (fsdp) and 1 give the same losses and parameters; the

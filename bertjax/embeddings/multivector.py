@@ -124,6 +124,32 @@ def read_folder(path: str) -> tuple[str, dict, Settings]:
   return folder, dense, settings
 
 
+def skip_ids(tok: tokenizer_lib.Tokenizer, settings: Settings) -> frozenset:
+  """The skiplist's words that are one token of the vocabulary (others would match only [UNK])."""
+  index = {p: i for i, p in enumerate(tok.pieces)}
+  return frozenset(index[w] for w in settings.skiplist if w in index and index[w] != tok.unk_id)
+
+
+def text_rows(tok: tokenizer_lib.Tokenizer, s: Settings, texts: Sequence[str], task: str
+              ) -> list[tuple[list[int], int, int]]:
+  """Each text's (token ids, tokens the encoder attends to, positions that give vectors before the skiplist) for
+  `task` ("query" | "document"): the task's prompt, its length, a query's expansion."""
+  exp = s.expansion if task == "query" else None
+  prompt = s.query_prompt if task == "query" else s.document_prompt
+  limit = (s.query_length if task == "query" else s.document_length) or s.max_seq_length
+  if exp is not None:
+    limit = exp[3] if exp[0] == "fixed" else max(limit, exp[3])
+  out = []
+  for text in texts:
+    ids = [tok.cls_id] + tok.encode(prompt + text)[:max(limit - 2, 0)] + [tok.sep_id]
+    n = len(ids)
+    if exp is not None and n < exp[3]:
+      token = tok.token_to_id(exp[2]) if exp[2] else tok.mask_id  # a missing token: KeyError
+      ids = ids + [token] * (exp[3] - n)
+    out.append((ids, len(ids) if exp is not None and exp[1] else n, len(ids)))
+  return out
+
+
 def maxsim(query: np.ndarray, document: np.ndarray, mean: bool = False) -> float:
   """Σ_i max_j q_i·d_j (divided by the query's vector count with `mean`: meanmaxsim)."""
   s = float(np.sum(np.max(query @ document.T, axis=1)))
@@ -156,27 +182,10 @@ class MultiVectorEncoder:
 
   @functools.cached_property
   def _skip_ids(self) -> frozenset:
-    """The skiplist's words that are one token of the vocabulary (others would match only [UNK])."""
-    index = {p: i for i, p in enumerate(self.tok.pieces)}
-    return frozenset(index[w] for w in self.settings.skiplist if w in index and index[w] != self.tok.unk_id)
+    return skip_ids(self.tok, self.settings)
 
   def rows(self, texts: Sequence[str], task: str) -> list[tuple[list[int], int, int]]:
-    """Each text's (token ids, tokens the encoder attends to, vectors kept before the skiplist) for `task`."""
-    s = self.settings
-    exp = s.expansion if task == "query" else None
-    prompt = s.query_prompt if task == "query" else s.document_prompt
-    limit = (s.query_length if task == "query" else s.document_length) or s.max_seq_length
-    if exp is not None:
-      limit = exp[3] if exp[0] == "fixed" else max(limit, exp[3])
-    out = []
-    for text in texts:
-      ids = [self.tok.cls_id] + self.tok.encode(prompt + text)[:max(limit - 2, 0)] + [self.tok.sep_id]
-      n = len(ids)
-      if exp is not None and n < exp[3]:
-        token = self.tok.token_to_id(exp[2]) if exp[2] else self.tok.mask_id  # a missing token: KeyError
-        ids = ids + [token] * (exp[3] - n)
-      out.append((ids, len(ids) if exp is not None and exp[1] else n, len(ids)))
-    return out
+    return text_rows(self.tok, self.settings, texts, task)
 
   @functools.cached_property
   def _apply(self):

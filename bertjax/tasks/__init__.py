@@ -15,7 +15,8 @@ from bertjax import errors
 from bertjax.tasks.base import EvalSet, Kind, Task, example_mean
 
 MODULES = ("bertjax.tasks.classification", "bertjax.tasks.tagging", "bertjax.tasks.span_qa",
-           "bertjax.embeddings.task", "bertjax.embeddings.sparse_task", "bertjax.embeddings.rerank_task")
+           "bertjax.embeddings.task", "bertjax.embeddings.sparse_task", "bertjax.embeddings.rerank_task",
+           "bertjax.embeddings.multivector_task")
 TaskDataError = errors.TaskDataError
 
 

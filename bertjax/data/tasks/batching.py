@@ -8,7 +8,7 @@ import numpy as np
 
 # Per-token features: cut to the batch's bucket length with the rows (the rest are per-row or per-slot).
 TOKEN_KEYS = ("input_ids", "input_mask", "segment_ids", "labels", "label_weights", "position_ids",
-              "attention_segment_ids")
+              "attention_segment_ids", "attend_mask", "score_mask")
 
 
 def bucket_multiple(max_seq_length: int, buckets: int) -> int:
