@@ -166,7 +166,8 @@ def test_byte_level_bpe_ids_match_roberta_tokenizer_fast(tmp_path):
 
 
 @pytest.mark.parametrize("family", [pytest.param("roberta", marks=pytest.mark.slow), "xlm-roberta",
-                                    pytest.param("modernbert", marks=pytest.mark.slow)])
+                                    pytest.param("modernbert", marks=pytest.mark.slow),
+                                    pytest.param("deberta", marks=pytest.mark.slow)])
 def test_finetuning_starts_from_a_family_checkpoint(tmp_path, family):
   """`init=` an HF roberta / modernbert folder (with its byte-level BPE tokenizer) or an XLM-R folder (its
   sentencepiece tokenizer.json): the encoder loads, the task head starts fresh, and a learnable sentence task is
@@ -180,6 +181,15 @@ def test_finetuning_starts_from_a_family_checkpoint(tmp_path, family):
   helpers.write_sentiment(text, 300, 5)
   if family == "xlm-roberta":
     xlm_roberta(tmp_path / "hf", lines=text.read_text().splitlines()[1:] * 3)
+  elif family == "deberta":  # DeBERTa-v3's layers (a WordPiece vocabulary: the model is what is tested)
+    path = tokenizer.train([text], tmp_path / "tok", kind="wordpiece", vocab_size=320)
+    torch.manual_seed(0)
+    transformers.DebertaV2ForMaskedLM(transformers.DebertaV2Config(
+        vocab_size=tokenizer.load(path).vocab_size, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+        intermediate_size=128, max_position_embeddings=128, relative_attention=True, pos_att_type=["p2c", "c2p"],
+        position_buckets=16, max_relative_positions=128, share_att_key=True, norm_rel_ebd="layer_norm",
+        position_biased_input=False, type_vocab_size=0)).save_pretrained(tmp_path / "hf")
+    shutil.copy(path, tmp_path / "hf" / "vocab.txt")
   else:
     path = tokenizer.train([text], tmp_path / "tok", kind="byte_bpe", vocab_size=320)
     vocab = tokenizer.load(path).vocab_size
@@ -200,7 +210,8 @@ def test_finetuning_starts_from_a_family_checkpoint(tmp_path, family):
     assert set(params["head"]) == {"dense", "norm"}
   arch = convert_cli.write(str(tmp_path / "w"), str(tmp_path / "exported"))
   assert arch == {"roberta": "RobertaForSequenceClassification", "xlm-roberta": "XLMRobertaForSequenceClassification",
-                  "modernbert": "ModernBertForSequenceClassification"}[family]
+                  "modernbert": "ModernBertForSequenceClassification",
+                  "deberta": "DebertaV2ForSequenceClassification"}[family]
   hf_tok = transformers.AutoTokenizer.from_pretrained(tmp_path / "exported")
   hf_clf = transformers.AutoModelForSequenceClassification.from_pretrained(tmp_path / "exported").eval()
   assert hf_clf.config.id2label == {0: "neg", 1: "pos"}

@@ -26,6 +26,11 @@ def _hf_config(family: str, pooling: str = "cls"):
     return transformers.RobertaConfig(**SIZES, max_position_embeddings=66, type_vocab_size=1, pad_token_id=1)
   if family == "electra":
     return transformers.ElectraConfig(**SIZES, embedding_size=16, max_position_embeddings=64)
+  if family == "deberta":  # DeBERTa-v3's layout, buckets small enough for the log branch
+    return transformers.DebertaV2Config(**SIZES, max_position_embeddings=64, relative_attention=True,
+                                        pos_att_type=["p2c", "c2p"], position_buckets=4, max_relative_positions=64,
+                                        share_att_key=True, norm_rel_ebd="layer_norm", position_biased_input=False,
+                                        type_vocab_size=0, pooler_hidden_size=SIZES["hidden_size"])
   return transformers.ModernBertConfig(**SIZES, max_position_embeddings=64, local_attention=8,
                                        global_attn_every_n_layers=2, pad_token_id=0, bos_token_id=2,
                                        eos_token_id=3, cls_token_id=2, sep_token_id=3, classifier_pooling=pooling,
@@ -36,7 +41,8 @@ def _hf_model(family: str, head: str, pooling: str = "cls", seed: int = 0):
   torch.manual_seed(seed)
   cfg = _hf_config(family, pooling)
   cfg.num_labels = 2 if head == "question_answering" else 3
-  name = {"bert": "Bert", "roberta": "Roberta", "electra": "Electra", "modernbert": "ModernBert"}[family]
+  name = {"bert": "Bert", "roberta": "Roberta", "electra": "Electra", "modernbert": "ModernBert",
+          "deberta": "DebertaV2"}[family]
   m = getattr(transformers, name + HEADS[head])(cfg).eval()
   with torch.no_grad():  # non-trivial biases and norms, so that every mapped tensor matters
     for n, p in m.named_parameters():
@@ -85,7 +91,7 @@ def _compare(ours, theirs, batch, head):
       np.testing.assert_allclose(a[mask], b[mask], atol=ATOL, rtol=0)
 
 
-CASES = [(f, h, "cls") for f in ("bert", "roberta", "electra", "modernbert") for h in HEADS] + [
+CASES = [(f, h, "cls") for f in ("bert", "roberta", "electra", "modernbert", "deberta") for h in HEADS] + [
     ("modernbert", "sequence_classification", "mean")]
 
 
@@ -94,7 +100,8 @@ def test_family_heads_match_hf_both_directions(tmp_path, family, head, pooling):
   m = _hf_model(family, head, pooling)
   m.save_pretrained(tmp_path / "hf", safe_serialization=True)
   cfg, params = convert.from_hf(str(tmp_path / "hf"))  # the head from config.json's architectures
-  expected = {"bert": "pooler", "roberta": "dense_tanh", "electra": "dense_gelu", "modernbert": "prediction"}
+  expected = {"bert": "pooler", "roberta": "dense_tanh", "electra": "dense_gelu", "modernbert": "prediction",
+              "deberta": "dense_gelu"}
   assert cfg.classifier_head == expected[family] and cfg.classifier_pooling == pooling
   pad = {"roberta": 1}.get(family, 0)
   batch = _batch(pad)
@@ -117,7 +124,7 @@ def test_family_heads_match_hf_both_directions(tmp_path, family, head, pooling):
     np.testing.assert_array_equal(v, theirs[k], err_msg=k)
 
 
-@pytest.mark.parametrize("family", ["roberta", "modernbert", "electra"])
+@pytest.mark.parametrize("family", ["roberta", "modernbert", "electra", "deberta"])
 def test_family_heads_train_like_hf_with_dropout_off(tmp_path, family):
   """Three SGD steps of the sequence head from the same start with dropout off: the loss and every parameter
   follow HF's (the gradients of the family head and of the encoder under it)."""

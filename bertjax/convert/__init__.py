@@ -21,7 +21,7 @@ from typing import Mapping
 import numpy as np
 
 from bertjax import model as model_lib
-from bertjax.convert import bert, electra, modernbert, roberta, table
+from bertjax.convert import bert, deberta, electra, modernbert, roberta, table
 from bertjax.convert.bert import NAME_TABLE, from_tf_variables
 from bertjax.convert.files import MAX_HEADER_BYTES, PICKLE_SUFFIXES, read_hf_dir, read_safetensors, write_hf_dir
 from bertjax.convert.table import (
@@ -34,7 +34,8 @@ from bertjax.convert.table import (
 )
 from bertjax.objectives import electra as electra_model
 
-FAMILIES = {f.name: f for f in (bert.FAMILY, roberta.FAMILY, roberta.XLM_FAMILY, modernbert.FAMILY, electra.FAMILY)}
+FAMILIES = {f.name: f for f in (bert.FAMILY, roberta.FAMILY, roberta.XLM_FAMILY, modernbert.FAMILY, electra.FAMILY,
+                                 deberta.FAMILY)}
 # Model types that share another's architecture: a config remembers which it came from (`hf_model_type`).
 SHARES_ARCHITECTURE = {"xlm-roberta": "roberta"}
 
@@ -48,6 +49,8 @@ def family(name: str) -> table.Family:
 def family_of(cfg: model_lib.BertConfig, params: Mapping | None = None) -> str:
   """The HF model type whose architecture this config is (an ELECTRA discriminator by its head's params), or a
   ConversionError naming what none of them has."""
+  if cfg.position_embedding == "disentangled":
+    return "deberta-v2"
   if params is not None and "head_dense" in params:
     return "electra"
   if cfg.classifier_head == "dense_gelu" or cfg.embed_dim != cfg.hidden_size:

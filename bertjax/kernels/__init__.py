@@ -22,11 +22,12 @@ from bertjax.kernels.xla import attention_mask, band_mask, dot_product_attention
 
 
 def _masks(ctx, cfg, local):
-  """The boolean mask of this layer (its sliding window when local) and the ALiBi bias, if any."""
+  """The boolean mask of this layer (its sliding window when local) and the additive score bias, if any: the
+  layer's own ("bias", DeBERTa's disentangled terms) or the stack's ALiBi."""
   mask = ctx["mask"]
   if cfg.local_attention:
     mask = select(local, ctx["local_mask"], mask)
-  return mask, ctx.get("alibi")
+  return mask, ctx.get("bias", ctx.get("alibi"))
 
 
 def _xla(q, k, v, ctx, cfg, *, local, queries, dropout_rng, partition, mask=None, bias=None):

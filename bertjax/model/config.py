@@ -53,7 +53,7 @@ ACTIVATIONS = {
     "relu": jax.nn.relu,
     "silu": jax.nn.silu,  # SwiGLU's gate (with ffn="glu")
 }
-POSITIONS = ("learned", "sinusoidal", "rotary", "alibi")
+POSITIONS = ("learned", "sinusoidal", "rotary", "alibi", "disentangled")
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 
 
@@ -71,8 +71,13 @@ class BertConfig:
   # FFN: mlp (act(x·W1)·W2, BERT) | glu (gated: (act(x·W1) ⊙ x·Wg)·W2; GeGLU with gelu, SwiGLU with silu).
   ffn: str = "mlp"
   # learned (a table; BERT, RoBERTa) | sinusoidal (a fixed table added to the embeddings) | rotary (RoPE on queries
-  # and keys; ModernBERT) | alibi (a per-head linear distance bias on the attention scores; MosaicBERT)
+  # and keys; ModernBERT) | alibi (a per-head linear distance bias on the attention scores; MosaicBERT) |
+  # disentangled (DeBERTa-v2/v3: content-to-position and position-to-content terms over relative positions in log
+  # buckets, one normalised table of 2·position_buckets relative embeddings projected by each layer's own query
+  # and key projections; no absolute positions)
   position_embedding: str = "learned"
+  position_buckets: int = 256  # disentangled: relative positions in [-buckets, buckets), log-bucketed past half
+  max_relative_positions: int = 512  # disentangled: the distance the log buckets reach (DeBERTa: max positions)
   position_offset: int = 0  # first position id of a row (RoBERTa counts from padding_idx + 1 = 2)
   # The HF model type of a checkpoint whose architecture another type shares ("xlm-roberta": RoBERTa's layers
   # with a sentencepiece vocabulary), so that it exports as what it was; "" where the architecture says it.
@@ -203,7 +208,12 @@ class BertConfig:
       if self.local_attention >= self.max_position_embeddings:
         raise bad(f"BertConfig.local_attention {self.local_attention} is not shorter than "
                   f"max_position_embeddings {self.max_position_embeddings}: every layer would be global")
+    if self.position_embedding == "disentangled" and not 1 < self.position_buckets < self.max_relative_positions:
+      raise bad(f"BertConfig.position_buckets {self.position_buckets} must be in (1, max_relative_positions "
+                f"{self.max_relative_positions})")
     needs_bias = [what for what, on in (("position_embedding='alibi'", self.position_embedding == "alibi"),
+                                        ("position_embedding='disentangled'",
+                                         self.position_embedding == "disentangled"),
                                         ("local_attention", self.local_attention > 0)) if on]
     if needs_bias == ["local_attention"] and self.attention_impl in ("blockwise", "splash"):
       needs_bias = []
@@ -221,7 +231,7 @@ class BertConfig:
     ALiBi, whose bias only the xla path adds)."""
     if self.attention_impl != "by_length":
       return self.attention_impl
-    if self.position_embedding == "alibi":
+    if self.position_embedding in ("alibi", "disentangled"):
       return "xla"
     platform = platform or jax.default_backend()
     return "blockwise" if length >= BLOCKWISE_FROM.get(platform, BLOCKWISE_FROM["other"]) else "xla"

@@ -17,7 +17,17 @@ import numpy as np
 from bertjax.kernels import attention as attention_lib
 from bertjax.kernels.xla import attention_mask, band_mask
 from bertjax.model.config import BertConfig
-from bertjax.model.layers import Dense, Embeddings, Layer, alibi_bias, layer_norm, rotary_tables, take_rows
+from bertjax.model.layers import (
+  Dense,
+  Embeddings,
+  Layer,
+  alibi_bias,
+  dropout,
+  layer_norm,
+  relative_buckets,
+  rotary_tables,
+  take_rows,
+)
 
 
 class _ScanLayer(nn.Module):
@@ -122,6 +132,9 @@ def context(cfg: BertConfig, batch):
       ctx["rope_local"] = rotary_tables(positions, cfg.head_dim, cfg.rope_theta_local)
   elif cfg.position_embedding == "alibi":
     ctx["alibi"] = alibi_bias(positions, cfg.num_heads)
+  elif cfg.position_embedding == "disentangled":
+    positions = jnp.broadcast_to(positions, batch["input_ids"].shape)
+    ctx["rel_index"] = relative_buckets(positions, cfg.position_buckets, cfg.max_relative_positions)
   return ctx
 
 
@@ -163,6 +176,12 @@ class BertModel(nn.Module):
       self.embeddings_project = Dense((cfg.hidden_size,), (None, "embed"), cfg)
     self.encoder = Encoder(cfg)
     self.pooler = Dense((cfg.hidden_size,), ("embed", "mlp"), cfg)
+    if cfg.position_embedding == "disentangled":  # one table of relative embeddings, normalised, for every layer
+      self.rel_embeddings = self.param("rel_embeddings", nn.with_logical_partitioning(
+          nn.initializers.normal(cfg.initializer_range), (None, "embed")), (2 * cfg.position_buckets,
+                                                                            cfg.hidden_size), cfg.params_dtype)
+      self.rel_ln = layer_norm(cfg)
+      self.rel_dropout = dropout(cfg)
 
   def __call__(self, batch, deterministic: bool = True, positions=None, pool: bool | str = True):
     """With `positions` [B, Q] (prune_final_layer): "hidden" is [B, Q, d] at those positions only, the last layer
@@ -172,6 +191,9 @@ class BertModel(nn.Module):
     check_batch(self.cfg, batch)
     ids = batch["input_ids"]
     ctx = context(self.cfg, batch)
+    if self.cfg.position_embedding == "disentangled":
+      rel = self.rel_ln(self.rel_embeddings).astype(self.cfg.compute_dtype)
+      ctx["rel"] = self.rel_dropout(rel, deterministic=deterministic)
     x = self.embedder(ids, batch["segment_ids"], batch.get("position_ids"), deterministic)
     if self.cfg.embed_dim != self.cfg.hidden_size:
       x = self.embeddings_project(x)

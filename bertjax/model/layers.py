@@ -140,6 +140,32 @@ def take_rows(x, positions):
   return jnp.take_along_axis(x, positions.reshape(positions.shape + (1,) * (x.ndim - 2)).astype(jnp.int32), axis=1)
 
 
+def relative_buckets(positions, buckets: int, max_position: int):
+  """[B, L, L] indices into the 2·buckets relative embeddings of DeBERTa-v2: δ = p_i − p_j kept as is within
+  ±buckets/2 and log-bucketed beyond, up to `max_position` (HF's make_log_bucket_position, in float32), then
+  shifted by `buckets` and clipped to the table."""
+  rel = (positions[:, :, None] - positions[:, None, :]).astype(jnp.int32)
+  mid = buckets // 2
+  sign = jnp.sign(rel).astype(jnp.float32)
+  abs_pos = jnp.where((rel < mid) & (rel > -mid), mid - 1, jnp.abs(rel)).astype(jnp.float32)
+  log_pos = jnp.ceil(jnp.log(abs_pos / mid) / jnp.log(jnp.float32((max_position - 1) / mid)) * (mid - 1)) + mid
+  bucket = jnp.where(abs_pos <= mid, rel.astype(jnp.float32), log_pos * sign).astype(jnp.int32)
+  return jnp.clip(bucket + buckets, 0, 2 * buckets - 1)
+
+
+def disentangled_bias(q, k, pos_q, pos_k, index):
+  """DeBERTa's content-to-position plus position-to-content scores, [B, H, L, L] in float32, scaled by
+  1/sqrt(3·D): c2p[i, j] = q_i · K_r[index(i, j)], p2c[i, j] = k_j · Q_r[index(i, j)], where K_r, Q_r are the
+  relative embeddings [2S, H, D] projected once per layer (not per head or per row) by the layer's key and
+  query projections."""
+  f32 = jnp.float32
+  c2p = jnp.einsum("bqhd,rhd->bhqr", q, pos_k, preferred_element_type=f32)
+  c2p = jnp.take_along_axis(c2p, index[:, None], axis=-1)
+  p2c = jnp.einsum("bkhd,rhd->bhkr", k, pos_q, preferred_element_type=f32)
+  p2c = jnp.swapaxes(jnp.take_along_axis(p2c, jnp.swapaxes(index, 1, 2)[:, None], axis=-1), -1, -2)
+  return (c2p + p2c) / jnp.sqrt(f32(3 * q.shape[-1]))
+
+
 class SelfAttention(nn.Module):
   cfg: BertConfig
 
@@ -151,9 +177,14 @@ class SelfAttention(nn.Module):
     cfg = self.cfg
     shape = (cfg.num_heads, cfg.head_dim)
     dense = functools.partial(Dense, shape, ("embed", "heads", "kv"), cfg, use_bias=cfg.use_bias)
-    q = dense(name="query")(x if queries is None else take_rows(x, queries))
-    k = dense(name="key")(x)
+    query, key = dense(name="query"), dense(name="key")
+    q = query(x if queries is None else take_rows(x, queries))
+    k = key(x)
     v = dense(name="value")(x)
+    if "rel" in ctx:  # DeBERTa: the relative terms as the layer's score bias, content scores at 1/sqrt(3·D)
+      ctx = {**ctx, "bias": disentangled_bias(query(x) if queries is not None else q, k, query(ctx["rel"]),
+                                              key(ctx["rel"]), ctx["rel_index"])}
+      q = q / jnp.sqrt(3.0).astype(q.dtype)
     names = ("activation_batch", "activation_length", "activation_heads", "activation_kv")
     local = (index % cfg.global_every != 0) if cfg.local_attention else False
     if "rope" in ctx:

@@ -1,0 +1,112 @@
+"""DeBERTa-v2/v3 (disentangled attention over log-bucketed relative positions, no absolute positions) against HF
+transformers' PyTorch DebertaV2ForMaskedLM: forward and gradients from the same weights, both ways, with buckets
+small enough that the log branch of the relative positions is exercised."""
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+
+from bertjax import convert  # noqa: E402
+from bertjax import model as model_lib  # noqa: E402
+from bertjax.convert.table import ConversionError  # noqa: E402
+
+L = 40
+
+
+def _deberta(legacy=True, seed=0, **kw):
+  torch.manual_seed(seed)
+  cfg = transformers.DebertaV2Config(
+      vocab_size=120, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+      max_position_embeddings=64, relative_attention=True, pos_att_type=["p2c", "c2p"], position_buckets=8,
+      max_relative_positions=64, share_att_key=True, norm_rel_ebd="layer_norm", position_biased_input=False,
+      type_vocab_size=0, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, legacy=legacy, **kw)
+  m = transformers.DebertaV2ForMaskedLM(cfg).eval()
+  with torch.no_grad():
+    for name, p in m.named_parameters():
+      if name.endswith("bias") or "LayerNorm" in name:
+        p.add_(torch.randn_like(p) * 0.3)  # off their init, so that a misplaced bias or norm shows
+  return m
+
+
+def _batch():
+  rng = np.random.default_rng(0)
+  ids = rng.integers(5, 120, (3, L)).astype(np.int32)
+  mask = np.ones((3, L), np.int32)
+  mask[1, 25:], mask[2, 9:] = 0, 0
+  return {"input_ids": ids, "input_mask": mask, "segment_ids": np.zeros_like(ids),
+          "masked_lm_positions": np.broadcast_to(np.arange(L, dtype=np.int32), (3, L)).copy()}
+
+
+def _hf_logits(m, b):
+  with torch.no_grad():
+    return m(input_ids=torch.tensor(b["input_ids"]).long(), attention_mask=torch.tensor(b["input_mask"]).long()
+             ).logits.numpy()
+
+
+@pytest.mark.parametrize("legacy", [True, pytest.param(False, marks=pytest.mark.slow)],
+                         ids=["cls_head", "lm_predictions_head"])
+def test_deberta_mlm_forward_and_gradients_equal_hf_both_ways(tmp_path, legacy):
+  m = _deberta(legacy)
+  m.save_pretrained(tmp_path / "hf")
+  cfg, params = convert.from_hf(str(tmp_path / "hf"), head="pretraining", dropout_rate=0.0,
+                                attention_dropout_rate=0.0)
+  assert (cfg.position_embedding, cfg.position_buckets, cfg.max_relative_positions, cfg.type_vocab_size) == (
+      "disentangled", 8, 64, 0)
+  b = _batch()
+  module = model_lib.BertForPreTraining(cfg)
+  real = b["input_mask"] > 0
+  ours = np.asarray(module.apply({"params": params}, b)["mlm_logits"])
+  np.testing.assert_allclose(ours[real], _hf_logits(m, b)[real], atol=1e-5)
+  # Gradients of the masked-LM loss over the real tokens, every parameter, against torch's autograd.
+  labels = np.where(real, np.random.default_rng(1).integers(0, 120, real.shape), -100)
+
+  def loss(p):
+    logits = module.apply({"params": p}, b)["mlm_logits"]
+    ll = jax.nn.log_softmax(logits)
+    picked = jnp.take_along_axis(ll, jnp.asarray(np.maximum(labels, 0))[..., None], axis=-1)[..., 0]
+    return -jnp.sum(picked * real) / real.sum()
+  grads = jax.grad(loss)(params)
+  m.zero_grad()
+  out = m(input_ids=torch.tensor(b["input_ids"]).long(), attention_mask=torch.tensor(b["input_mask"]).long(),
+          labels=torch.tensor(labels).long())
+  out.loss.backward()
+  np.testing.assert_allclose(float(loss(params)), float(out.loss), rtol=1e-5)
+  want = {n: p.grad.numpy() for n, p in m.named_parameters() if p.grad is not None}
+  got = convert.table.dump(convert.family("deberta-v2"), cfg, jax.device_get(grads), "pretraining")
+  checked = 0
+  legacy_names = {f"cls.predictions.transform.{n}": f"lm_predictions.lm_head.{n}"
+                  for n in ("dense.weight", "dense.bias", "LayerNorm.weight", "LayerNorm.bias")}
+  legacy_names["cls.predictions.bias"] = "lm_predictions.lm_head.bias"
+  for name, g in got.items():
+    hf_name = name if name in want else legacy_names.get(name, name)
+    if hf_name in want:
+      np.testing.assert_allclose(g, want[hf_name], atol=2e-5, rtol=1e-4, err_msg=name)
+      checked += 1
+  assert checked >= len(want) - 1, (checked, len(want))  # every trained tensor (the tied decoder is one)
+  # And back: bertjax's export is an HF folder whose model computes the same logits.
+  convert.to_hf(cfg, params, str(tmp_path / "back"))
+  again = transformers.AutoModelForMaskedLM.from_pretrained(str(tmp_path / "back")).eval()
+  assert type(again).__name__ == "DebertaV2ForMaskedLM"
+  np.testing.assert_allclose(_hf_logits(again, b)[real], ours[real], atol=1e-5)
+
+
+def test_relative_buckets_equal_hf_make_log_bucket_position():
+  from transformers.models.deberta_v2.modeling_deberta_v2 import make_log_bucket_position
+
+  from bertjax.model.layers import relative_buckets
+  for buckets, max_pos in ((8, 64), (256, 512), (32, 128)):
+    n = max_pos + 16  # every bucket, and distances past the last
+    rel = torch.arange(n)[:, None] - torch.arange(n)[None, :]
+    want = torch.clamp(make_log_bucket_position(rel, buckets, max_pos).long() + buckets, 0, 2 * buckets - 1)
+    got = relative_buckets(jnp.arange(n)[None], buckets, max_pos)[0]
+    np.testing.assert_array_equal(np.asarray(got), want.numpy())
+
+
+def test_deberta_options_bertjax_does_not_compute_are_one_line(tmp_path):
+  _deberta(conv_kernel_size=3).save_pretrained(tmp_path / "conv")
+  with pytest.raises(ConversionError, match=r"options bertjax does not compute: conv_kernel_size 3"):
+    convert.from_hf(str(tmp_path / "conv"), head="pretraining")
