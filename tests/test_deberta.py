@@ -110,3 +110,32 @@ def test_deberta_options_bertjax_does_not_compute_are_one_line(tmp_path):
   _deberta(conv_kernel_size=3).save_pretrained(tmp_path / "conv")
   with pytest.raises(ConversionError, match=r"options bertjax does not compute: conv_kernel_size 3"):
     convert.from_hf(str(tmp_path / "conv"), head="pretraining")
+
+
+def test_deberta_v3_tokenizer_ids_equal_hf_on_several_scripts(tmp_path):
+  """A DeBERTa-v3-style tokenizer built by HF's own DebertaV2TokenizerFast over a sentencepiece unigram vocabulary
+  trained here ([PAD] [CLS] [SEP] [UNK] first, [MASK] last, as DeBERTa-v3 lays them out), saved, and read by
+  bertjax from its tokenizer.json: the same ids on text in several scripts, the special ids in their roles."""
+  import sentencepiece as spm
+  from test_families import MULTILINGUAL
+
+  from bertjax.data import tokenizer
+  corpus = tmp_path / "corpus.txt"
+  corpus.write_text("\n".join(MULTILINGUAL * 20 + [np.__doc__ or ""]), encoding="utf-8")
+  spm.SentencePieceTrainer.train(input=str(corpus), model_prefix=str(tmp_path / "sp"), vocab_size=300,
+                                 model_type="unigram", character_coverage=1.0, normalization_rule_name="identity",
+                                 hard_vocab_limit=False, minloglevel=2)
+  sp = spm.SentencePieceProcessor(model_file=str(tmp_path / "sp.model"))
+  vocab = [("[PAD]", 0.0), ("[CLS]", 0.0), ("[SEP]", 0.0), ("[UNK]", 0.0)]
+  vocab += [(sp.id_to_piece(i), sp.get_score(i)) for i in range(3, sp.get_piece_size())] + [("[MASK]", 0.0)]
+  hf = transformers.DebertaV2TokenizerFast(vocab=vocab, unk_id=3)
+  hf.save_pretrained(tmp_path / "tok")
+  hf = transformers.AutoTokenizer.from_pretrained(tmp_path / "tok")
+  tok = tokenizer.load(str(tmp_path / "tok" / "tokenizer.json"))
+  assert (tok.pad_id, tok.cls_id, tok.sep_id, tok.unk_id, tok.mask_id) == (
+      hf.pad_token_id, hf.cls_token_id, hf.sep_token_id, hf.unk_token_id, hf.mask_token_id) == (0, 1, 2, 3,
+                                                                                                len(vocab) - 1)
+  for text in MULTILINGUAL + ["Fill the [MASK] in, please."]:
+    ids = hf(text, add_special_tokens=False)["input_ids"]
+    assert tok.encode(text) == ids, text
+    assert len(set(ids) - {hf.unk_token_id}) > len(ids) // 2, text  # real pieces, not a string of [UNK]
