@@ -47,6 +47,9 @@ def get_config(arg=None):
   # two-stage ablation): from step N the generator is held fixed and L_gen leaves the loss, so the discriminator
   # and the shared embeddings learn against a stationary generator.
   e.freeze_generator_at = 0
+  # shared: one embedding table both networks' losses train (ELECTRA) | gdes: the discriminator reads
+  # stop_gradient(E) + its own Δ, so only the generator trains E (DeBERTa-v3's gradient-disentangled sharing)
+  e.embedding_sharing = "shared"
   with c.unlocked():
     c.electra = e
   for k, v in sizes.items():

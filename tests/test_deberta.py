@@ -139,3 +139,62 @@ def test_deberta_v3_tokenizer_ids_equal_hf_on_several_scripts(tmp_path):
     ids = hf(text, add_special_tokens=False)["input_ids"]
     assert tok.encode(text) == ids, text
     assert len(set(ids) - {hf.unk_token_id}) > len(ids) // 2, text  # real pieces, not a string of [UNK]
+
+
+@pytest.mark.slow
+def test_gdes_splits_the_embedding_gradient_between_the_table_and_the_delta():
+  """Gradient-disentangled embedding sharing, from the same start (Δ = 0, so the same forward): the word table's
+  gradient is the generator's loss alone, Δ's the discriminator's, and together they are shared ELECTRA's; the
+  discriminator's exported table is E + Δ."""
+  from bertjax.objectives import electra
+  disc = model_lib.BertConfig(vocab_size=50, hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64,
+                              max_position_embeddings=32, nsp_head=False, dropout_rate=0.0,
+                              attention_dropout_rate=0.0, position_embedding="disentangled", position_buckets=4,
+                              max_relative_positions=32, type_vocab_size=0, attention_impl="xla")
+  gen = electra.generator_config(disc, 1.0, 1.0)
+  rng = np.random.default_rng(0)
+  ids = rng.integers(5, 50, (4, 24)).astype(np.int32)
+  ids[:, 0], ids[:, -1] = 1, 2
+  batch = {"input_ids": ids, "input_mask": np.ones_like(ids), "segment_ids": np.zeros_like(ids),
+           "masked_lm_positions": np.zeros((4, 6), np.int32), "masked_lm_ids": np.zeros((4, 6), np.int32),
+           "masked_lm_weights": np.zeros((4, 6), np.float32)}
+  models = {s: electra.ElectraForPreTraining(disc, gen, special_ids=(1, 2), mask_id=3, embedding_sharing=s)
+            for s in ("shared", "gdes")}
+  params = __import__("flax").linen.meta.unbox(models["gdes"].init(
+      {"params": jax.random.key(0), "electra": jax.random.key(1)}, batch)["params"])
+  assert float(np.abs(params["gdes"]["delta"]).max()) == 0.0
+  shared_params = {k: v for k, v in params.items() if k != "gdes"}
+
+  def grad(name, p, part):
+    def f(q):
+      o = models[name].apply({"params": q}, batch, rngs={"electra": jax.random.key(3)})
+      s = electra.electra_sums(o, batch)
+      total, m = electra.electra_loss(s, 50.0)
+      return {"all": total, "gen": m["mlm_loss"]}[part]
+    return jax.grad(f)(p)
+  g_shared, g_gdes, g_gen = grad("shared", shared_params, "all"), grad("gdes", params, "all"), grad("gdes", params,
+                                                                                                     "gen")
+  word = lambda g: np.asarray(g["embeddings"]["word_embeddings"]["embedding"])  # noqa: E731
+  np.testing.assert_allclose(word(g_gdes), word(g_gen), atol=1e-6)  # E: the generator's loss alone
+  np.testing.assert_allclose(word(g_gdes) + np.asarray(g_gdes["gdes"]["delta"]), word(g_shared), atol=1e-5)
+  assert float(np.abs(g_gdes["gdes"]["delta"]).max()) > 0
+  moved = {**params, "gdes": {"delta": params["gdes"]["delta"] + 0.5}}
+  d_tree, g_tree = electra.split(moved)
+  np.testing.assert_allclose(d_tree["bert"]["embeddings"]["word_embeddings"]["embedding"],
+                             np.asarray(params["embeddings"]["word_embeddings"]["embedding"]) + 0.5)
+  np.testing.assert_array_equal(g_tree["bert"]["embeddings"]["word_embeddings"]["embedding"],
+                                params["embeddings"]["word_embeddings"]["embedding"])
+
+
+def test_pruned_last_layer_equals_the_whole_stack():
+  """prune_final_layer (the last layer at the masked positions only) with disentangled attention: the same MLM
+  logits as computing every position."""
+  cfg = model_lib.BertConfig(vocab_size=120, hidden_size=32, num_layers=2, num_heads=4, intermediate_size=64,
+                             max_position_embeddings=64, nsp_head=False, position_embedding="disentangled",
+                             position_buckets=8, max_relative_positions=64, type_vocab_size=0)
+  b = _batch()
+  b["masked_lm_positions"] = np.array([[1, 5, 30, 39], [0, 3, 12, 24], [2, 4, 6, 8]], np.int32)
+  params = model_lib.BertForPreTraining(cfg).init(jax.random.key(0), b)["params"]
+  whole = model_lib.BertForPreTraining(cfg.replace(prune_final_layer=False)).apply({"params": params}, b)
+  pruned = model_lib.BertForPreTraining(cfg.replace(prune_final_layer=True)).apply({"params": params}, b)
+  np.testing.assert_allclose(np.asarray(pruned["mlm_logits"]), np.asarray(whole["mlm_logits"]), atol=1e-5)

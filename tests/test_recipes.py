@@ -368,3 +368,34 @@ def _context_extension_continues_a_short_checkpoint_at_a_longer_length(tmp_path,
   assert 0 < max(diffs) < 0.05, max(diffs)
   with pytest.raises(ValueError, match="give init=PATH"):
     modernbert.get_config("variant=tiny,context=128")
+
+
+@pytest.mark.slow
+def test_deberta_v3_recipe_end_to_end(tmp_path, packed_data):
+  """configs/deberta_v3.py (RTD with gradient-disentangled embedding sharing on disentangled attention) on the
+  small corpus: both networks train, the loss is L_gen + 50·L_disc, and python -m bertjax convert writes the
+  discriminator as HF's DebertaV2Model, whose hidden states are bertjax's discriminator's (its table E + Δ)."""
+  transformers = pytest.importorskip("transformers")
+  torch = pytest.importorskip("torch")
+  from bertjax import model as model_lib
+  from bertjax.core import checkpoint as checkpoint_lib
+  from bertjax.objectives import electra as electra_lib
+  from configs import deberta_v3
+  c = _small(deberta_v3.get_config("variant=tiny,seq=64,preds=20"), packed_data, steps=6)
+  summary = _train_and_export(c, tmp_path, "DebertaV2Model")
+  ev = summary["eval"]
+  assert summary["final_step"] == 6 and ev["loss"] == pytest.approx(ev["mlm_loss"] + 50 * ev["disc_loss"], rel=1e-5)
+  params = checkpoint_lib.Checkpointer(str(tmp_path / "w")).restore_params()
+  assert float(np.abs(np.asarray(params["gdes"]["delta"])).max()) > 0  # the discriminator trained its delta
+  disc = electra_lib.split(params)[0]
+  src = dataset.load_source(packed_data, "validation")
+  b = {k: np.stack([np.asarray(src[i][k]) for i in range(4)]) for k in ("input_ids", "input_mask", "segment_ids")}
+  cfg = model_lib.BertConfig.from_dict(c.model.to_dict())
+  ours = np.asarray(model_lib.BertModel(cfg).apply({"params": disc["bert"]}, b, pool=False)["hidden"])
+  hf = transformers.AutoModel.from_pretrained(str(tmp_path / "hf" / "discriminator")).eval()
+  assert type(hf).__name__ == "DebertaV2Model"
+  with torch.no_grad():
+    theirs = hf(input_ids=torch.tensor(b["input_ids"], dtype=torch.long),
+                attention_mask=torch.tensor(b["input_mask"], dtype=torch.long)).last_hidden_state.numpy()
+  valid = b["input_mask"] > 0
+  np.testing.assert_allclose(ours[valid], theirs[valid], atol=1e-4)

@@ -44,6 +44,11 @@ def pretraining_params(run: dict, params: dict, out: str) -> tuple[str, tuple[st
   cfg = model_lib.BertConfig.from_dict(run["model"])
   if objectives.get(run).name == "electra":
     gen_cfg = electra.generator_config(cfg, run["electra"]["generator_hidden"], run["electra"]["generator_layers"])
+    if cfg.position_embedding == "disentangled":  # DeBERTa-v3's RTD: HF has no replaced-token DeBERTa model
+      disc, gen = electra.split(convert.table.host_params(params))
+      convert.to_hf(cfg, disc["bert"], os.path.join(out, "discriminator"), head="encoder")
+      convert.to_hf(gen_cfg, gen, os.path.join(out, "generator"))
+      return "DebertaV2Model + DebertaV2ForMaskedLM", ("discriminator", "generator")
     convert.electra_to_hf(cfg, gen_cfg, params, out)
     return "ElectraForPreTraining + ElectraForMaskedLM", ("discriminator", "generator")
   convert.to_hf(cfg, params, out)

@@ -278,12 +278,19 @@ class Embeddings(nn.Module):
       how = "one_hot" if jax.default_backend() == "gpu" else "gather"
     return embed(ids) if how == "gather" else self._one_hot(embed.embedding, ids)
 
-  def __call__(self, input_ids, segment_ids, position_ids, deterministic: bool):
+  def __call__(self, input_ids, segment_ids, position_ids, deterministic: bool, word_delta=None):
     """position_ids None: 0..L-1 in every row, added as a slice of the table (as the original does), so its
     gradient is a sum over the batch rather than a scatter-add with every row hitting the same entries.
-    A learned table is read from `position_offset` on (RoBERTa's positions start after its padding index)."""
+    A learned table is read from `position_offset` on (RoBERTa's positions start after its padding index).
+    `word_delta` (a table of the word table's shape): the words read from stop_gradient(table) + word_delta
+    (DeBERTa-v3's gradient-disentangled sharing: this reader's loss trains the delta, not the table)."""
     cfg = self.cfg
-    x = self._lookup(self.word_embeddings, input_ids)
+    if word_delta is None:
+      x = self._lookup(self.word_embeddings, input_ids)
+    else:
+      table = jax.lax.stop_gradient(self.word_embeddings.embedding) + word_delta
+      gather = cfg.embedding_lookup == "gather" or (cfg.embedding_lookup == "auto" and jax.default_backend() != "gpu")
+      x = jnp.take(table, input_ids, axis=0).astype(cfg.compute_dtype) if gather else self._one_hot(table, input_ids)
     if cfg.type_vocab_size:
       # Segment types: always one-hot, as in the original (a 2-row table: a scatter-add into it is all collisions).
       # With one type (RoBERTa) every token takes it, the second segment of a pair included, as RoBERTa is fed.

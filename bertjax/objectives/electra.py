@@ -14,6 +14,10 @@ One forward pass of `ElectraForPreTraining`:
 The loss (`electra_sums` / `electra_loss`) is L_gen + λ·L_disc, L_disc the sigmoid cross-entropy over every real
 token. Generator and discriminator share the token, position and segment embeddings (and their norm), as the
 original ties them; each projects them to its own width when that differs (`embeddings_project`).
+With `embedding_sharing="gdes"` (DeBERTa-v3's gradient-disentangled embedding sharing, He et al. 2023) the
+discriminator reads the word table as stop_gradient(E) + Δ, Δ its own zero-initialised table: the generator's
+MLM loss alone trains E, the discriminator's loss trains Δ, and the discriminator's embeddings are E + Δ
+(`split`). The other embedding parameters (positions, segments, norm) stay shared.
 
 Positions are drawn without replacement (Gumbel top-k); the original draws them with replacement, so a row of
 its may hold a position twice and mask slightly fewer distinct tokens than the count.
@@ -104,11 +108,15 @@ class ElectraForPreTraining(nn.Module):
   temperature: float = 1.0
   special_ids: tuple = ()  # never masked: [CLS], [SEP] (and [MASK] itself)
   mask_id: int = 0
+  embedding_sharing: str = "shared"  # shared (ELECTRA) | gdes (DeBERTa-v3)
 
   def setup(self):
     self.embeddings = Embeddings(self.disc_cfg)
     self.generator = BertForPreTraining(self.gen_cfg, self.embeddings)
-    self.discriminator = ElectraDiscriminator(self.disc_cfg, self.embeddings)
+    disc_embeddings = self.embeddings
+    if self.embedding_sharing == "gdes":
+      disc_embeddings = DeltaEmbeddings(self.disc_cfg, self.embeddings, name="gdes")
+    self.discriminator = ElectraDiscriminator(self.disc_cfg, disc_embeddings)
 
   def __call__(self, batch, deterministic: bool = True):
     rng = self.make_rng("electra") if self.has_rng("electra") else jax.random.key(0)
@@ -127,6 +135,20 @@ class ElectraForPreTraining(nn.Module):
     return {"mlm_logits": gen["mlm_logits"], "masked_lm_positions": positions, "masked_lm_ids": originals,
             "masked_lm_weights": weights, "sampled_ids": sampled, "disc_logits": disc["disc_logits"],
             "disc_labels": (fake != ids).astype(jnp.float32), "fake_ids": fake}
+
+
+class DeltaEmbeddings(nn.Module):
+  """The shared embeddings as the discriminator reads them under GDES: the word table stop_gradient(E) + Δ, Δ
+  ("delta", zero at the start) this module's own."""
+  cfg: BertConfig
+  base: nn.Module
+
+  @nn.compact
+  def __call__(self, input_ids, segment_ids, position_ids, deterministic: bool):
+    cfg = self.cfg
+    delta = self.param("delta", nn.with_logical_partitioning(nn.initializers.zeros, ("vocab", "embed")),
+                       (cfg.padded_vocab_size, cfg.embed_dim), cfg.params_dtype)
+    return self.base(input_ids, segment_ids, position_ids, deterministic, word_delta=delta)
 
 
 def electra_sums(out, batch):
@@ -191,11 +213,15 @@ def join(discriminator: dict, generator: dict) -> dict:
 
 
 def split(params: dict) -> tuple[dict, dict]:
-  """(discriminator tree, generator tree), each with its own copy of the shared embeddings (as HF stores them)."""
-  def whole(part):
-    return {**{k: v for k, v in part.items() if k != "bert"},
-            "bert": {**part["bert"], "embeddings": params["embeddings"]}}
-  return whole(params["discriminator"]), whole(params["generator"])
+  """(discriminator tree, generator tree), each with its own copy of the shared embeddings (as HF stores them);
+  under GDES the discriminator's word table is E + Δ."""
+  def whole(part, embeddings):
+    return {**{k: v for k, v in part.items() if k != "bert"}, "bert": {**part["bert"], "embeddings": embeddings}}
+  disc_embeddings = params["embeddings"]
+  if "gdes" in params:
+    words = params["embeddings"]["word_embeddings"]["embedding"]
+    disc_embeddings = {**disc_embeddings, "word_embeddings": {"embedding": words + params["gdes"]["delta"]}}
+  return whole(params["discriminator"], disc_embeddings), whole(params["generator"], params["embeddings"])
 
 
 # ----------------------------------------------------------------------------- the objective
@@ -207,6 +233,8 @@ def errors(config, mcfg) -> list[str]:
     out.append("objective 'electra' does not take data.packing (its masks are drawn per row in the graph)")
   if config.train.use_nsp:
     out.append("objective 'electra' has no NSP: set train.use_nsp=False")
+  if config.electra.get("embedding_sharing", "shared") not in ("shared", "gdes"):
+    out.append(f"electra.embedding_sharing {config.electra.embedding_sharing!r} is not one of ['shared', 'gdes']")
   freeze_at = config.electra.freeze_generator_at
   if not isinstance(freeze_at, int) or isinstance(freeze_at, bool) or freeze_at < 0:
     out.append(f"electra.freeze_generator_at must be a step >= 0 (0: joint throughout), got {freeze_at!r}")
@@ -223,7 +251,8 @@ def module(config, mcfg, special_ids=None):
   gen = generator_config(mcfg, config.electra.generator_hidden, config.electra.generator_layers)
   return ElectraForPreTraining(mcfg, gen, mask_prob=config.data.masked_lm_prob,
                                            temperature=config.electra.temperature, special_ids=(cls_id, sep_id),
-                                           mask_id=mask_id)
+                                           mask_id=mask_id,
+                                           embedding_sharing=config.electra.get("embedding_sharing", "shared"))
 
 
 def train_step(model, tx, lr_fn, config):
