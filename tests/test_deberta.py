@@ -186,6 +186,7 @@ def test_gdes_splits_the_embedding_gradient_between_the_table_and_the_delta():
                                 params["embeddings"]["word_embeddings"]["embedding"])
 
 
+@pytest.mark.slow
 def test_pruned_last_layer_equals_the_whole_stack():
   """prune_final_layer (the last layer at the masked positions only) with disentangled attention: the same MLM
   logits as computing every position."""

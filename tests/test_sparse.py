@@ -148,6 +148,7 @@ def _sparse_config(init, tmp_path, batch=8, epochs=1):
   return c
 
 
+@pytest.mark.slow
 def test_sparse_training_on_8_devices_equals_1_device_and_exports_a_sparse_encoder(splade_folder, tmp_path):
   """task=sparse through the real loop from an HF BertForMaskedLM: 8 fake devices (fsdp) and 1 give the same
   losses and parameters (negatives and FLOPS means over the whole global batch); the report's retrieval scores
