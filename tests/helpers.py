@@ -7,6 +7,7 @@ import random
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 
@@ -113,3 +114,15 @@ def finetune_sentiment(tmp_path, init, epochs=3) -> dict:
   c.data.train_file, c.data.eval_file = str(tmp_path / "train.csv"), str(tmp_path / "dev.csv")
   c.data.text_a_column, c.data.label_column, c.data.labels = "sentence", "sentiment", ("neg", "pos")
   return finetune.finetune(c, str(tmp_path / "w"))
+
+
+def write_beir(folder, docs: dict, queries: dict, qrels: dict):
+  """A BEIR folder: corpus.jsonl and queries.jsonl ({id: text}) and qrels/test.tsv ({query: {doc: relevance}})."""
+  import json
+  folder = Path(folder)
+  (folder / "qrels").mkdir(parents=True)
+  (folder / "corpus.jsonl").write_text("".join(json.dumps({"_id": k, "text": v}) + "\n" for k, v in docs.items()))
+  (folder / "queries.jsonl").write_text("".join(json.dumps({"_id": k, "text": v}) + "\n" for k, v in queries.items()))
+  (folder / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\n" + "".join(
+      f"{q}\t{d}\t{r}\n" for q, ds in qrels.items() for d, r in ds.items()))
+  return folder

@@ -10,6 +10,8 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 st = pytest.importorskip("sentence_transformers")
 
+import helpers  # noqa: E402
+
 from bertjax.convert.table import ConversionError  # noqa: E402
 from bertjax.embeddings import multivector  # noqa: E402
 
@@ -93,12 +95,7 @@ def test_maxsim_beir_search_equals_ir_measures_on_sentence_transformers_scores(m
   docs = {f"d{i}": " ".join(rng.choice(WORDS + [",", "."], 8)) for i in range(23)}
   queries = {f"q{i}": " ".join(rng.choice(WORDS, 3)) for i in range(6)}
   qrels = {q: {f"d{j}": 1 for j in rng.choice(23, 2, replace=False)} for q in queries}
-  beir = tmp_path / "beir"
-  (beir / "qrels").mkdir(parents=True)
-  (beir / "corpus.jsonl").write_text("".join(json.dumps({"_id": k, "text": v}) + "\n" for k, v in docs.items()))
-  (beir / "queries.jsonl").write_text("".join(json.dumps({"_id": k, "text": v}) + "\n" for k, v in queries.items()))
-  (beir / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\n" + "".join(
-      f"{q}\t{d}\t1\n" for q, ds in qrels.items() for d in ds))
+  beir = helpers.write_beir(tmp_path / "beir", docs, queries, qrels)
   assert embeddings_cli.main(["--model", path, "--beir", str(beir), "--run", str(tmp_path / "run.trec"),
                               "--block", "7", "--top_k", "23"]) == 0
   got = json.loads(capsys.readouterr().out.strip().splitlines()[-1])

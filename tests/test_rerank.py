@@ -10,6 +10,8 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 st = pytest.importorskip("sentence_transformers")
 
+import helpers  # noqa: E402
+
 from bertjax.data import tokenizer as tokenizer_lib  # noqa: E402
 from bertjax.embeddings import rerank  # noqa: E402
 
@@ -93,12 +95,7 @@ def test_reranking_a_run_equals_ir_measures_on_cross_encoder_scores(bert_cross_e
   docs = {f"d{i}": " ".join(rng.choice(WORDS, 7)) for i in range(20)}
   queries = {f"q{i}": " ".join(rng.choice(WORDS, 3)) for i in range(6)}
   qrels = {q: {f"d{j}": 1 for j in rng.choice(20, 3, replace=False)} for q in list(queries)[:5]}  # q5 unjudged
-  beir = tmp_path / "beir"
-  (beir / "qrels").mkdir(parents=True)
-  (beir / "corpus.jsonl").write_text("".join(json.dumps({"_id": k, "text": v}) + "\n" for k, v in docs.items()))
-  (beir / "queries.jsonl").write_text("".join(json.dumps({"_id": k, "text": v}) + "\n" for k, v in queries.items()))
-  (beir / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\n" + "".join(
-      f"{q}\t{d}\t1\n" for q, ds in qrels.items() for d in ds))
+  beir = helpers.write_beir(tmp_path / "beir", docs, queries, qrels)
   first = {q: {d: float(s) for d, s in zip(docs, rng.normal(size=len(docs)))} for q in queries}
   (tmp_path / "first.trec").write_text("".join(f"{q} Q0 {d} 0 {s:.6f} bm25\n" for q, ds in first.items()
                                                for d, s in ds.items()))
