@@ -15,7 +15,7 @@ from bertjax import errors
 from bertjax.convert import weights as weights_lib
 from bertjax.data.tasks import rows as task_data
 from bertjax.embeddings import sparse
-from bertjax.embeddings.task import Contrastive, retrieval
+from bertjax.embeddings.task import Contrastive, corpus_vectors, retrieval
 from bertjax.tasks.base import Task
 
 NAMES = ("sparse",)
@@ -110,12 +110,8 @@ class Sparse(Contrastive):
   def score(self, task, ev, preds, config):
     q, d = preds["embedding"], preds["doc_embedding"]
     k = task.option("max_active_dims") or None
-    rows, corpus = ev.meta["rows"], ev.meta["corpus"]
-    index = {t: i for i, t in enumerate(corpus)}
-    vectors = np.zeros((len(corpus), d.shape[-1]), np.float32)
-    for r, row in enumerate(rows):
-      for j, text in enumerate(row["docs"]):
-        vectors[index[text]] = d[r, j]
+    rows = ev.meta["rows"]
+    vectors, index = corpus_vectors(rows, ev.meta["corpus"], d)
     q, vectors = sparse.top_k(np.asarray(q, np.float32), k), sparse.top_k(vectors, k)
     sims = q @ vectors.T
     run = {f"q{i}": {f"d{j}": float(s) for j, s in enumerate(row)} for i, row in enumerate(sims)}

@@ -107,6 +107,17 @@ def featurize(rows: list[dict], tok, seq: int) -> dict:
           "labels": np.array([r["score"] for r in rows], np.float32)}
 
 
+def corpus_vectors(rows: list[dict], corpus: list[str], docs) -> tuple[np.ndarray, dict[str, int]]:
+  """[len(corpus), D] vectors of the eval file's distinct texts from the rows' document vectors `docs` [rows, K, D]
+  (each text's vector as the last row holding it gives it), and each text's row in them."""
+  index = {t: i for i, t in enumerate(corpus)}
+  vectors = np.zeros((len(corpus), docs.shape[-1]), np.float32)
+  for r, row in enumerate(rows):
+    for j, text in enumerate(row["docs"]):
+      vectors[index[text]] = docs[r, j]
+  return vectors, index
+
+
 def retrieval_scores(queries, corpus, relevant, metrics=("ndcg@10", "mrr@10", "recall@1", "recall@10")
                      ) -> dict[str, float]:
   """Cosine ranking of the whole corpus for each query (one relevant corpus row each), scored by trec_eval's
@@ -234,12 +245,8 @@ class Contrastive(Kind):
         if dim < q.shape[-1]:
           out[f"spearman_dim{dim}"] = scores.spearman(scores.paired_cosine(q[:, :dim], d[:, 0, :dim]), g)
       return out
-    rows, corpus = ev.meta["rows"], ev.meta["corpus"]
-    index = {t: i for i, t in enumerate(corpus)}
-    vectors = np.zeros((len(corpus), d.shape[-1]), np.float32)
-    for r, row in enumerate(rows):
-      for j, text in enumerate(row["docs"]):
-        vectors[index[text]] = d[r, j]
+    rows = ev.meta["rows"]
+    vectors, index = corpus_vectors(rows, ev.meta["corpus"], d)
     relevant = np.array([index[row["docs"][0]] for row in rows])
     out = retrieval_scores(q, vectors, relevant)
     for dim in task.option("matryoshka") or ():  # the main metric at each Matryoshka width
