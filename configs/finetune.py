@@ -97,6 +97,11 @@ def get_config(arg=None):
   # The regularisers' weights rise from 0 as (step / W)^2, W this fraction of the run, then hold.
   c.sparse.regularizer_warmup = 1 / 3
   c.sparse.max_active_dims = 0  # evaluation: keep each vector's largest terms (0: all)
+  # Queries: mlm (the MLM model, as documents) | static (inference-free: a learned weight per term at the terms a
+  # query's tokens hold, sentence-transformers' SparseStaticEmbedding; started from the init's static weights,
+  # else the IDF of the training documents) | "": an inference-free SparseEncoder init's static side, else mlm.
+  c.sparse.query_side = ""
+  c.sparse.static_lr_ratio = 50.0  # static: its weights learn this many times faster (1e-3 against 2e-5)
 
   # task=rerank (cross-encoder; query, document, relevance columns): bce, sentence-transformers'
   # BinaryCrossEntropyLoss on each pair | listnet, its ListNetLoss over each query's documents (a batch is queries).

@@ -77,6 +77,33 @@ def test_sum_pooling_and_log1p_relu_equal_their_definitions():
                                                              activation)), want, rtol=1e-6)
 
 
+@pytest.mark.parametrize("pooling", ["max", "sum"])
+def test_packed_rows_give_each_text_its_unpacked_term_vector(splade_folder, pooling):
+  """Short pairs are packed for training (several examples' texts end to end, each its own attention segment):
+  every text's term vector pooled over its own segment equals the vector of that text alone in a padded row."""
+  import jax
+
+  from bertjax.data import packing
+  from bertjax.embeddings.task import featurize
+  path, _ = splade_folder
+  enc = sparse.SparseEncoder.load(path)
+  module = sparse.SparseModel(enc.cfg, pooling=pooling, activation="log1p_relu")
+  rows = [{"anchor": a, "docs": [d, n], "score": 0.0} for a, d, n in
+          zip(TEXTS, TEXTS[1:] + TEXTS[:1], TEXTS[2:] + TEXTS[:2])]
+  feats = featurize(rows, enc.tok, 24)
+  packed, members = packing.pack_contrastive(feats, 48, 3)  # rows of 144 tokens: room for several examples
+  assert any(len(m) > 1 for m in members)  # some row holds several examples
+  params = {"params": enc.params}
+  plain = jax.tree.map(np.asarray, module.apply(params, {k: feats[k] for k in (
+      "input_ids", "input_mask", "segment_ids", "doc_input_ids", "doc_input_mask")}))
+  keys = ("input_ids", "input_mask", "segment_ids", "position_ids", "attention_segment_ids", "text_segments")
+  out = jax.tree.map(np.asarray, module.apply(params, {k: packed[k] for k in keys}))
+  for r, m in enumerate(members):
+    for slot, j in enumerate(m):
+      np.testing.assert_allclose(out["embedding"][r, slot], plain["embedding"][j], rtol=1e-5, atol=1e-5)
+      np.testing.assert_allclose(out["doc_embedding"][r, slot], plain["doc_embedding"][j], rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("negatives,query_weight", [(0, 5e-5), (1, None)])
 def test_splade_loss_equals_sentence_transformers(splade_folder, negatives, query_weight):
   """SpladeLoss(SparseMultipleNegativesRankingLoss) on the same non-negative embeddings: each part equal."""
@@ -264,3 +291,110 @@ def test_sparse_beir_search_equals_sentence_transformers_scores_with_ir_measures
   for i, qid in enumerate(queries):
     for j, did in enumerate(docs):
       assert ours[(qid, did)] == pytest.approx(float(sims[i, j]), rel=1e-4, abs=1e-4)
+
+
+@pytest.fixture(scope="module")
+def inference_free_folder(splade_folder, tmp_path_factory):
+  """An inference-free SparseEncoder built by sentence-transformers' own classes: a Router whose query route is a
+  SparseStaticEmbedding (random positive weights) and whose document route is the fill-mask Transformer and
+  SpladePooling of `splade_folder`'s MLM model."""
+  from sentence_transformers.base.modules import Router, Transformer
+  from sentence_transformers.sparse_encoder import SparseEncoder
+  from sentence_transformers.sparse_encoder.modules import SparseStaticEmbedding, SpladePooling
+  mlm = splade_folder[0].replace("/st", "/mlm")
+  d = tmp_path_factory.mktemp("inference_free")
+  tr = Transformer(mlm, transformer_task="fill-mask", max_seq_length=24)
+  torch.manual_seed(1)
+  weight = torch.rand(len(tr.tokenizer.get_vocab())) * 3
+  router = Router.for_query_document(query_modules=[SparseStaticEmbedding(tokenizer=tr.tokenizer, weight=weight)],
+                                     document_modules=[tr, SpladePooling(pooling_strategy="max")])
+  SparseEncoder(modules=[router], similarity_fn_name="dot", device="cpu").save(str(d / "st"))
+  return str(d / "st"), SparseEncoder(str(d / "st"), device="cpu")
+
+
+def test_inference_free_encoding_and_search_equal_sentence_transformers(inference_free_folder, tmp_path, capsys):
+  """An inference-free folder: queries are its static weights at their tokens (encode_query), documents its MLM
+  side (encode = encode_document), each equal to sentence-transformers'; BEIR search with it equals ir-measures
+  on the run sentence-transformers' own vectors give."""
+  ir_measures = pytest.importorskip("ir_measures")
+  from bertjax.cli import embeddings as embeddings_cli
+  path, theirs = inference_free_folder
+  enc = sparse.SparseEncoder.load(path)
+  assert enc.query_weights is not None and (enc.pooling, enc.max_seq_length) == ("max", 24)
+  kw = dict(convert_to_tensor=True, convert_to_sparse_tensor=False)
+  np.testing.assert_allclose(enc.encode_query(TEXTS), theirs.encode_query(TEXTS, **kw).numpy(), atol=1e-6)
+  np.testing.assert_allclose(enc.encode(TEXTS), theirs.encode_document(TEXTS, **kw).numpy(), atol=1e-5)
+  hf = transformers.AutoTokenizer.from_pretrained(f"{path}/document_0_Transformer")
+  assert list(sparse.active_dims(enc.encode_query(TEXTS[:2]))) == [  # a query holds its own terms only
+      len(set(hf(t, add_special_tokens=False)["input_ids"])) for t in TEXTS[:2]]
+  rng = np.random.default_rng(4)
+  docs = {f"d{i}": " ".join(rng.choice(WORDS, 6)) for i in range(23)}
+  queries = {f"q{i}": " ".join(rng.choice(WORDS, 3)) for i in range(7)}
+  qrels = {q: {f"d{j}": 1 for j in rng.choice(23, 2, replace=False)} for q in queries}
+  beir = helpers.write_beir(tmp_path / "beir", docs, queries, qrels)
+  assert embeddings_cli.main(["--model", path, "--beir", str(beir), "--block", "5", "--top_k", "23"]) == 0
+  got = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+  sims = theirs.encode_query(list(queries.values()), **kw).numpy() @ theirs.encode_document(
+      list(docs.values()), **kw).numpy().T
+  run = [ir_measures.ScoredDoc(qid, did, float(sims[i, j])) for i, qid in enumerate(queries)
+         for j, did in enumerate(docs)]
+  measures = {"ndcg@10": ir_measures.nDCG @ 10, "map": ir_measures.AP}
+  want = ir_measures.calc_aggregate(list(measures.values()),
+                                    [ir_measures.Qrel(qid, did, 1) for qid, ds in qrels.items() for did in ds], run)
+  for name, m in measures.items():
+    assert got[name] == pytest.approx(want[m], abs=1e-6), name
+
+
+def test_static_queries_start_from_the_training_documents_idf(splade_folder, tmp_path):
+  """task=sparse with sparse.query_side=static from a plain MLM model: the static query weights start as
+  log((N + 1) / (df + 1)) over the training file's distinct documents, df counted with HF's tokenizer."""
+  from bertjax import tasks as tasks_lib
+  path, _ = splade_folder
+  mlm = path.replace("/st", "/mlm")
+  _write_sparse_pairs(tmp_path / "train.csv", 24, 0)
+  _write_sparse_pairs(tmp_path / "dev.csv", 6, 1)
+  c = _sparse_config(mlm, tmp_path)
+  c.sparse.query_side = "static"
+  task = tasks_lib.get("sparse", config=c)
+  _, params, _, _ = tasks_lib.kind(task).weights(task, mlm, {})
+  got = np.asarray(params["static_query"]) * c.sparse.static_lr_ratio
+  import csv
+  with open(tmp_path / "train.csv", encoding="utf-8") as f:
+    docs = sorted({t for r in csv.DictReader(f) for t in (r["positive"], r["negative"])})
+  hf = transformers.AutoTokenizer.from_pretrained(mlm)
+  df = np.zeros(len(got))
+  for text in docs:
+    df[sorted(set(hf(text, add_special_tokens=False)["input_ids"]))] += 1
+  np.testing.assert_allclose(got, np.log((len(docs) + 1) / (df + 1)), rtol=1e-6)
+  assert got.min() < got.max()
+
+
+@pytest.mark.slow
+def test_inference_free_training_exports_a_router_that_sentence_transformers_encodes_alike(inference_free_folder,
+                                                                                           tmp_path):
+  """task=sparse from an inference-free folder through the real loop: the static query weights are learnt (at
+  static_lr_ratio times the encoder's rate), and the export is a Router folder whose queries and documents
+  sentence-transformers encodes as bertjax's encoder of the run does."""
+  from sentence_transformers.sparse_encoder import SparseEncoder as TheirEncoder
+
+  from bertjax import finetune
+  from bertjax.cli import convert as convert_cli
+  path, _ = inference_free_folder
+  _write_sparse_pairs(tmp_path / "train.csv", 32, 0)
+  _write_sparse_pairs(tmp_path / "dev.csv", 12, 1)
+  c = _sparse_config(path, tmp_path)
+  c.sparse.query_regularizer_weight = 0.0
+  out = finetune.finetune(c, str(tmp_path / "w"))
+  assert dict(out["task"].options)["static_query"] == 50.0
+  start = sparse.SparseEncoder.load(path)
+  ours = sparse.SparseEncoder.load(str(tmp_path / "w"))
+  moved = np.abs(ours.query_weights - start.query_weights)
+  # the queries' terms move; [PAD], in no query, only by weight decay
+  assert moved.max() > 1e-2 and moved.max() > 100 * moved[0]
+  assert convert_cli.write(str(tmp_path / "w"), str(tmp_path / "st")) == "SparseEncoder"
+  theirs = TheirEncoder(str(tmp_path / "st"), device="cpu")
+  kw = dict(convert_to_tensor=True, convert_to_sparse_tensor=False)
+  np.testing.assert_allclose(theirs.encode_query(TEXTS, **kw).numpy(), ours.encode_query(TEXTS), atol=1e-5)
+  np.testing.assert_allclose(theirs.encode_document(TEXTS, **kw).numpy(), ours.encode(TEXTS), atol=1e-5)
+  back = sparse.SparseEncoder.load(str(tmp_path / "st"))
+  np.testing.assert_allclose(back.encode_query(TEXTS), ours.encode_query(TEXTS), atol=1e-6)

@@ -23,8 +23,10 @@ def export(workdir: str, out: str) -> str:
   if not os.path.exists(os.path.join(workdir, "finetune.json")):
     return export_lib.pretraining(workdir, out)
   meta, task, module, params, _ = predict.load_finetuned(workdir)
-  arch = tasks.kind(task).export(task, module, params, out, meta)
-  export_lib.copy_tokenizer(os.path.join(workdir, meta["tokenizer"]), meta["do_lower_case"], out)
+  kind = tasks.kind(task)
+  arch = kind.export(task, module, params, out, meta)
+  for sub in kind.tokenizer_folders(task):  # where the written folder's loaders look for it
+    export_lib.copy_tokenizer(os.path.join(workdir, meta["tokenizer"]), meta["do_lower_case"], os.path.join(out, sub))
   return arch
 
 

@@ -115,6 +115,8 @@ def _write_special_ids(tok, out: str) -> None:
   path = os.path.join(out, "config.json")
   with open(path, encoding="utf-8") as f:
     cfg = json.load(f)
+  if "model_type" not in cfg:  # a sentence-transformers module's own config beside the tokenizer, not a model's
+    return
   if cfg.get("model_type") not in ("roberta", "xlm-roberta"):  # positions count from the pad id: already set
     cfg["pad_token_id"] = tok.pad_id
   for key, value in (("bos_token_id", tok.cls_id), ("cls_token_id", tok.cls_id), ("eos_token_id", tok.sep_id),

@@ -217,7 +217,8 @@ def beir_scores(encoder: Encoder, folder: str | retrieval.Beir, split: str = "te
   if cache_dir:
     store = blocks_lib.BlockStore(cache_dir, blocks_lib.corpus_key(f"{encoder.fingerprint}|{doc_prefix}|{score}",
                                                                    beir.docs, block), "--cache_dir", overwrite)
-  queries = counted("query", prep(encoder.encode([query_prefix + t for t in beir.queries], batch_size)))
+  encode_query = getattr(encoder, "encode_query", encoder.encode)  # an inference-free sparse encoder's own
+  queries = counted("query", prep(encode_query([query_prefix + t for t in beir.queries], batch_size)))
   blocks = retrieval.corpus_blocks(lambda texts: prep(encoder.encode([doc_prefix + t for t in texts], batch_size)),
                                    beir.docs, block, store)
   s, rows = retrieval.search(queries, (counted("document", b) for b in blocks), top_k)

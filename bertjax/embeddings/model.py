@@ -53,7 +53,8 @@ def pool(hidden, mask, mode: str):
 
 def pool_segments(hidden, segments, first, mode: str, num: int):
   """[B, num, d]: `pool` of each packed text, in float32. `segments` [B, L] numbers a row's texts 1..num (0:
-  padding), `first` [B, L] marks each text's first token ([CLS]); a segment with no token gives zeros."""
+  padding), `first` [B, L] marks each text's first token ([CLS]; only `cls` reads it); `sum` adds a text's
+  tokens; a segment with no token gives zeros."""
   b, length, d = hidden.shape
   h = hidden.astype(jnp.float32).reshape(b * length, d)
   ids = (segments.astype(jnp.int32) + (num + 1) * jnp.arange(b, dtype=jnp.int32)[:, None]).reshape(-1)
@@ -63,6 +64,8 @@ def pool_segments(hidden, segments, first, mode: str, num: int):
     out = jax.ops.segment_sum(h * first.reshape(-1, 1).astype(jnp.float32), ids, n)
   elif mode == "mean":
     out = jax.ops.segment_sum(h, ids, n) / jnp.maximum(counts, 1e-9)
+  elif mode == "sum":
+    out = jax.ops.segment_sum(h, ids, n)
   else:
     out = jnp.where(counts > 0, jax.ops.segment_max(h, ids, n), 0.0)
   return out.reshape(b, num + 1, d)[:, 1:]

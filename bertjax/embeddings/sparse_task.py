@@ -8,14 +8,17 @@ per document; exported as a sentence-transformers SparseEncoder folder.
 """
 from __future__ import annotations
 
+import json
+
 import jax
 import numpy as np
 
 from bertjax import errors
 from bertjax.convert import weights as weights_lib
+from bertjax.data import tokenizer as tokenizer_lib
 from bertjax.data.tasks import rows as task_data
 from bertjax.embeddings import sparse
-from bertjax.embeddings.task import Contrastive, corpus_vectors, retrieval
+from bertjax.embeddings.task import Contrastive, corpus_vectors, read_pairs, retrieval
 from bertjax.tasks.base import Task
 
 NAMES = ("sparse",)
@@ -39,9 +42,16 @@ def options(config) -> tuple:
   """The task's options from the config's `sparse` section; a SparseEncoder folder init gives its pooling and
   activation unless `sparse.pooling` / `sparse.activation` are set."""
   s = config.sparse
-  pooling, activation = "max", "relu"
+  pooling, activation, side = "max", "relu", "mlm"
+  init_static = False
   if config.init and sparse.is_folder(config.init):
     _, pooling, activation = sparse.read_folder(config.init)
+    init_static = sparse.read_static_query(config.init) is not None
+    side = "static" if init_static else side
+  side = s.query_side or side
+  if side not in ("mlm", "static") or s.static_lr_ratio <= 0:
+    raise errors.ConfigError(f"sparse.query_side {s.query_side!r}: mlm or static (\"\": the init's); "
+                             f"sparse.static_lr_ratio {s.static_lr_ratio} must be > 0")
   pooling, activation = s.pooling or pooling, s.activation or activation
   if pooling not in sparse.POOLINGS or activation not in sparse.ACTIVATIONS:
     raise errors.ConfigError(f"sparse.pooling {pooling!r} / sparse.activation {activation!r}: choose from "
@@ -57,7 +67,12 @@ def options(config) -> tuple:
   return (("pooling", pooling), ("activation", activation), ("scale", float(s.scale)),
           ("document_regularizer_weight", float(s.document_regularizer_weight)),
           ("query_regularizer_weight", query_weight), ("regularizer_warmup", float(s.regularizer_warmup)),
-          ("max_active_dims", int(s.max_active_dims)))
+          ("max_active_dims", int(s.max_active_dims)),
+          ("static_query", float(s.static_lr_ratio) if side == "static" else 0.0),
+          # the documents whose IDF starts the static query weights when the init has none
+          ("idf_source", json.dumps([config.data.train_file, config.data.text_a_column, config.data.text_b_column,
+                                     [c for c in config.embedding.negative_columns if c]])
+           if side == "static" and not init_static else ""))
 
 
 class Sparse(Contrastive):
@@ -65,10 +80,6 @@ class Sparse(Contrastive):
   pooling (`sparse.SparseModel`)."""
   name = "sparse"
   hf_head = "pretraining"
-  pack_keys = None  # a term vector is a max over a text's tokens of the vocabulary's logits: one text per row
-
-  def can_pack(self, task):
-    return False
 
   def weights(self, task, path, overrides):
     """An MLM model (HF folder, pre-training workdir) or a SparseEncoder folder's; the NSP head and pooler left
@@ -80,11 +91,26 @@ class Sparse(Contrastive):
                                "an MLM model: BertForMaskedLM, a pre-training workdir, a SparseEncoder folder)")
     params = {k: v for k, v in w.params.items() if k != "nsp"}
     params["bert"] = {k: v for k, v in params["bert"].items() if k != "pooler"}
+    ratio = task.option("static_query") or 0.0
+    if not ratio:
+      params.pop("static_query", None)
+    elif "static_query" not in params:
+      static = sparse.read_static_query(path) if sparse.is_folder(path) else None
+      if static is not None:
+        weights = static[0]
+      else:
+        tok = tokenizer_lib.load(w.tokenizer, do_lower_case=w.do_lower_case)
+        weights = idf(tok, task.option("idf_source"))
+      if len(weights) > w.cfg.vocab_size:
+        raise errors.ConfigError(f"{path}: {len(weights)} static query weights for a vocabulary of "
+                                 f"{w.cfg.vocab_size}")
+      params["static_query"] = np.pad(weights, (0, w.cfg.vocab_size - len(weights))) / ratio
     return w.cfg.replace(nsp_head=False), params, w.tokenizer, w.do_lower_case
 
   def head(self, task, cfg):
     return sparse.SparseModel(cfg.replace(nsp_head=False), pooling=task.option("pooling", "max"),
-                              activation=task.option("activation", "relu"))
+                              activation=task.option("activation", "relu"),
+                              static_query=task.option("static_query") or 0.0)
 
   def load(self, task, config, tok):
     if config.embedding.cache_chunk:
@@ -92,13 +118,15 @@ class Sparse(Contrastive):
     return super().load(task, config, tok)
 
   def loss(self, task, out, batch, step=None, total_steps=None):
-    q, d = out["embedding"], out["doc_embedding"]
+    q, d, w = out["embedding"], out["doc_embedding"], batch["example_weights"]
+    if q.ndim == 3:  # packed rows: [rows, slots, ...] -> one example per slot (empty slots weighted 0)
+      q, d, w = q.reshape(-1, q.shape[-1]), d.reshape((-1,) + d.shape[2:]), w.reshape(-1)
     docs = d.transpose(1, 0, 2).reshape(-1, d.shape[-1])  # positives first, then each block of negatives
     ramp = 1.0 if step is None else sparse.regularizer_ramp(step, total_steps, task.option("regularizer_warmup"))
     query_weight = task.option("query_regularizer_weight")
     parts = sparse.splade_loss(q, docs, ramp * task.option("document_regularizer_weight"),
                                None if query_weight is None else ramp * query_weight, task.option("scale", 1.0),
-                               weights=batch["example_weights"])
+                               weights=w)
     return parts["loss"]
 
   def value_and_grad(self, task, module, params, batch, rngs, step=None, total_steps=None):
@@ -122,10 +150,16 @@ class Sparse(Contrastive):
     return out
 
   def export(self, task, module, params, out, meta):
-    """A sentence-transformers SparseEncoder folder: the family's MLM model and its SpladePooling."""
+    """A sentence-transformers SparseEncoder folder: the family's MLM model and its SpladePooling (an
+    inference-free run: a Router with its static query weights)."""
+    ratio = task.option("static_query") or 0.0
+    static = np.asarray(params["static_query"], np.float32) * ratio if ratio else None
     sparse.write_folder(module.cfg, params, out, meta["max_seq_length"], task.option("pooling", "max"),
-                        task.option("activation", "relu"))
+                        task.option("activation", "relu"), query_weights=static)
     return "SparseEncoder"
+
+  def tokenizer_folders(self, task):
+    return (sparse.DOCUMENT_DIR, sparse.QUERY_DIR) if task.option("static_query") else ("",)
 
   def predict_text(self, task, module, params, tok, seq, text="", top=20, **_):
     """The text's largest terms: {"terms": {piece: weight}} (at most `top`), and how many are non-zero."""
@@ -136,6 +170,18 @@ class Sparse(Contrastive):
     best = [int(i) for i in np.argsort(-v)[:top] if v[i] > 0]
     return {"terms": {tok.id_to_token(i) if i < tok.vocab_size else f"[{i}]": round(float(v[i]), 6) for i in best},
             "active_dims": int(np.count_nonzero(v))}
+
+
+def idf(tok, source) -> np.ndarray:
+  """[vocabulary] log((N + 1) / (df + 1)) over the N distinct documents (positives and negatives) of the
+  training file `source` = JSON [file, anchor column, positive column, negative columns]: a term in every
+  document weighs 0, one in none log(N + 1)."""
+  path, a, b, negatives = json.loads(source)
+  docs = sorted({d for r in read_pairs(path, a, b, tuple(negatives)) for d in r["docs"]})
+  df = np.zeros(tok.vocab_size, np.float64)
+  for text in docs:
+    df[np.unique(np.asarray(tok.encode(text), np.int64))] += 1
+  return np.log((len(docs) + 1) / (df + 1)).astype(np.float32)
 
 
 KINDS = {"sparse": Sparse()}

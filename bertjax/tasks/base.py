@@ -84,6 +84,10 @@ class Kind:
     """The mean training loss over the batch's real examples (`example_weights`)."""
     raise NotImplementedError
 
+  def tokenizer_folders(self, task: Task) -> tuple[str, ...]:
+    """The export's sub-folders that take the run's tokenizer files ("": the folder itself)."""
+    return ("",)
+
   def can_pack(self, task: Task) -> bool:
     """Whether this task's examples can be packed several to a row (`data.packing`)."""
     del task
