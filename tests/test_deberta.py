@@ -199,3 +199,44 @@ def test_pruned_last_layer_equals_the_whole_stack():
   whole = model_lib.BertForPreTraining(cfg.replace(prune_final_layer=False)).apply({"params": params}, b)
   pruned = model_lib.BertForPreTraining(cfg.replace(prune_final_layer=True)).apply({"params": params}, b)
   np.testing.assert_allclose(np.asarray(pruned["mlm_logits"]), np.asarray(whole["mlm_logits"]), atol=1e-5)
+
+
+@pytest.mark.slow
+def test_the_downstream_suite_runs_from_a_deberta_folder(tmp_path):
+  """`launch/suite.py` with `--init` an HF DeBERTa-v3-layout folder (DebertaV2ForMaskedLM, WordPiece vocabulary):
+  each grid run fine-tunes the family's encoder with a fresh ContextPooler head, and the table holds the task's
+  best rate, learnt (accuracy above chance)."""
+  import json
+  import os
+  import shutil
+  import subprocess
+  import sys
+
+  import helpers
+
+  from bertjax.data import tokenizer
+  ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  for split, n, seed in (("train", 480, 0), ("dev", 200, 1)):
+    helpers.write_sentiment(tmp_path / f"{split}.csv", n, seed)
+  path = tokenizer.train([tmp_path / "train.csv"], tmp_path / "tok", kind="wordpiece", vocab_size=300)
+  torch.manual_seed(0)
+  transformers.DebertaV2ForMaskedLM(transformers.DebertaV2Config(
+      vocab_size=tokenizer.load(path).vocab_size, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+      intermediate_size=128, max_position_embeddings=128, relative_attention=True, pos_att_type=["p2c", "c2p"],
+      position_buckets=16, max_relative_positions=128, share_att_key=True, norm_rel_ebd="layer_norm",
+      position_biased_input=False, type_vocab_size=0)).save_pretrained(tmp_path / "hf")
+  shutil.copy(path, tmp_path / "hf" / "vocab.txt")
+  suite = [{"name": "sentiment", "config": "configs/finetune.py:task=local,batch=16,epochs=3,seq=32",
+            "overrides": ["--config.data.train_file=train.csv", "--config.data.eval_file=dev.csv",
+                          "--config.data.text_a_column=sentence", "--config.data.label_column=sentiment",
+                          "--config.data.labels=('neg','pos')"]}]
+  (tmp_path / "suite.json").write_text(json.dumps(suite))
+  out = subprocess.run([sys.executable, os.path.join(ROOT, "launch/suite.py"), "run", "--init", "hf", "--suite",
+                        "suite.json", "--lrs", "1e-3,3e-4", "--seeds", "0", "--root", "suite"],
+                       capture_output=True, text=True, cwd=tmp_path, env=dict(os.environ, PYTHONPATH=ROOT),
+                       timeout=1200)
+  assert out.returncode == 0, out.stderr[-3000:]
+  row = json.loads((tmp_path / "suite" / "suite.json").read_text())["tasks"][0]
+  assert row["runs"] == 2 and row["median"] > 0.9, row
+  params = json.loads((tmp_path / "suite" / "sentiment" / f"lr-{row['lr']}_seed-0" / "finetune.json").read_text())
+  assert params["model"]["position_embedding"] == "disentangled"
