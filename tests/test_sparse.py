@@ -398,3 +398,24 @@ def test_inference_free_training_exports_a_router_that_sentence_transformers_enc
   np.testing.assert_allclose(theirs.encode_document(TEXTS, **kw).numpy(), ours.encode(TEXTS), atol=1e-5)
   back = sparse.SparseEncoder.load(str(tmp_path / "st"))
   np.testing.assert_allclose(back.encode_query(TEXTS), ours.encode_query(TEXTS), atol=1e-6)
+
+
+def test_a_bad_query_side_or_router_is_one_line(inference_free_folder, tmp_path):
+  """sparse.query_side other than mlm / static, and a Router whose query route bertjax does not compute, are
+  one-line errors naming the value or the modules."""
+  import shutil
+
+  from bertjax import errors
+  from bertjax import tasks as tasks_lib
+  path, _ = inference_free_folder
+  c = _sparse_config(path, tmp_path)
+  c.sparse.query_side = "dense"
+  with pytest.raises(errors.ConfigError, match="sparse.query_side 'dense': mlm or static"):
+    tasks_lib.get("sparse", config=c)
+  bad = tmp_path / "bad"
+  shutil.copytree(path, bad)
+  conf = json.loads((bad / "router_config.json").read_text())
+  conf["types"]["query_0_SparseStaticEmbedding"] = "sentence_transformers.base.modules.Pooling"
+  (bad / "router_config.json").write_text(json.dumps(conf))
+  with pytest.raises(ConversionError, match=r"query route is \['Pooling'\]"):
+    sparse.SparseEncoder.load(str(bad))
