@@ -5,6 +5,9 @@ v5p-8 and v6e-8, each with the largest per-chip batch that compiles within HBM (
   # ModernBERT at long context (blockwise attention: local layers in chunks, global ones in key blocks)
   python benchmarks/aot_table.py --recipe modernbert --seqs 8192 --presets fsdp --tpus v5e-16,v5p-8 \
       --out benchmarks/results/aot_table_modernbert_8192.json
+  # DeBERTa-v3 pre-training (RTD with GDES, disentangled attention, 128,100 pieces)
+  python benchmarks/aot_table.py --recipe deberta_v3 --seqs 512 --presets fsdp --tpus v5e-16,v5p-8 \
+      --out benchmarks/results/aot_table_deberta_v3.json
 """
 import argparse
 import json
@@ -12,9 +15,9 @@ import os
 import time
 
 from bertjax.cli import aot  # noqa: E402  (sets the libtpu environment first)
-from configs import modernbert, pretrain  # noqa: E402
+from configs import deberta_v3, modernbert, pretrain  # noqa: E402
 
-RECIPES = {"pretrain": pretrain, "modernbert": modernbert}
+RECIPES = {"pretrain": pretrain, "modernbert": modernbert, "deberta_v3": deberta_v3}
 
 
 def markdown(rows):
@@ -23,7 +26,8 @@ def markdown(rows):
          "|---|---|---|---|---|---|---|---|"]
   for r in rows:
     mesh = ", ".join(str(v) for v in r["mesh"].values())
-    name = f"ModernBERT-{r['variant']}" if r.get("recipe") == "modernbert" else r["variant"]
+    name = {"modernbert": f"ModernBERT-{r['variant']}", "deberta_v3": f"DeBERTa-v3-{r['variant']}"}.get(
+        r.get("recipe"), r["variant"])
     r = {**r, "variant": name + (f" ({r['args']})" if r.get("args") else "")}
     if r.get("fits"):
       how = "fit of 2 compiles" if r.get("predicted") else "compiled"
@@ -61,6 +65,8 @@ def make_config(recipe: str, variant: str, seq: int, preset: str, extra: str = "
     config = modernbert.get_config(f"variant={variant},seq={seq},shard={preset},batch=8{extra}")
     config.model.attention_impl = "blockwise"
     return config
+  if recipe == "deberta_v3":  # the discriminator and its half-depth generator, the released vocabulary
+    return deberta_v3.get_config(f"variant={variant},seq={seq},shard={preset},batch=8,vocab=128100{extra}")
   preds = 20 if seq == 128 else 80
   return pretrain.get_config(f"variant={variant},seq={seq},preds={preds},shard={preset},batch=8{extra}")
 

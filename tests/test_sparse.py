@@ -77,7 +77,7 @@ def test_sum_pooling_and_log1p_relu_equal_their_definitions():
                                                              activation)), want, rtol=1e-6)
 
 
-@pytest.mark.parametrize("pooling", ["max", "sum"])
+@pytest.mark.parametrize("pooling", ["max", pytest.param("sum", marks=pytest.mark.slow)])
 def test_packed_rows_give_each_text_its_unpacked_term_vector(splade_folder, pooling):
   """Short pairs are packed for training (several examples' texts end to end, each its own attention segment):
   every text's term vector pooled over its own segment equals the vector of that text alone in a padded row."""
