@@ -126,3 +126,23 @@ def write_beir(folder, docs: dict, queries: dict, qrels: dict):
   (folder / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\n" + "".join(
       f"{q}\t{d}\t{r}\n" for q, ds in qrels.items() for d, r in ds.items()))
   return folder
+
+
+def tiny_deberta_folder(texts, out, vocab_size=320):
+  """An HF DebertaV2ForMaskedLM folder in DeBERTa-v3's layout (relative attention, p2c + c2p, 16 buckets, no
+  absolute positions) at a tiny size, with a WordPiece vocabulary trained on `texts` (a list of files)."""
+  import shutil
+
+  import torch
+  import transformers
+
+  from bertjax.data import tokenizer
+  path = tokenizer.train(texts, Path(out).parent / "tok", kind="wordpiece", vocab_size=vocab_size)
+  torch.manual_seed(0)
+  transformers.DebertaV2ForMaskedLM(transformers.DebertaV2Config(
+      vocab_size=tokenizer.load(path).vocab_size, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+      intermediate_size=128, max_position_embeddings=128, relative_attention=True, pos_att_type=["p2c", "c2p"],
+      position_buckets=16, max_relative_positions=128, share_att_key=True, norm_rel_ebd="layer_norm",
+      position_biased_input=False, type_vocab_size=0)).save_pretrained(out)
+  shutil.copy(path, Path(out) / "vocab.txt")
+  return out

@@ -208,24 +208,15 @@ def test_the_downstream_suite_runs_from_a_deberta_folder(tmp_path):
   best rate, learnt (accuracy above chance)."""
   import json
   import os
-  import shutil
   import subprocess
   import sys
 
   import helpers
 
-  from bertjax.data import tokenizer
   ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   for split, n, seed in (("train", 480, 0), ("dev", 200, 1)):
     helpers.write_sentiment(tmp_path / f"{split}.csv", n, seed)
-  path = tokenizer.train([tmp_path / "train.csv"], tmp_path / "tok", kind="wordpiece", vocab_size=300)
-  torch.manual_seed(0)
-  transformers.DebertaV2ForMaskedLM(transformers.DebertaV2Config(
-      vocab_size=tokenizer.load(path).vocab_size, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-      intermediate_size=128, max_position_embeddings=128, relative_attention=True, pos_att_type=["p2c", "c2p"],
-      position_buckets=16, max_relative_positions=128, share_att_key=True, norm_rel_ebd="layer_norm",
-      position_biased_input=False, type_vocab_size=0)).save_pretrained(tmp_path / "hf")
-  shutil.copy(path, tmp_path / "hf" / "vocab.txt")
+  helpers.tiny_deberta_folder([tmp_path / "train.csv"], tmp_path / "hf", vocab_size=300)
   suite = [{"name": "sentiment", "config": "configs/finetune.py:task=local,batch=16,epochs=3,seq=32",
             "overrides": ["--config.data.train_file=train.csv", "--config.data.eval_file=dev.csv",
                           "--config.data.text_a_column=sentence", "--config.data.label_column=sentiment",

@@ -182,14 +182,7 @@ def test_finetuning_starts_from_a_family_checkpoint(tmp_path, family):
   if family == "xlm-roberta":
     xlm_roberta(tmp_path / "hf", lines=text.read_text().splitlines()[1:] * 3)
   elif family == "deberta":  # DeBERTa-v3's layers (a WordPiece vocabulary: the model is what is tested)
-    path = tokenizer.train([text], tmp_path / "tok", kind="wordpiece", vocab_size=320)
-    torch.manual_seed(0)
-    transformers.DebertaV2ForMaskedLM(transformers.DebertaV2Config(
-        vocab_size=tokenizer.load(path).vocab_size, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-        intermediate_size=128, max_position_embeddings=128, relative_attention=True, pos_att_type=["p2c", "c2p"],
-        position_buckets=16, max_relative_positions=128, share_att_key=True, norm_rel_ebd="layer_norm",
-        position_biased_input=False, type_vocab_size=0)).save_pretrained(tmp_path / "hf")
-    shutil.copy(path, tmp_path / "hf" / "vocab.txt")
+    helpers.tiny_deberta_folder([text], tmp_path / "hf")
   else:
     path = tokenizer.train([text], tmp_path / "tok", kind="byte_bpe", vocab_size=320)
     vocab = tokenizer.load(path).vocab_size
