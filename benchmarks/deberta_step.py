@@ -75,7 +75,7 @@ def run_hf(family, shape, batch, length, steps) -> dict:
   return measure(step, steps)
 
 
-def run_bertjax(family, shape, batch, length, steps) -> dict:
+def run_bertjax(family, shape, batch, length, steps, attention="") -> dict:
   sys.path.insert(0, ROOT)
   from bertjax.core import hostmem
   hidden = SHAPES[shape][0]
@@ -93,7 +93,7 @@ def run_bertjax(family, shape, batch, length, steps) -> dict:
   c.data.labels = ("neg", "pos")
   task = tasks_lib.get("local", c.data.labels)
   mcfg = convert.config_from_hf(hf_config(family, shape, length).to_dict(), dropout_rate=0.1,
-                                attention_dropout_rate=0.1, attention_impl=c.model.attention_impl)
+                                attention_dropout_rate=0.1, attention_impl=attention or c.model.attention_impl)
   module = tasks_lib.kind(task).head(task, mcfg.for_platform(jax.default_backend()))
   tcfg = ml_collections.ConfigDict(c.train.to_dict())
   tcfg.num_steps, tcfg.warmup_steps = 1000, 100
@@ -116,8 +116,11 @@ def run_bertjax(family, shape, batch, length, steps) -> dict:
 
 
 def child(args) -> None:
-  f = run_bertjax if args.side == "bertjax" else run_hf
-  print(json.dumps(f(args.family, args.shape, args.batch, args.length, args.steps)))
+  if args.side == "bertjax":
+    out = run_bertjax(args.family, args.shape, args.batch, args.length, args.steps, args.attention)
+  else:
+    out = run_hf(args.family, args.shape, args.batch, args.length, args.steps)
+  print(json.dumps(out))
 
 
 def main(argv=None):
@@ -126,6 +129,7 @@ def main(argv=None):
   p.add_argument("--points", default="8x128,2x512,1x2048", help="batch x length, comma-separated")
   p.add_argument("--steps", type=int, default=3)
   p.add_argument("--families", default="deberta,bert")
+  p.add_argument("--attention", default="", help="bertjax's attention_impl (default: the fine-tuning config's)")
   p.add_argument("--out", default="")
   p.add_argument("--side", default="", help=argparse.SUPPRESS)  # one measurement in this process
   p.add_argument("--family", default="", help=argparse.SUPPRESS)
@@ -141,7 +145,8 @@ def main(argv=None):
       row = {"family": family, "batch": batch, "length": length}
       for side in ("bertjax", "hf"):
         out = subprocess.run([sys.executable, __file__, "--side", side, "--family", family, "--shape", args.shape,
-                              "--batch", str(batch), "--length", str(length), "--steps", str(args.steps)],
+                              "--batch", str(batch), "--length", str(length), "--steps", str(args.steps),
+                              "--attention", args.attention],
                              cwd=ROOT, capture_output=True, text=True)
         if out.returncode:
           raise SystemExit(f"{family} {side} {point}: {out.stderr.strip().splitlines()[-1]}")

@@ -184,3 +184,46 @@ def test_key_blocks_cover_a_length_with_the_least_padding():
   cases = {(256, 256): 256, (256, 384): 192, (256, 288): 144, (256, 8192): 256, (256, 100): 104, (8, 45): 8,
            (16, 45): 16, (4, 45): 4}
   assert {key: blockwise.balanced_block(*key) for key in cases} == cases
+
+
+@pytest.mark.parametrize("few_rows,query_block,per_head", [(False, 16, False), (True, 0, False), (False, 0, True)])
+def test_disentangled_terms_added_block_by_block_equal_the_dense_bias(few_rows, query_block, per_head):
+  """DeBERTa's c2p + p2c terms gathered per (query tile, key block) against `layers.disentangled_bias` on the dense
+  path: forward and the gradients of q, k, v and both relative projections, over packed rows (positions restart
+  per text, so the bucket index is not a function of i - j alone) with padding."""
+  from bertjax.model.layers import disentangled_bias, disentangled_terms, relative_buckets
+  q, k, v, valid, seg = _inputs(h=2)
+  rng = np.random.default_rng(2)
+  pos_q, pos_k = (jnp.asarray(rng.normal(size=(16, 2, 8)), jnp.float32) for _ in range(2))
+  starts = np.asarray(seg)[:, :, None] == np.asarray(seg)[:, None, :]
+  positions = jnp.asarray(np.sum(np.tril(starts), axis=-1) - 1, jnp.int32)  # each text's own positions
+  index = relative_buckets(positions, 8, 32)
+  queries = jnp.asarray([[0, 3, 20, 37], [1, 5, 30, 35]], jnp.int32) if few_rows else None
+  rows = np.take_along_axis(np.asarray(seg) > 0, np.asarray(queries), 1) if few_rows else np.asarray(seg) > 0
+  pick = (lambda x: jnp.take_along_axis(x, queries.reshape(queries.shape + (1,) * (x.ndim - 2)), axis=1)
+          ) if few_rows else (lambda x: x)
+
+  def ours(q, k, v, pq, pk):
+    rel = disentangled_terms(pick(q), k, pq, pk, pick(index))
+    if per_head:
+      return blockwise.attention(q / np.sqrt(3.0), k, v, valid, seg, local=False, window=0, block=16,
+                                 per_head=True, rel=rel)
+    return blockwise.blocked_attention(pick(q) / np.sqrt(3.0), k, v, valid, seg, block=16, queries=queries,
+                                       query_block=query_block, rel=rel)
+
+  def ref(q, k, v, pq, pk):
+    bias = disentangled_bias(q, k, pq, pk, index)
+    mask = attention_mask(valid, seg)
+    if few_rows:
+      bias = jnp.take_along_axis(bias, queries[:, None, :, None], axis=2)
+      mask = jnp.take_along_axis(mask, queries[:, None, :, None], axis=2)
+    return dot_product_attention(pick(q) / np.sqrt(3.0), k, v, mask, bias=bias)
+  args = (q, k, v, pos_q, pos_k)
+  out, ref_out = jax.jit(ours)(*args), jax.jit(ref)(*args)
+  w = rows[..., None, None]
+  np.testing.assert_allclose(np.where(w, out, 0), np.where(w, ref_out, 0), atol=1e-5)
+  cot = jnp.asarray(rng.normal(size=out.shape), jnp.float32) * w
+  grads = [jax.jit(jax.grad(lambda *a, f=f: jnp.sum(f(*a) * cot), argnums=tuple(range(5))))(*args)
+           for f in (ours, ref)]
+  for a, b in zip(*grads):
+    np.testing.assert_allclose(a, b, atol=1e-5)

@@ -47,13 +47,16 @@ def _hf_logits(m, b):
              ).logits.numpy()
 
 
-@pytest.mark.parametrize("legacy", [True, pytest.param(False, marks=pytest.mark.slow)],
-                         ids=["cls_head", "lm_predictions_head"])
-def test_deberta_mlm_forward_and_gradients_equal_hf_both_ways(tmp_path, legacy):
+@pytest.mark.parametrize("legacy,impl", [(True, "xla"), (True, "blockwise"),
+                                         pytest.param(False, "xla", marks=pytest.mark.slow)],
+                         ids=["cls_head", "cls_head-blockwise", "lm_predictions_head"])
+def test_deberta_mlm_forward_and_gradients_equal_hf_both_ways(tmp_path, legacy, impl):
+  """blockwise: the disentangled terms added per key block of 16 (rows of 40 tokens: three blocks, the last
+  padded)."""
   m = _deberta(legacy)
   m.save_pretrained(tmp_path / "hf")
   cfg, params = convert.from_hf(str(tmp_path / "hf"), head="pretraining", dropout_rate=0.0,
-                                attention_dropout_rate=0.0)
+                                attention_dropout_rate=0.0, attention_impl=impl, attention_block=16)
   assert (cfg.position_embedding, cfg.position_buckets, cfg.max_relative_positions, cfg.type_vocab_size) == (
       "disentangled", 8, 64, 0)
   b = _batch()
@@ -187,12 +190,14 @@ def test_gdes_splits_the_embedding_gradient_between_the_table_and_the_delta():
 
 
 @pytest.mark.slow
-def test_pruned_last_layer_equals_the_whole_stack():
+@pytest.mark.parametrize("impl", ["xla", "blockwise"])
+def test_pruned_last_layer_equals_the_whole_stack(impl):
   """prune_final_layer (the last layer at the masked positions only) with disentangled attention: the same MLM
   logits as computing every position."""
   cfg = model_lib.BertConfig(vocab_size=120, hidden_size=32, num_layers=2, num_heads=4, intermediate_size=64,
                              max_position_embeddings=64, nsp_head=False, position_embedding="disentangled",
-                             position_buckets=8, max_relative_positions=64, type_vocab_size=0)
+                             position_buckets=8, max_relative_positions=64, type_vocab_size=0,
+                             attention_impl=impl, attention_block=16)
   b = _batch()
   b["masked_lm_positions"] = np.array([[1, 5, 30, 39], [0, 3, 12, 24], [2, 4, 6, 8]], np.int32)
   params = model_lib.BertForPreTraining(cfg).init(jax.random.key(0), b)["params"]

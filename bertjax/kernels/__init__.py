@@ -99,7 +99,7 @@ def _blockwise(q, k, v, ctx, cfg, *, local, queries, dropout_rng, partition):
                              dropout_impl=cfg.dropout_impl,
                              fused=(no_dropout and "segments" not in ctx and jax.default_backend() == "gpu"
                                     and q.dtype in (jnp.bfloat16, jnp.float16)),
-                             per_head=jax.default_backend() == "cpu")
+                             per_head=jax.default_backend() == "cpu", rel=ctx.get("rel_terms"))
 
 
 BACKENDS = {"xla": _xla, "cudnn": functools.partial(_fused, implementation="cudnn"), "auto": _fused,

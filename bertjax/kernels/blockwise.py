@@ -6,7 +6,9 @@
   maximum and sum per query, as FlashAttention keeps them) and FlashAttention-2's backward pass (each block's
   probabilities recomputed from the row's log-sum-exp), so memory grows with L, not L².
 
-Padding and packed rows mask by the key mask and segment ids per block; no [L, L] mask is ever built. Attention
+Padding and packed rows mask by the key mask and segment ids per block; no [L, L] mask is ever built. DeBERTa's
+disentangled terms are added block by block from each query's and each key's scores against the relative
+embeddings ([L, 2S] each) and the bucket of every (query, key) pair, so they take no [L, L] scores either. Attention
 dropout drops the unnormalised probabilities of each block (the same as dropping the normalised ones, since the
 normaliser is a per-row constant), with a key folded per block. Rows without any key they may attend to (padding
 queries) give zeros.
@@ -138,10 +140,10 @@ class _Layout:
 
   def head_blocks(self, x):  # [B, H, L, D] -> [nk, B, H, block, D]
     x = jnp.pad(x, [(0, 0), (0, 0), (0, self.padded - self.length), (0, 0)])
-    return jnp.moveaxis(x.reshape(self.b, self.h, self.nk, self.block, self.d), 2, 0)
+    return jnp.moveaxis(x.reshape(self.b, self.h, self.nk, self.block, x.shape[-1]), 2, 0)
 
   def unblock(self, x, like):  # [nk, B, H, block, D] -> [B, H, L, D]
-    x = jnp.moveaxis(x, 0, 2).reshape(self.b, self.h, self.padded, self.d)[:, :, :self.length]
+    x = jnp.moveaxis(x, 0, 2).reshape(self.b, self.h, self.padded, x.shape[-1])[:, :, :self.length]
     return x.astype(like.dtype)
 
   def tile_rng(self, rng, t):
@@ -151,9 +153,26 @@ class _Layout:
     return p if rng is None else _drop(p, jax.random.fold_in(rng, j), self.dropout_rate, self.dropout_impl)
 
 
+def _relative_bias(lay: _Layout, c, pj, index):
+  """DeBERTa's terms of one (query tile, key block): c2p[i, j] = c[i, index[i, j]] and p2c[i, j] =
+  pj[j, index[i, j]], for c [B, H, T, R] (the tile's queries against the relative keys), pj [B, H, block, R]
+  (the block's keys against the relative queries) and index [B, T, block]."""
+  b, h, block, r = pj.shape
+  c2p = jnp.take_along_axis(c, index[:, None], axis=-1)
+  flat = (index + jnp.arange(block, dtype=index.dtype) * r).reshape(b, 1, -1)
+  p2c = jnp.take_along_axis(pj.reshape(b, h, block * r), flat, axis=-1).reshape(c2p.shape)
+  return c2p + p2c
+
+
+def _block_index(lay: _Layout, t, x):
+  return jax.lax.dynamic_slice_in_dim(t["index"], x["j"] * lay.block, lay.block, axis=2)
+
+
 def _probabilities(lay: _Layout, q, kj, x, lse, t):
   """exp(scores - lse) of one key block, 0 where masked; with lse None, the block's scores (masked at -inf)."""
   s = jnp.einsum("bhqd,bhkd->bhqk", q, kj, preferred_element_type=jnp.float32) * lay.scale
+  if "c" in t:
+    s = s + _relative_bias(lay, t["c"], x["p"], _block_index(lay, t, x))
   mask = x["valid"][:, None, None, :]
   if lay.window:
     kpos = x["j"] * lay.block + jnp.arange(lay.block, dtype=jnp.int32)
@@ -187,49 +206,67 @@ def _forward_tile(lay: _Layout, q, kv, rng, t):
   return out, lse
 
 
-def _forward(lay: _Layout, q, k, v, rng, aux):  # q [B, H, Q, D], k and v [B, H, L, D]
+def _inputs(lay: _Layout, q, k, v, rel, aux):
+  """The key blocks and query tiles the scans run over (with DeBERTa's terms, `rel`, where given)."""
   kv = {"k": lay.head_blocks(k), "v": lay.head_blocks(v), **aux["masks"]}
-  out, lse = jax.lax.map(lambda t: _forward_tile(lay, t["q"], kv, lay.tile_rng(rng, t), t),
-                         {"q": lay.head_tiles(q), **aux["tiles"]})
+  tiles = {"q": lay.head_tiles(q), **aux["tiles"]}
+  if rel is not None:
+    kv["p"], tiles["c"] = lay.head_blocks(rel["p"]), lay.head_tiles(rel["c"])
+  return kv, tiles
+
+
+def _forward(lay: _Layout, q, k, v, rel, rng, aux):  # q [B, H, Q, D], k and v [B, H, L, D]
+  kv, tiles = _inputs(lay, q, k, v, rel, aux)
+  out, lse = jax.lax.map(lambda t: _forward_tile(lay, t["q"], kv, lay.tile_rng(rng, t), t), tiles)
   return lay.untile(out), lay.untile(lse)
 
 
 # Everything traced goes in as an argument: a custom_vjp function may not close over traced values.
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _attend(lay: _Layout, q, k, v, rng, aux):
-  return _forward(lay, q, k, v, rng, aux)[0]
+def _attend(lay: _Layout, q, k, v, rel, rng, aux):
+  return _forward(lay, q, k, v, rel, rng, aux)[0]
 
 
-def _attend_fwd(lay, q, k, v, rng, aux):
-  out, lse = _forward(lay, q, k, v, rng, aux)
-  return out, (q, k, v, rng, aux, out, lse)
+def _attend_fwd(lay, q, k, v, rel, rng, aux):
+  out, lse = _forward(lay, q, k, v, rel, rng, aux)
+  return out, (q, k, v, rel, rng, aux, out, lse)
 
 
 def _attend_bwd(lay, res, g):
-  """FlashAttention-2's backward: each block's probabilities recomputed from the kept log-sum-exp."""
-  q, k, v, rng, aux, out, lse = res
+  """FlashAttention-2's backward: each block's probabilities recomputed from the kept log-sum-exp. DeBERTa's
+  terms take the score gradient through their gathers (scatter-adds into [T, R] and [block, R])."""
+  q, k, v, rel, rng, aux, out, lse = res
   delta = jnp.sum(g.astype(jnp.float32) * out.astype(jnp.float32), axis=-1)  # [B, H, Q]: rowsum(dO * O)
-  kv = {"k": lay.head_blocks(k), "v": lay.head_blocks(v), **aux["masks"]}
-  rows = {"q": lay.head_tiles(q), "g": lay.head_tiles(g), "lse": lay.head_tiles(lse),
-          "delta": lay.head_tiles(delta)}
+  kv, rows = _inputs(lay, q, k, v, rel, aux)
+  rows.update(g=lay.head_tiles(g), lse=lay.head_tiles(lse), delta=lay.head_tiles(delta))
 
   def backward_tile(acc, t):
     q, g, lse, delta, tile_key = t["q"], t["g"], t["lse"], t["delta"], lay.tile_rng(rng, t)
 
-    def step(dq, x):
+    def step(carry, x):
+      dq, dc = carry
       p = _probabilities(lay, q, x["k"], x, lse, t)
       dv = jnp.einsum("bhqk,bhqd->bhkd", lay.drop(p, x["j"], tile_key).astype(g.dtype), g,
                       preferred_element_type=jnp.float32)
       dp = lay.drop(jnp.einsum("bhqd,bhkd->bhqk", g, x["v"], preferred_element_type=jnp.float32), x["j"], tile_key)
-      ds = p * (dp - delta[..., None]) * lay.scale
+      dscore = p * (dp - delta[..., None])
+      ds = dscore * lay.scale
       dq = dq + jnp.einsum("bhqk,bhkd->bhqd", ds.astype(q.dtype), x["k"], preferred_element_type=jnp.float32)
       dk = jnp.einsum("bhqk,bhqd->bhkd", ds.astype(q.dtype), q, preferred_element_type=jnp.float32)
-      return dq, (dk, dv)
-    dq, (dk, dv) = jax.lax.scan(step, jnp.zeros(q.shape, jnp.float32), kv)
-    return (acc[0] + dk, acc[1] + dv), dq
+      if "c" not in t:
+        return (dq, dc), (dk, dv, ())
+      index = _block_index(lay, t, x)
+      _, pull = jax.vjp(lambda c, pj: _relative_bias(lay, c, pj, index), t["c"], x["p"])
+      dc_j, dp_j = pull(dscore)
+      return (dq, dc + dc_j), (dk, dv, dp_j)
+    dc0 = jnp.zeros(t["c"].shape, jnp.float32) if "c" in t else ()
+    (dq, dc), (dk, dv, dpk) = jax.lax.scan(step, (jnp.zeros(q.shape, jnp.float32), dc0), kv)
+    return (acc[0] + dk, acc[1] + dv, jax.tree.map(jnp.add, acc[2], dpk)), (dq, dc)
   zeros = jnp.zeros((lay.nk, lay.b, lay.h, lay.block, lay.d), jnp.float32)
-  (dk, dv), dq = jax.lax.scan(backward_tile, (zeros, zeros), {**rows, **aux["tiles"]})
-  return lay.untile(dq).astype(q.dtype), lay.unblock(dk, k), lay.unblock(dv, v), None, None
+  dp0 = () if rel is None else jnp.zeros(kv["p"].shape, jnp.float32)
+  (dk, dv, dpk), (dq, dc) = jax.lax.scan(backward_tile, (zeros, zeros, dp0), rows)
+  drel = None if rel is None else {"c": lay.untile(dc).astype(rel["c"].dtype), "p": lay.unblock(dpk, rel["p"])}
+  return lay.untile(dq).astype(q.dtype), lay.unblock(dk, k), lay.unblock(dv, v), drel, None, None
 
 
 _attend.defvjp(_attend_fwd, _attend_bwd)
@@ -237,13 +274,14 @@ _attend.defvjp(_attend_fwd, _attend_bwd)
 
 def blocked_attention(q, k, v, valid, segments, *, block: int, window: int = 0, queries=None,
                       dropout_rate: float = 0.0, dropout_rng=None, dropout_impl: str = "rng",
-                      flash_backward: bool = True, query_block: int = 0):
+                      flash_backward: bool = True, query_block: int = 0, rel=None):
   """Attention of q [B, Q, H, D] over k, v [B, L, H, D] in key blocks of `block` with an online softmax.
   `queries` [B, Q]: the positions of q's rows (None: q is every position); `window` > 0 limits each query to
   |i - j| <= window // 2. valid [B, L] marks real keys; segments [B, L] (or None) keeps a query to its segment.
   With `query_block` < Q the queries go in tiles of that many rows, each over every key block, so that a tile's
   score blocks stay in cache between the softmax's passes over them; each tile draws its dropout from a key of
-  its own.
+  its own. `rel`: DeBERTa's disentangled terms as {"c": [B, Q, H, R], "p": [B, L, H, R], "index": [B, Q, L]} (see
+  `_relative_bias`), added to the scores.
 
   The backward pass is FlashAttention-2's: it keeps the output and each row's log-sum-exp, and recomputes each
   block's probabilities from them, so nothing of size [Q, L] is kept and no rescaling is differentiated
@@ -261,10 +299,14 @@ def blocked_attention(q, k, v, valid, segments, *, block: int, window: int = 0, 
     masks["seg"] = lay.blocks(segments)
     qtiles["seg"] = lay.row_tiles(jnp.take_along_axis(segments, qpos, axis=1))
   rng = dropout_rng if dropout_rate > 0.0 and dropout_rng is not None else None
-  aux = {"tiles": qtiles, "masks": masks}
   heads_first = lambda x: jnp.swapaxes(x, 1, 2)  # noqa: E731
+  if rel is not None:
+    index = jnp.pad(rel["index"].astype(jnp.int32), [(0, 0), (0, lay.nt * lay.tile - nq), (0, lay.padded - length)])
+    qtiles["index"] = lay.row_tiles(index)
+    rel = {"c": heads_first(rel["c"]), "p": heads_first(rel["p"])}
+  aux = {"tiles": qtiles, "masks": masks}
   q, k, v = heads_first(q), heads_first(k), heads_first(v)
-  out = _attend(lay, q, k, v, rng, aux) if flash_backward else _forward(lay, q, k, v, rng, aux)[0]
+  out = _attend(lay, q, k, v, rel, rng, aux) if flash_backward else _forward(lay, q, k, v, rel, rng, aux)[0]
   return heads_first(out)
 
 
@@ -276,33 +318,40 @@ def fused_global(q, k, v, valid):
   return jax.nn.dot_product_attention(q, k, v, key_value_seq_lengths=lengths, implementation="cudnn")
 
 
-def _one_head_at_a_time(fn, q, k, v, dropout_rng):
-  """fn(q, k, v, rng) over [B, L, 1, D] slices of each head in turn (a loop, each head its own dropout key)."""
+def _one_head_at_a_time(fn, q, k, v, rel, dropout_rng):
+  """fn(q, k, v, rel, rng) over [B, L, 1, D] slices of each head in turn (a loop, each head its own dropout key;
+  DeBERTa's per-head terms sliced alike, their bucket index shared)."""
   heads = lambda x: jnp.moveaxis(x, 2, 0)[..., None, :]  # noqa: E731  [B, L, H, D] -> [H, B, L, 1, D]
   rngs = None if dropout_rng is None else jax.random.split(dropout_rng, q.shape[2])
-  out = jax.lax.map(lambda a: fn(*a), (heads(q), heads(k), heads(v), rngs))
+  per_head = None if rel is None else {"c": heads(rel["c"]), "p": heads(rel["p"])}
+
+  def one(a):
+    q, k, v, terms, rng = a
+    return fn(q, k, v, None if rel is None else {**terms, "index": rel["index"]}, rng)
+  out = jax.lax.map(one, (heads(q), heads(k), heads(v), per_head, rngs))
   return jnp.moveaxis(out[..., 0, :], 0, 2)
 
 
 def attention(q, k, v, valid, segments, *, local, window: int, block: int, queries=None, dropout_rate: float = 0.0,
-              dropout_rng=None, dropout_impl: str = "rng", fused: bool = False, per_head: bool = False):
+              dropout_rng=None, dropout_impl: str = "rng", fused: bool = False, per_head: bool = False, rel=None):
   """A layer's attention: local (sliding window) or global, `local` a Python bool or a traced one (a scanned
   stack, where the untaken branch is not run). Local layers over every position run in chunks of
   min(block, window / 2); global ones, and local ones asked for a few `queries`, in key blocks of `block`, or
   with `fused` (see `fused_global`) in cuDNN's kernel. `per_head`: the key-block path takes one head at a time,
-  so that a tile's scores stay in a CPU core's cache (on accelerators all heads together fill the chip)."""
+  so that a tile's scores stay in a CPU core's cache (on accelerators all heads together fill the chip). `rel`:
+  DeBERTa's disentangled terms (global layers only; see `blocked_attention`)."""
   kw = dict(dropout_rate=dropout_rate, dropout_rng=dropout_rng, dropout_impl=dropout_impl)
 
   def blocked(q, k, v):
-    def run(q, k, v, rng):
+    def run(q, k, v, terms, rng):
       return blocked_attention(q, k, v, valid, segments, block=block, queries=queries, query_block=QUERY_BLOCK,
-                               **{**kw, "dropout_rng": rng})
+                               rel=terms, **{**kw, "dropout_rng": rng})
     if per_head and q.shape[2] > 1:
-      return _one_head_at_a_time(run, q, k, v, dropout_rng if dropout_rate > 0.0 else None)
-    return run(q, k, v, dropout_rng)
+      return _one_head_at_a_time(run, q, k, v, rel, dropout_rng if dropout_rate > 0.0 else None)
+    return run(q, k, v, rel, dropout_rng)
 
   def global_(q, k, v):
-    if fused and queries is None:
+    if fused and queries is None and rel is None:
       # cuDNN takes a key length per row, which is the mask only when every row is right-padded; a batch padded
       # on the left (or with holes) takes the blocked path instead.
       lengths = jnp.sum(valid.astype(jnp.int32), axis=-1, keepdims=True)
@@ -317,6 +366,8 @@ def attention(q, k, v, valid, segments, *, local, window: int, block: int, queri
 
   if not window:
     return global_(q, k, v)
+  if rel is not None:
+    raise ValueError("blockwise attention adds DeBERTa's disentangled terms on global layers only, not with a window")
   if isinstance(local, (bool, np.bool_)):
     return (local_ if local else global_)(q, k, v)
   return jax.lax.cond(local, local_, global_, q, k, v)

@@ -31,6 +31,11 @@ VARIANTS = {
 # (ModernBERT-base, bfloat16) blockwise leads from 1,024. docs/performance.md#attention-by-row-length has the
 # numbers and commands.
 BLOCKWISE_FROM = {"cpu": 256, "other": 1024}
+# DeBERTa's disentangled terms cost two gathers per block (and their scatter-adds backward). DeBERTa-v3-base's
+# fine-tuning step on the 2-core AVX-512 CPU: 8.52 s blockwise against 6.37 s dense at 2 x 512, 10.27 against
+# 11.63 s at 1 x 1,024 (2.64 against 3.64 GiB of XLA's temporaries), 34.3 s and 4.8 GiB against 32.8 s and
+# 10.2 GiB at 1 x 2,048 (docs/families.md, "The fine-tuning step beside HF's").
+BLOCKWISE_FROM_DISENTANGLED = {"cpu": 1024, "other": 1024}
 
 
 def gelu(x):
@@ -217,8 +222,11 @@ class BertConfig:
                                         ("local_attention", self.local_attention > 0)) if on]
     if needs_bias == ["local_attention"] and self.attention_impl in ("blockwise", "splash"):
       needs_bias = []
+    if needs_bias == ["position_embedding='disentangled'"] and self.attention_impl == "blockwise":
+      needs_bias = []
     if needs_bias and self.attention_impl not in ("xla", "by_length"):
-      also = ", 'blockwise' or 'splash'" if needs_bias[0] == "local_attention" else ""
+      also = {"local_attention": ", 'blockwise' or 'splash'",
+              "position_embedding='disentangled'": " or 'blockwise'"}.get(needs_bias[0], "")
       raise bad(f"BertConfig: {needs_bias[0]} runs on attention_impl='xla'{also} (a bias or banded mask on the "
                 f"scores), not {self.attention_impl!r}")
     if self.position_offset + 1 > self.max_position_embeddings:
@@ -228,13 +236,14 @@ class BertConfig:
   def attention_at(self, length: int, platform: str | None = None) -> str:
     """The attention implementation that runs rows of `length` tokens on `platform` (default: JAX's backend):
     `attention_impl`, or for "by_length" xla below `BLOCKWISE_FROM`'s length and blockwise from it (xla for
-    ALiBi, whose bias only the xla path adds)."""
+    ALiBi, whose bias only the xla path adds, and for DeBERTa's terms beside a sliding window)."""
     if self.attention_impl != "by_length":
       return self.attention_impl
-    if self.position_embedding in ("alibi", "disentangled"):
+    if self.position_embedding == "alibi" or (self.position_embedding == "disentangled" and self.local_attention):
       return "xla"
     platform = platform or jax.default_backend()
-    return "blockwise" if length >= BLOCKWISE_FROM.get(platform, BLOCKWISE_FROM["other"]) else "xla"
+    table = BLOCKWISE_FROM_DISENTANGLED if self.position_embedding == "disentangled" else BLOCKWISE_FROM
+    return "blockwise" if length >= table.get(platform, table["other"]) else "xla"
 
   def layer_is_local(self, i: int) -> bool:
     """Whether layer i attends within the sliding window (ModernBERT: every layer but 0, N, 2N, ...)."""

@@ -166,6 +166,16 @@ def disentangled_bias(q, k, pos_q, pos_k, index):
   return (c2p + p2c) / jnp.sqrt(f32(3 * q.shape[-1]))
 
 
+def disentangled_terms(q, k, pos_q, pos_k, index):
+  """The same terms as `disentangled_bias` before their gathers, for attention that adds them block by block:
+  {"c": [B, Q, H, 2S] (each query against K_r), "p": [B, L, H, 2S] (each key against Q_r), "index": [B, Q, L]},
+  float32, scaled by 1/sqrt(3·D)."""
+  f32 = jnp.float32
+  scale = 1.0 / jnp.sqrt(f32(3 * q.shape[-1]))
+  return {"c": jnp.einsum("bqhd,rhd->bqhr", q, pos_k, preferred_element_type=f32) * scale,
+          "p": jnp.einsum("bkhd,rhd->bkhr", k, pos_q, preferred_element_type=f32) * scale, "index": index}
+
+
 class SelfAttention(nn.Module):
   cfg: BertConfig
 
@@ -181,9 +191,14 @@ class SelfAttention(nn.Module):
     q = query(x if queries is None else take_rows(x, queries))
     k = key(x)
     v = dense(name="value")(x)
+    impl = cfg.attention_at(k.shape[1])
     if "rel" in ctx:  # DeBERTa: the relative terms as the layer's score bias, content scores at 1/sqrt(3·D)
-      ctx = {**ctx, "bias": disentangled_bias(query(x) if queries is not None else q, k, query(ctx["rel"]),
-                                              key(ctx["rel"]), ctx["rel_index"])}
+      rel_q, rel_k, index = query(ctx["rel"]), key(ctx["rel"]), ctx["rel_index"]
+      if impl == "blockwise":  # added block by block: no [L, L] bias
+        ctx = {**ctx, "rel_terms": disentangled_terms(q, k, rel_q, rel_k,
+                                                      index if queries is None else take_rows(index, queries))}
+      else:
+        ctx = {**ctx, "bias": disentangled_bias(query(x) if queries is not None else q, k, rel_q, rel_k, index)}
       q = q / jnp.sqrt(3.0).astype(q.dtype)
     names = ("activation_batch", "activation_length", "activation_heads", "activation_kv")
     local = (index % cfg.global_every != 0) if cfg.local_attention else False
@@ -196,7 +211,7 @@ class SelfAttention(nn.Module):
     q, k, v = (_constrain(t, names) for t in (q, k, v))
     # One key per layer, drawn where dropout applies, whatever the backend (the same stream for every one).
     no_dropout = deterministic or cfg.attention_dropout_rate == 0.0
-    z = kernels.attend(cfg.attention_at(k.shape[1]), q, k, v, ctx, cfg, local=local, queries=queries,
+    z = kernels.attend(impl, q, k, v, ctx, cfg, local=local, queries=queries,
                        dropout_rng=None if no_dropout else self.make_rng("dropout"),
                        partition=nn.logical_to_mesh_axes(names))
     return Dense((cfg.hidden_size,), ("heads", "kv", "embed"), cfg, in_dims=2, use_bias=cfg.use_bias,
