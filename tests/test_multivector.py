@@ -83,6 +83,44 @@ def test_a_folder_with_a_module_bertjax_does_not_compute_is_one_line(mve_folder,
 
 
 @ATTEND_SLOW
+def test_packed_rows_give_each_text_its_unpacked_token_vectors_and_loss(mve_folder):
+  """Short examples are packed for training (an example's query and documents end to end with others', each text
+  its own attention segment, a query's [MASK] expansion scored but attended to only as the settings say): every
+  text's scored token vectors gathered back from the row equal that text's alone in a padded row, and the loss
+  over the packed slots equals the unpacked batch's."""
+  from bertjax import tasks as tasks_lib
+  from bertjax.embeddings import multivector_task
+  from configs import finetune as finetune_config
+  path, _ = mve_folder
+  c = finetune_config.get_config(f"task=multivector,init={path},seq=48")
+  task = tasks_lib.get("multivector", config=c)
+  kind = tasks_lib.kind(task)
+  cfg, params, _, _ = kind.weights(task, path, {})
+  enc = multivector.MultiVectorEncoder.load(path)
+  texts = QUERIES + DOCS
+  rows = [{"anchor": texts[i], "docs": [texts[(i + 1) % 6], texts[(i + 2) % 6]]} for i in range(6)]
+  feats = multivector_task.featurize(rows, enc.tok, multivector_task._settings(task))
+  packed, members = multivector_task.pack(feats, 40, 3)  # rows of 120 tokens: room for several examples
+  assert any(len(m) > 1 for m in members) and len(members) < len(rows)
+  module = kind.head(task, cfg)
+  plain = module.apply({"params": params}, feats)
+  out = module.apply({"params": params}, {k: v for k, v in packed.items() if k not in ("labels",
+                                                                                       "example_slot_weights")})
+  for r, m in enumerate(members):
+    for slot, j in enumerate(m):
+      q = feats["score_mask"][j] > 0
+      np.testing.assert_allclose(np.asarray(out["embedding"][r, slot])[q], np.asarray(plain["embedding"][j])[q],
+                                 atol=1e-5)
+      for x in range(2):
+        d = feats["doc_score_mask"][j, x] > 0
+        np.testing.assert_allclose(np.asarray(out["doc_embedding"][r, slot, x])[d],
+                                   np.asarray(plain["doc_embedding"][j, x])[d], atol=1e-5)
+  want = kind.loss(task, plain, {**feats, "example_weights": np.ones(len(rows), np.float32)})
+  got = kind.loss(task, out, {**packed, "example_weights": packed["example_slot_weights"]})
+  np.testing.assert_allclose(float(got), float(want), rtol=1e-5)
+
+
+@ATTEND_SLOW
 def test_maxsim_beir_search_equals_ir_measures_on_sentence_transformers_scores(mve_folder, tmp_path, capsys):
   """`python -m bertjax embeddings --beir` with a MultiVectorEncoder folder: exact MaxSim over the corpus in
   blocks of 7 documents split over the 8-device mesh; the metrics equal ir-measures' on the run of
@@ -132,8 +170,8 @@ def _write_pairs(path, n, seed):
 def test_multivector_training_equals_sentence_transformers_loss_8_devices_1_and_exports(mve_folder, tmp_path):
   """task=multivector from a MultiVectorEncoder folder: the kind's loss on the start's weights equals
   sentence-transformers' multi-vector MultipleNegativesRankingLoss on the same rows; 8 fake devices (fsdp) equal
-  1 through the real loop; the export is a MultiVectorEncoder folder that sentence-transformers encodes as the
-  run's model does."""
+  1 through the real loop on packed rows (two examples a row, 8 rows a step on either mesh); the export is a
+  MultiVectorEncoder folder that sentence-transformers encodes as the run's model does."""
   import jax
   from sentence_transformers.multi_vector_encoder.losses import MultiVectorMultipleNegativesRankingLoss
 
@@ -146,11 +184,12 @@ def test_multivector_training_equals_sentence_transformers_loss_8_devices_1_and_
   from configs import common
   from configs import finetune as finetune_config
   path, theirs = mve_folder
-  _write_pairs(tmp_path / "train.csv", 32, 0)
+  _write_pairs(tmp_path / "train.csv", 64, 0)
   _write_pairs(tmp_path / "dev.csv", 12, 1)
 
   def config():
-    c = finetune_config.get_config(f"task=multivector,init={path},lr=1e-3,batch=8,epochs=1,seq=48")
+    c = finetune_config.get_config(f"task=multivector,init={path},lr=1e-3,batch=16,epochs=1,seq=48")
+    c.data.pack_max_per_row = 2
     c.data.train_file, c.data.eval_file = str(tmp_path / "train.csv"), str(tmp_path / "dev.csv")
     c.data.text_a_column, c.data.text_b_column = "anchor", "positive"
     c.embedding.negative_columns, c.log_every = ("negative",), 1
@@ -180,6 +219,10 @@ def test_multivector_training_equals_sentence_transformers_loss_8_devices_1_and_
   for name, devices in (("eight", jax.devices()), ("one", jax.devices()[:1])):
     runs[name] = finetune.finetune(config(), str(tmp_path / name), devices=devices)
     losses[name] = [r["loss"] for r in finetune.read_train_metrics(str(tmp_path / name))]
+  # The short pairs train packed: 64 examples two a row, 8 rows a step.
+  assert finetune.use_packing(c, task, multivector_task.featurize(
+      read_pairs(str(tmp_path / "train.csv"), "anchor", "positive", ("negative",)),
+      tokenizer_lib.load(tok_path, do_lower_case=lower), multivector_task._settings(task)))
   assert len(losses["one"]) == 4
   np.testing.assert_allclose(losses["eight"], losses["one"], rtol=1e-5)
   for a, b in zip(jax.tree_util.tree_leaves(runs["eight"]["state"].params),

@@ -18,6 +18,7 @@ from safetensors.numpy import save_file
 
 from bertjax import convert, errors
 from bertjax.convert.table import host_params
+from bertjax.data import packing
 from bertjax.embeddings import losses, multivector
 from bertjax.embeddings.model import normalize
 from bertjax.embeddings.task import Contrastive, read_pairs, retrieval
@@ -85,7 +86,25 @@ class LateInteractionModel(nn.Module):
     x = self.dense(hidden)
     return normalize(x) if self.unit else x
 
+  def packed(self, batch, deterministic: bool):
+    """Packed rows (`pack`): every text of a row's examples laid end to end, each its own attention segment;
+    each slot's texts' token vectors gathered back from their first positions (`text_starts` [B, k, 1 + K]) to
+    the widths of the slot's score masks, [B, k, Lq, dim] and [B, k, K, Ld, dim]."""
+    keys = ("input_ids", "input_mask", "segment_ids", "position_ids", "attention_segment_ids")
+    x = self.tokens({n: batch[n] for n in keys}, deterministic)
+    b, row = batch["input_ids"].shape
+    lq, ld = batch["slot_score_mask"].shape[-1], batch["slot_doc_score_mask"].shape[-1]
+    starts = batch["text_starts"]
+
+    def gather(first, width):  # [B, ...] first positions -> [B, ..., width, dim]
+      at = jnp.minimum(first[..., None] + jnp.arange(width, dtype=first.dtype), row - 1)
+      got = jnp.take_along_axis(x, at.reshape(b, -1)[..., None], axis=1)
+      return got.reshape(at.shape + (x.shape[-1],))
+    return {"embedding": gather(starts[:, :, 0], lq), "doc_embedding": gather(starts[:, :, 1:], ld)}
+
   def __call__(self, batch, deterministic: bool = True):
+    if "text_starts" in batch:
+      return self.packed(batch, deterministic)
     # A query's expansion positions are in input_mask (its length, for batching) but not attended to
     # (`attend_mask`) unless the settings say so.
     q = {"input_ids": batch["input_ids"], "input_mask": batch.get("attend_mask", batch["input_mask"]),
@@ -132,14 +151,50 @@ def featurize(rows: list[dict], tok, settings: multivector.Settings) -> dict:
           "doc_score_mask": d_score.reshape(shape), "labels": np.zeros((len(rows),), np.float32)}
 
 
+def pack(feats: dict, text_length: int, max_per_row: int) -> tuple[dict, list[list[int]]]:
+  """Examples packed as `packing.pack_contrastive` packs pairs (an example's query and documents together, each
+  text its own attention segment), in rows of (1 + K)·max(text_length, the widest text) tokens; the attention
+  mask is each text's `attend_mask` (a query's expansion tokens are scored, not attended to). Per slot: each
+  text's first position (`text_starts`) and score masks (`slot_score_mask`, `slot_doc_score_mask`)."""
+  n, n_docs, d_len = feats["doc_input_ids"].shape
+  q_len = feats["input_ids"].shape[1]
+  width = max(q_len, d_len)
+  widen = lambda x: np.pad(x, [(0, 0)] * (x.ndim - 1) + [(0, width - x.shape[-1])])  # noqa: E731
+  texts = {name: widen(feats[name]) for name in ("input_ids", "input_mask", "doc_input_ids", "doc_input_mask")}
+  out, rows = packing.pack_contrastive({**texts, "labels": feats["labels"], "query_keys": np.zeros(n, np.int32),
+                                        "doc_keys": np.zeros((n, n_docs), np.int32)},
+                                       max(text_length, width), max_per_row)
+  del out["query_keys"], out["doc_keys"]
+  k = out["text_segments"].shape[1]
+  attend = np.concatenate([widen(feats["attend_mask"])[:, None], texts["doc_input_mask"]], axis=1)
+  lengths = np.concatenate([texts["input_mask"][:, None], texts["doc_input_mask"]], axis=1).sum(-1)
+  out["text_starts"] = np.zeros((len(rows), k, 1 + n_docs), np.int32)
+  out["slot_score_mask"] = np.zeros((len(rows), k, q_len), np.int32)
+  out["slot_doc_score_mask"] = np.zeros((len(rows), k, n_docs, d_len), np.int32)
+  for i, members in enumerate(rows):
+    pos = 0
+    for slot, j in enumerate(members):
+      for t in range(1 + n_docs):
+        m = int(lengths[j, t])
+        out["text_starts"][i, slot, t] = pos
+        out["input_mask"][i, pos:pos + m] = attend[j, t, :m]
+        pos += m
+      out["slot_score_mask"][i, slot] = feats["score_mask"][j]
+      out["slot_doc_score_mask"][i, slot] = feats["doc_score_mask"][j]
+  return out, rows
+
+
 class MultiVector(Contrastive):
   name = "multivector"
   hf_head = "encoder"
   outputs = ("embedding", "doc_embedding")
-  pack_keys = None  # each text's vectors are its own tokens: one text per row
+  pack_keys = {}  # each text's token vectors are gathered back from the packed row
 
   def can_pack(self, task):
-    return False
+    return True
+
+  def pack(self, feats, row_length, max_per_row):
+    return pack(feats, row_length, max_per_row)
 
   def weights(self, task, path, overrides):
     """A MultiVectorEncoder folder's encoder and projection, or any encoder (the projection starts fresh)."""
@@ -165,11 +220,15 @@ class MultiVector(Contrastive):
 
   def loss(self, task, out, batch):
     q, d = out["embedding"], out["doc_embedding"]
+    w, q_score, d_score = batch["example_weights"], batch.get("score_mask"), batch.get("doc_score_mask")
+    if "text_starts" in batch:  # packed rows: [rows, slots, ...] -> one example per slot (empty slots weighted 0)
+      q, d, w = q.reshape((-1,) + q.shape[2:]), d.reshape((-1,) + d.shape[2:]), w.reshape(-1)
+      q_score = batch["slot_score_mask"].reshape((-1,) + q.shape[1:2])
+      d_score = batch["slot_doc_score_mask"].reshape((-1,) + d.shape[1:3])
     b, k = d.shape[:2]
     docs = d.transpose(1, 0, 2, 3).reshape((b * k,) + d.shape[2:])  # positives first, then each negatives block
-    d_score = batch["doc_score_mask"].transpose(1, 0, 2).reshape(b * k, -1)
-    w = batch["example_weights"]
-    scores = task.option("scale", 1.0) * maxsim_scores(q, batch["score_mask"], docs, d_score)
+    d_score = d_score.transpose(1, 0, 2).reshape(b * k, -1)
+    scores = task.option("scale", 1.0) * maxsim_scores(q, q_score, docs, d_score)
     keep = jnp.tile(w, k)[None, :] > 0
     per_row = losses._info_nce(scores, keep, w)
     return jnp.sum(per_row * w) / jnp.maximum(jnp.sum(w), 1.0)
