@@ -10,8 +10,8 @@ graph each step, L = L_gen + 50·L_disc. The optimizer and schedule are configs/
       --max_seq_length 512 --max_predictions_per_seq 0
   python -m bertjax train --config=configs/deberta_v3.py:variant=base --workdir=DIR --config.data.data_dir=DATA
 
-Argument keys: as configs/electra.py; variant tiny|base|large. The discriminator exports as HF's
-DebertaV2Model (fine-tuning reads it with init=DIR).
+Argument keys: as configs/electra.py; variant tiny|base|large; attention by_length|xla|blockwise. The
+discriminator exports as HF's DebertaV2Model (fine-tuning reads it with init=DIR).
 """
 from configs import electra
 
@@ -25,9 +25,11 @@ SIZES = {"tiny": dict(num_layers=2, hidden_size=128, num_heads=2, intermediate_s
 
 def get_config(arg=None):
   a = dict(item.split("=", 1) for item in (arg or "").split(",") if "=" in item)
-  variant = a.get("variant", "base")
+  variant, attention = a.get("variant", "base"), a.pop("attention", "by_length")
   if variant not in SIZES:
     raise ValueError(f"unknown DeBERTa-v3 variant {variant!r}; choose one of {sorted(SIZES)}")
+  if attention not in ("by_length", "xla", "blockwise"):
+    raise ValueError(f"DeBERTa-v3 attention {attention!r}: by_length, xla or blockwise")
   c = electra.get_config(",".join(f"{k}={v}" for k, v in a.items()))
   for k, v in SIZES[variant].items():
     c.model[k] = v
@@ -35,7 +37,9 @@ def get_config(arg=None):
   c.model.position_embedding = "disentangled"
   c.model.type_vocab_size = 0
   c.model.layer_norm_eps = 1e-7
-  c.model.attention_impl = "xla"  # the relative terms are a score bias on the XLA attention path
+  # xla below BLOCKWISE_FROM_DISENTANGLED's length (the relative terms a [L, L] score bias), blockwise from it (the
+  # terms added block by block); attention=xla|blockwise picks one
+  c.model.attention_impl = attention
   c.model.prune_final_layer = False
   c.electra.generator_hidden = 1.0  # the generator: the discriminator's width, half its depth
   c.electra.generator_layers = 0.5
