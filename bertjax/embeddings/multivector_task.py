@@ -181,7 +181,11 @@ def pack(feats: dict, text_length: int, max_per_row: int) -> tuple[dict, list[li
         pos += m
       out["slot_score_mask"][i, slot] = feats["score_mask"][j]
       out["slot_doc_score_mask"][i, slot] = feats["doc_score_mask"][j]
-  return out, rows
+  # Slots no row fills are cut: MaxSim compares every slot of a step with every other, empty ones included.
+  used = max(len(m) for m in rows)
+  slotted = ("text_segments", "cls_positions", "example_slot_weights", "labels", "text_starts", "slot_score_mask",
+             "slot_doc_score_mask")
+  return {name: (v[:, :used] if name in slotted else v) for name, v in out.items()}, rows
 
 
 class MultiVector(Contrastive):
