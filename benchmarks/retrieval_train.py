@@ -321,6 +321,9 @@ def main(argv=None):
   for seed in seeds(args.seeds):
     if seed in done:
       continue
+    # A seed that did not finish (a killed run) starts over: its folders are this script's own.
+    for stale in (f"bertjax_{seed}", f"bertjax_{seed}_st", f"st_{seed}", f"st_{seed}_model"):
+      shutil.rmtree(os.path.join(folder, stale), ignore_errors=True)
     row = {"seed": seed, "bertjax": run_bertjax(args.kind, init, folder, seed, args),
            "st": run_st(args.kind, init, folder, seed, args)}
     summary["rows"].append(row)
