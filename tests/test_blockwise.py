@@ -146,12 +146,16 @@ def test_a_packed_pre_training_model_and_its_gradients_equal_the_dense_path(scan
     np.testing.assert_allclose(a, b, atol=2e-5)
 
 
-def test_blockwise_takes_windows_but_not_alibi():
+def test_blockwise_takes_windows_and_deberta_but_not_alibi():
   with pytest.raises(errors.ConfigError, match="alibi' runs on attention_impl='xla' .*not 'blockwise'"):
     model_lib.BertConfig.from_variant("tiny", position_embedding="alibi", attention_impl="blockwise")
   with pytest.raises(errors.ConfigError, match="attention_block"):
     model_lib.BertConfig.from_variant("tiny", attention_impl="blockwise", attention_block=0)
   model_lib.BertConfig.from_variant("tiny", attention_impl="blockwise", local_attention=8, position_embedding="rotary")
+  deberta = dict(position_embedding="disentangled", position_buckets=8, max_relative_positions=64)
+  model_lib.BertConfig.from_variant("tiny", attention_impl="blockwise", **deberta)
+  with pytest.raises(errors.ConfigError, match="disentangled' with local_attention runs on attention_impl='xla' "):
+    model_lib.BertConfig.from_variant("tiny", attention_impl="blockwise", local_attention=8, **deberta)
 
 
 def test_by_length_runs_blockwise_from_its_length_and_equals_the_dense_path():

@@ -225,10 +225,10 @@ class BertConfig:
     if needs_bias == ["position_embedding='disentangled'"] and self.attention_impl == "blockwise":
       needs_bias = []
     if needs_bias and self.attention_impl not in ("xla", "by_length"):
-      also = {"local_attention": ", 'blockwise' or 'splash'",
-              "position_embedding='disentangled'": " or 'blockwise'"}.get(needs_bias[0], "")
-      raise bad(f"BertConfig: {needs_bias[0]} runs on attention_impl='xla'{also} (a bias or banded mask on the "
-                f"scores), not {self.attention_impl!r}")
+      also = {("local_attention",): ", 'blockwise' or 'splash'",
+              ("position_embedding='disentangled'",): " or 'blockwise'"}.get(tuple(needs_bias), "")
+      raise bad(f"BertConfig: {' with '.join(needs_bias)} runs on attention_impl='xla'{also} (a bias or banded "
+                f"mask on the scores), not {self.attention_impl!r}")
     if self.position_offset + 1 > self.max_position_embeddings:
       raise bad(f"BertConfig.position_offset {self.position_offset} leaves no room in max_position_embeddings "
                 f"{self.max_position_embeddings}")
