@@ -156,6 +156,10 @@ def test_blockwise_takes_windows_and_deberta_but_not_alibi():
   model_lib.BertConfig.from_variant("tiny", attention_impl="blockwise", **deberta)
   with pytest.raises(errors.ConfigError, match="disentangled' with local_attention runs on attention_impl='xla' "):
     model_lib.BertConfig.from_variant("tiny", attention_impl="blockwise", local_attention=8, **deberta)
+  from configs import deberta_v3
+  assert deberta_v3.get_config("variant=tiny").model.attention_impl == "by_length"
+  with pytest.raises(ValueError, match="DeBERTa-v3 attention 'flash': by_length, xla or blockwise"):
+    deberta_v3.get_config("variant=tiny,attention=flash")
 
 
 def test_by_length_runs_blockwise_from_its_length_and_equals_the_dense_path():
