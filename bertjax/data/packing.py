@@ -176,13 +176,16 @@ def pack_features(feats: dict, row_length: int, max_per_row: int, example_keys=(
   return out, rows
 
 
-def pack_contrastive(feats: dict, text_length: int, max_per_row: int) -> tuple[dict, list[list[int]]]:
+def pack_contrastive(feats: dict, text_length: int, max_per_row: int,
+                     starts: bool = False) -> tuple[dict, list[list[int]]]:
   """Examples packed into rows of (1 + K)·`text_length` tokens: an example's anchor and its K documents stay
   together (every text its own attention segment, positions restarting at 0), up to `max_per_row` examples
   a row, best-fit-decreasing by the example's total length (`packing.plan`), so every example fits a row.
 
   Per row: the token features; `text_segments` [k, 1 + K], each slot's texts' segment numbers (0: empty slot);
-  `example_slot_weights` [k]; the slot's `query_keys`, `doc_keys` [k, K] and `labels`."""
+  `example_slot_weights` [k]; the slot's `query_keys`, `doc_keys` [k, K] and `labels`; with `starts`,
+  `text_starts` [k, 1 + K], each text's first position. An `attend_mask` [N, L] in `feats` is the query's
+  attention mask where it differs from its length (`input_mask`): its other positions are laid out, not attended."""
   q_ids, d_ids = np.asarray(feats["input_ids"]), np.asarray(feats["doc_input_ids"])
   n, n_docs, length = d_ids.shape
   t = 1 + n_docs
@@ -197,6 +200,9 @@ def pack_contrastive(feats: dict, text_length: int, max_per_row: int) -> tuple[d
   out["text_segments"] = np.zeros((r, max_per_row, t), np.int32)
   out["cls_positions"] = np.zeros((r, max_per_row), np.int32)
   out["example_slot_weights"] = np.zeros((r, max_per_row), np.float32)
+  if starts:
+    out["text_starts"] = np.zeros((r, max_per_row, t), np.int32)
+  attend = feats.get("attend_mask")
   for name in ("query_keys", "doc_keys", "labels"):
     out[name] = np.zeros((r, max_per_row) + feats[name].shape[1:], feats[name].dtype)
   for i, members in enumerate(rows):
@@ -206,7 +212,9 @@ def pack_contrastive(feats: dict, text_length: int, max_per_row: int) -> tuple[d
       for x in range(t):
         m, seg = int(lengths[j, x]), slot * t + x + 1
         out["input_ids"][i, pos:pos + m] = ids[j, x, :m]
-        out["input_mask"][i, pos:pos + m] = 1
+        out["input_mask"][i, pos:pos + m] = 1 if attend is None or x else attend[j, :m]
+        if starts:
+          out["text_starts"][i, slot, x] = pos
         out["position_ids"][i, pos:pos + m] = np.arange(m)
         out["attention_segment_ids"][i, pos:pos + m] = seg
         out["text_segments"][i, slot, x] = seg

@@ -161,26 +161,17 @@ def pack(feats: dict, text_length: int, max_per_row: int) -> tuple[dict, list[li
   width = max(q_len, d_len)
   widen = lambda x: np.pad(x, [(0, 0)] * (x.ndim - 1) + [(0, width - x.shape[-1])])  # noqa: E731
   texts = {name: widen(feats[name]) for name in ("input_ids", "input_mask", "doc_input_ids", "doc_input_mask")}
-  out, rows = packing.pack_contrastive({**texts, "labels": feats["labels"], "query_keys": np.zeros(n, np.int32),
+  out, rows = packing.pack_contrastive({**texts, "attend_mask": widen(feats["attend_mask"]), "labels": feats["labels"],
+                                        "query_keys": np.zeros(n, np.int32),
                                         "doc_keys": np.zeros((n, n_docs), np.int32)},
-                                       max(text_length, width), max_per_row)
+                                       max(text_length, width), max_per_row, starts=True)
   del out["query_keys"], out["doc_keys"]
   k = out["text_segments"].shape[1]
-  attend = np.concatenate([widen(feats["attend_mask"])[:, None], texts["doc_input_mask"]], axis=1)
-  lengths = np.concatenate([texts["input_mask"][:, None], texts["doc_input_mask"]], axis=1).sum(-1)
-  out["text_starts"] = np.zeros((len(rows), k, 1 + n_docs), np.int32)
   out["slot_score_mask"] = np.zeros((len(rows), k, q_len), np.int32)
   out["slot_doc_score_mask"] = np.zeros((len(rows), k, n_docs, d_len), np.int32)
   for i, members in enumerate(rows):
-    pos = 0
-    for slot, j in enumerate(members):
-      for t in range(1 + n_docs):
-        m = int(lengths[j, t])
-        out["text_starts"][i, slot, t] = pos
-        out["input_mask"][i, pos:pos + m] = attend[j, t, :m]
-        pos += m
-      out["slot_score_mask"][i, slot] = feats["score_mask"][j]
-      out["slot_doc_score_mask"][i, slot] = feats["doc_score_mask"][j]
+    out["slot_score_mask"][i, :len(members)] = feats["score_mask"][members]
+    out["slot_doc_score_mask"][i, :len(members)] = feats["doc_score_mask"][members]
   # Slots no row fills are cut: MaxSim compares every slot of a step with every other, empty ones included.
   used = max(len(m) for m in rows)
   slotted = ("text_segments", "cls_positions", "example_slot_weights", "labels", "text_starts", "slot_score_mask",
