@@ -45,6 +45,7 @@ import json
 import os
 import platform
 import random
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -184,6 +185,24 @@ def hf_start(task, labels, seed, work) -> str:
   out = os.path.join(work, f"hf_start_{task}_{seed}")
   if not os.path.isdir(out):
     parity.make_start(config, t, out + ".tmp", seed)
+    os.replace(out + ".tmp", out)
+  return out
+
+
+def zero_head_start(task, labels, work) -> str:
+  """HF's start of seed 0 with its task head's weights and bias set to zero (big_vision's `head_zeroinit`)."""
+  import torch
+  out = os.path.join(work, f"zero_head_{task}")
+  if not os.path.isdir(out):
+    src = hf_start(task, labels, 0, work)
+    shutil.copytree(src, out + ".tmp")
+    weights = os.path.join(out + ".tmp", "model.safetensors")
+    from safetensors.torch import load_file, save_file
+    state = load_file(weights)
+    for name in state:
+      if name.startswith("classifier."):
+        state[name] = torch.zeros_like(state[name])
+    save_file(state, weights, metadata={"format": "pt"})
     os.replace(out + ".tmp", out)
   return out
 
@@ -408,6 +427,9 @@ def main():
                   help="NAME='--config.x=y ...': one more bertjax row, paired with HF seed by seed")
   ap.add_argument("--hf_heads", action="store_true",
                   help="one more bertjax row started from the head HF's loop draws at each seed")
+  ap.add_argument("--head_from", default="",
+                  help="K: one more bertjax row started at every seed from the head HF's loop draws at seed K (the "
+                       "head fixed, the order and dropout following the seed); zero: from a zero head")
   ap.add_argument("--jobs", type=int, default=1, help="runs at a time (a study on a large machine)")
   ap.add_argument("--threads", type=int, default=0, help="torch threads of an HF run (0: all cores)")
   ap.add_argument("--split", type=int, default=0,
@@ -450,7 +472,8 @@ def main():
 
   for task in a.tasks.split(","):
     files, labels = data(task)
-    rows = {side: [] for side in (*sides, *(["bertjax_hf_head"] if a.hf_heads else []),
+    fixed = f"bertjax_head_{a.head_from}" if a.head_from else ""
+    rows = {side: [] for side in (*sides, *(["bertjax_hf_head"] if a.hf_heads else []), *([fixed] if fixed else []),
                                   *(["hf"] if "hf" in a.peers else []))}
     results["tasks"][task] = {"recipe": dict(zip(("epochs", "batch", "seq", "lr"), RECIPES[task])), "runs": rows,
                               **({"split": a.split} if task == "ner" else {})}
@@ -464,6 +487,10 @@ def main():
       if side == "bertjax_hf_head":
         return run_bertjax(task, files, labels, seed, work, tuple(a.bertjax_arg), cache,
                            init=hf_start(task, labels, seed, work))
+      if side == fixed:
+        init = (zero_head_start(task, labels, work) if a.head_from == "zero" else
+                hf_start(task, labels, int(a.head_from), work))
+        return run_bertjax(task, files, labels, seed, work, tuple(a.bertjax_arg), cache, init=init)
       return run_bertjax(task, files, labels, seed, work, sides[side], cache)
 
     with concurrent.futures.ThreadPoolExecutor(a.jobs) as pool:
