@@ -28,7 +28,7 @@ def runs_of(path: str) -> tuple[int, dict]:
     r = json.load(f)
   if "tasks" in r:
     r = r["tasks"]["ner"]
-  sides = {side: {x["seed"]: x for x in runs} for side, runs in r["runs"].items() if side in ("bertjax", "hf")}
+  sides = {side: {x["seed"]: x for x in runs} for side, runs in r["runs"].items()}
   return int(r.get("split", 0)), sides
 
 
@@ -38,12 +38,14 @@ def interval(d: list[float]) -> tuple[float, float]:
   return statistics.mean(d), stats.t.ppf(0.975, len(d) - 1) * statistics.stdev(d) / math.sqrt(len(d))
 
 
-def summarize(paths: list[str]) -> dict:
+def summarize(paths: list[str], side: str = "bertjax") -> dict:
+  """The table for bertjax's row `side` (another name: a `--variant` or `--head_from` row) against HF's."""
   splits: dict[int, dict] = {}
   for p in paths:
     k, sides = runs_of(p)
-    for side, by_seed in sides.items():
-      splits.setdefault(k, {"bertjax": {}, "hf": {}})[side].update(by_seed)
+    for name, by_seed in sides.items():
+      if name in (side, "hf"):
+        splits.setdefault(k, {"bertjax": {}, "hf": {}})["hf" if name == "hf" else "bertjax"].update(by_seed)
   out, diffs, var = {"splits": {}}, [], {"bertjax": [], "hf": []}
   for k in sorted(splits):
     b, h = splits[k]["bertjax"], splits[k]["hf"]
@@ -75,6 +77,7 @@ def summarize(paths: list[str]) -> dict:
 def main(argv=None):
   p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   p.add_argument("files", nargs="+")
+  p.add_argument("--side", default="bertjax", help="bertjax's row to compare with HF's (default: bertjax)")
   p.add_argument("--out", default="")
   a = p.parse_args(argv)
   for path in a.files:
@@ -82,7 +85,9 @@ def main(argv=None):
       runs_of(path)
     except (OSError, ValueError, KeyError) as e:
       raise SystemExit(f"{path}: not a tweet-NER results file ({type(e).__name__}: {e})") from None
-  s = summarize(a.files)
+  s = summarize(a.files, a.side)
+  if not s["splits"]:
+    raise SystemExit(f"no split has both a {a.side!r} row and HF's row over common seeds")
   print(f"{'split':>5s} {'seeds':>5s} {'bertjax':>15s} {'HF':>15s} {'bertjax - HF':>22s} {'sd ratio':>8s} "
         f"{'F1=0 after ep. 1':>17s}")
   for k, r in s["splits"].items():
@@ -97,7 +102,8 @@ def main(argv=None):
         f"({q['sd_ratio']:.2f}x)")
   if a.out:
     with open(a.out, "w", encoding="utf-8") as f:
-      json.dump({"command": " ".join(["python", "benchmarks/tagging_splits.py", *sys.argv[1:]]), **s}, f, indent=2)
+      json.dump({"command": " ".join(["python", "benchmarks/tagging_splits.py", *sys.argv[1:]]), "side": a.side, **s},
+                f, indent=2)
 
 
 if __name__ == "__main__":
