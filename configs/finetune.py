@@ -107,6 +107,9 @@ def get_config(arg=None):
   # BinaryCrossEntropyLoss on each pair | listnet, its ListNetLoss over each query's documents (a batch is queries).
   c.rerank = ml_collections.ConfigDict()
   c.rerank.loss = "bce"
+  # bce: the weight of a relevant pair's term (its pos_weight; the number of mined negatives per positive evens
+  # out a list of one positive and N negatives, as sentence-transformers' reranker recipes set it).
+  c.rerank.pos_weight = 1.0
 
   # task=multivector (ColBERT-style late interaction on the pairs' columns and negatives): sentence-transformers'
   # multi-vector MultipleNegativesRankingLoss on MaxSim scores. A MultiVectorEncoder init brings its own settings.

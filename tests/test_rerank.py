@@ -256,6 +256,51 @@ def test_rerank_training_on_8_devices_equals_1_device_and_exports_a_cross_encode
       float(scores[0]), abs=1e-5)
 
 
+def test_weighted_bce_equals_sentence_transformers_pos_weight(bert_cross_encoder, tmp_path):
+  """rerank.pos_weight: the kind's loss on the start's weights equals sentence-transformers' BinaryCrossEntropyLoss
+  with the same pos_weight on pairs with hard and soft labels; a weight that is not positive, or one given to the
+  listwise loss, is a one-line config error."""
+  from sentence_transformers.cross_encoder.losses import BinaryCrossEntropyLoss
+
+  from bertjax import errors
+  from bertjax import tasks as tasks_lib
+  from bertjax.embeddings import rerank_task
+  from configs import finetune as finetune_config
+  path, theirs = bert_cross_encoder
+  _write_rerank_rows(tmp_path / "train.csv", 12, 3)
+  rows_text = (tmp_path / "train.csv").read_text().splitlines()
+  # Two soft labels among the binary ones: the weight scales y·log σ(x) only.
+  rows_text[1] = rows_text[1].rsplit(",", 1)[0] + ",0.7"
+  rows_text[2] = rows_text[2].rsplit(",", 1)[0] + ",0.2"
+  (tmp_path / "train.csv").write_text("\n".join(rows_text) + "\n")
+  c = finetune_config.get_config(f"task=rerank,init={path},seq=24")
+  c.data.text_a_column, c.data.text_b_column, c.data.label_column = "query", "document", "label"
+  c.rerank.pos_weight = 4.0
+  task = tasks_lib.get("rerank", config=c)
+  kind = tasks_lib.kind(task)
+  cfg, params, tok_path, lower = kind.weights(task, path, {})
+  rows = rerank_task.read(str(tmp_path / "train.csv"), c)
+  assert {r["label"] for r in rows} >= {0.0, 1.0, 0.7}
+  feats = rerank_task.featurize(rows, tokenizer_lib.load(tok_path, do_lower_case=lower), 24)
+  out = kind.head(task, cfg).apply({"params": params}, {k: feats[k] for k in ("input_ids", "input_mask",
+                                                                               "segment_ids")})
+  ours = kind.loss(task, out, {"labels": feats["labels"], "example_weights": np.ones(len(rows), np.float32)})
+  plain = kind.loss(tasks_lib.get("rerank"), out, {"labels": feats["labels"],
+                                                   "example_weights": np.ones(len(rows), np.float32)})
+  theirs.eval()
+  texts = [[r["text_a"] for r in rows], [r["text_b"] for r in rows]]
+  with torch.no_grad():
+    want = BinaryCrossEntropyLoss(theirs, pos_weight=torch.tensor(4.0))(texts, torch.tensor(feats["labels"]))
+    want_plain = BinaryCrossEntropyLoss(theirs)(texts, torch.tensor(feats["labels"]))
+  np.testing.assert_allclose(float(ours), float(want), rtol=1e-5)
+  np.testing.assert_allclose(float(plain), float(want_plain), rtol=1e-5)
+  assert float(ours) > float(plain) * 1.2
+  for loss, weight, match in (("bce", 0.0, "must be positive"), ("listnet", 2.0, "weights the bce loss")):
+    c.rerank.loss, c.rerank.pos_weight = loss, weight
+    with pytest.raises(errors.ConfigError, match=match):
+      tasks_lib.get("rerank", config=c)
+
+
 def test_listnet_equals_sentence_transformers_on_queries_of_unequal_lists(bert_cross_encoder, tmp_path):
   """rerank.loss=listnet: the kind's listwise loss on the start's weights equals sentence-transformers'
   ListNetLoss on the same queries (3 and 4 documents, graded labels)."""

@@ -35,7 +35,13 @@ def task(name, labels, regression, config) -> Task | None:
   if config is not None:
     if config.rerank.loss not in LOSSES:
       raise errors.ConfigError(f"rerank.loss {config.rerank.loss!r} is not one of {list(LOSSES)}")
-    options = (("loss", config.rerank.loss),)
+    pos_weight = float(config.rerank.get("pos_weight", 1.0))
+    if not pos_weight > 0:
+      raise errors.ConfigError(f"rerank.pos_weight {pos_weight!r} must be positive")
+    if pos_weight != 1.0 and config.rerank.loss != "bce":
+      raise errors.ConfigError(f"rerank.pos_weight {pos_weight!r} weights the bce loss; rerank.loss is "
+                               f"{config.rerank.loss!r}")
+    options = (("loss", config.rerank.loss),) + ((("pos_weight", pos_weight),) if pos_weight != 1.0 else ())
   return Task(name, "rerank", ("text_a", "text_b"), (), METRICS, "ndcg@10", options=options)
 
 
@@ -92,9 +98,11 @@ def list_net(scores, labels, weights):
   return -jnp.sum(jnp.where(real, target * log_p, 0.0), axis=-1)
 
 
-def bce_with_logits(logits, labels):
-  """Per pair: −[y·log σ(x) + (1 − y)·log(1 − σ(x))], computed stably (torch's BCEWithLogitsLoss)."""
-  return jnp.maximum(logits, 0) - logits * labels + jnp.log1p(jnp.exp(-jnp.abs(logits)))
+def bce_with_logits(logits, labels, pos_weight=1.0):
+  """Per pair: −[p·y·log σ(x) + (1 − y)·log(1 − σ(x))], computed stably (torch's BCEWithLogitsLoss with
+  pos_weight p)."""
+  softplus = lambda x: jnp.maximum(x, 0) + jnp.log1p(jnp.exp(-jnp.abs(x)))  # noqa: E731
+  return pos_weight * labels * softplus(-logits) + (1 - labels) * softplus(logits)
 
 
 class Rerank(Kind):
@@ -125,7 +133,8 @@ class Rerank(Kind):
     return featurize(train_rows, tok, seq), evals, {}
 
   def loss(self, task, out, batch):
-    return example_mean(bce_with_logits(out["logits"][..., 0], batch["labels"]), batch["example_weights"])
+    return example_mean(bce_with_logits(out["logits"][..., 0], batch["labels"], task.option("pos_weight", 1.0)),
+                        batch["example_weights"])
 
   def value_and_grad(self, task, module, params, batch, rngs, step=None, total_steps=None):
     """ListNet: every (query, document) pair of the batch's queries scored in one pass, the loss over each
