@@ -214,7 +214,8 @@ def run_bertjax(task, files, labels, seed, work, extra=(), cache="", init=""):
   kind = {"ner": "ner", "qa": "squad_json"}.get(task, "local")
   if task == "qa":  # HF's windows (see the module docstring); the original's start doc_stride apart
     extra = ("--config.data.doc_stride_is_overlap=True", *extra)
-  workdir = os.path.join(work, f"bertjax_{task}_{seed}_{zlib.crc32(repr((extra, init)).encode()):08x}")
+  key = zlib.crc32(repr((extra, init, files["train"])).encode())  # a split's runs never resume another's
+  workdir = os.path.join(work, f"bertjax_{task}_{seed}_{key:08x}")
   label_arg = [f"--config.data.labels=({','.join(repr(x) for x in labels)},)"] if labels else []
   cmd = [sys.executable, "-m", "bertjax", "train",
          f"--config=configs/finetune.py:task={kind},init={init or minilm_dir()},lr={lr},batch={batch},epochs={epochs},"

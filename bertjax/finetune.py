@@ -213,6 +213,11 @@ def read_train_metrics(workdir: str) -> list[dict]:
 
 
 # ----------------------------------------------------------------------------- the run
+# What a fine-tuning run learns from: a resume with other values would report the old run as the new one's.
+RUN_SETTINGS = ("task", "init", "seed", "data.train_file", "data.labels", "data.max_seq_length",
+                "train.learning_rate", "train.global_batch_size")
+
+
 def finetune(config, workdir: str, devices=None) -> dict:
   """Fine-tune per `config` in `workdir`, resuming from its checkpoint if a run was stopped there, on `devices`
   (default: all). The workdir is locked for the run."""
@@ -239,6 +244,7 @@ def _finetune(config, workdir: str, devices=None) -> dict:
   total = data.plan.total_steps
   report = {"task": task.name, "main_metric": task.main_metric, "epochs": [], "best": None}
   if run.saved is not None:  # a stopped run: continue it exactly (same order, same dropout)
+    run_lib.check_same_settings(workdir, config, RUN_SETTINGS, "fine-tuning")
     if run.saved.get("total_steps") != total:
       raise TaskDataError(f"{workdir} holds a fine-tuning run of {run.saved.get('total_steps')} steps; this "
                           f"config makes {total}: use a new --workdir")

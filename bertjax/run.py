@@ -111,6 +111,33 @@ def check_workdir_mode(workdir: str, mode: str) -> None:
                              f"one{hint}")
 
 
+def check_same_settings(workdir: str, config, keys: tuple[str, ...], what: str) -> None:
+  """Refuses to resume the run in `workdir` (its config.json) with other values of the dotted `keys` (the data,
+  start and recipe it learns from): the checkpoint would carry on as if nothing changed and report the old run's
+  results as the new settings'."""
+  path = os.path.join(workdir, "config.json")
+  if "://" in workdir or not os.path.isfile(path):
+    return
+  try:
+    with open(path, encoding="utf-8") as f:
+      held = json.load(f)
+  except (OSError, ValueError):
+    return
+  now = json.loads(config.to_json())
+
+  def at(tree, key):
+    for part in key.split("."):
+      if not isinstance(tree, dict) or part not in tree:
+        return None
+      tree = tree[part]
+    return tree
+  diffs = [f"{k} {at(held, k)!r} there, {at(now, k)!r} here" for k in keys
+           if at(held, k) is not None and at(held, k) != at(now, k)]
+  if diffs:
+    raise errors.ConfigError(f"{workdir} holds a {what} run of other settings ({'; '.join(diffs)}): resume it "
+                             "with its own settings or use a new --workdir")
+
+
 def keep_tokenizer(workdir: str, path: str, do_lower_case: bool) -> tuple[str, bool]:
   """Copies the run's tokenizer into WORKDIR/tokenizer/ (so that prediction, conversion and `init=` need nothing
   outside the workdir) and returns the copy's path; a workdir that already holds another tokenizer is refused."""

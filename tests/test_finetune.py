@@ -868,6 +868,27 @@ def test_a_workdir_holding_a_run_of_another_length_is_refused(tmp_path, vocab):
     finetune.finetune(config(2, 0), str(tmp_path / "w"))
 
 
+def test_a_workdir_holding_a_run_on_other_data_is_refused(tmp_path, vocab):
+  """A stopped run rerun on another training file of the same size (so of as many steps), or at another seed, is
+  refused by name: resuming would carry the old run on and report it as the new one's; its own settings resume."""
+  from bertjax import errors
+  helpers.write_sentiment(tmp_path / "a.csv", 64, 0)
+  helpers.write_sentiment(tmp_path / "b.csv", 64, 1)
+
+  def config(train, seed=0, stop=1):
+    c = tiny_config("local", vocab, train_file=str(tmp_path / train), text_a_column="sentence",
+                    label_column="sentiment", labels=("neg", "pos"), auto_packing=False)
+    c.seed, c.train.stop_after_steps = seed, stop
+    return c
+  assert finetune.finetune(config("a.csv"), str(tmp_path / "w"))["preempted"]
+  with pytest.raises(errors.ConfigError, match=r"holds a fine-tuning run of other settings \(data.train_file "
+                                               r"'.*a.csv' there, '.*b.csv' here\)"):
+    finetune.finetune(config("b.csv"), str(tmp_path / "w"))
+  with pytest.raises(errors.ConfigError, match="seed 0 there, 3 here"):
+    finetune.finetune(config("a.csv", seed=3), str(tmp_path / "w"))
+  assert not finetune.finetune(config("a.csv", stop=0), str(tmp_path / "w"))["preempted"]
+
+
 @pytest.mark.slow
 def test_the_suite_runs_every_task_once_and_tabulates_the_best_rate(tmp_path, vocab):
   """`launch/suite.py`, run from the caller's own folder with relative paths: two local tasks x two rates x two
