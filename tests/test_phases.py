@@ -454,17 +454,16 @@ def test_averaging_checkpoints_and_reading_the_moving_average(modernbert_run, tm
 
 def ties_transcribed(base, tasks, density, lam):
   """TIES-merging as Yadav et al. 2023 write it (Algorithm 1), for one flat tensor: task vectors τ_t; trim: keep
-  the top-k% magnitudes (k = ceil(density·n), by sorting) else 0; elect γ = sgn(Σ_t τ̂_t); disjoint merge: the mean
-  over {t: sgn(τ̂_t) = γ} of τ̂_t, per entry; θ = θ_init + λ·τ_m."""
+  the top-k% magnitudes (k = ceil(density·n), by sorting; a magnitude tied with the k-th is kept too, as the
+  authors' `topk_values_mask` keeps |τ| >= its k-th value: Adam's early updates tie often) else 0; elect
+  γ = sgn(Σ_t τ̂_t); disjoint merge: the mean over {t: sgn(τ̂_t) = γ} of τ̂_t, per entry; θ = θ_init + λ·τ_m."""
   n = base.size
   trimmed = []
   for theta in tasks:
     tau = (theta - base).ravel().astype(np.float64)
     k = math.ceil(density * n)
-    keep = np.argsort(-np.abs(tau), kind="stable")[:k]
-    t = np.zeros(n)
-    t[keep] = tau[keep]
-    trimmed.append(t)
+    kth = np.sort(np.abs(tau))[::-1][k - 1]
+    trimmed.append(np.where(np.abs(tau) >= kth, tau, 0.0))
   gamma = np.sign(np.sum(trimmed, axis=0))
   out = np.zeros(n)
   for p in range(n):

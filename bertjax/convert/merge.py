@@ -5,7 +5,8 @@ average of the weights a run with train.ema_decay keeps) and HF folders. Methods
 
   linear   Σ w_i θ_i / Σ w_i (model soups; averaging the last k checkpoints of one run, `last`).
   ties     TIES-merging (Yadav et al. 2023) of task vectors τ_i = θ_i − θ_base: trim each τ_i to its `density`
-           fraction of largest magnitudes (per tensor), elect each entry's sign as the sign of Σ_i τ̂_i, take the
+           fraction of largest magnitudes (per tensor; magnitudes tied with the last one kept stay, as the
+           authors' code keeps |τ| >= the k-th), elect each entry's sign as the sign of Σ_i τ̂_i, take the
            mean of the τ̂_i that agree with it (the disjoint mean), θ = θ_base + λ·τ_m. mmBERT merges its
            decay-phase variants this way, with the pre-decay checkpoint as the base.
 
@@ -135,7 +136,8 @@ def linear(trees: list[dict], weights_: list[float]) -> dict:
 
 
 def trim(tau: np.ndarray, density: float) -> np.ndarray:
-  """τ with all but its ceil(density·n) largest magnitudes zeroed (TIES's trim, per tensor)."""
+  """τ with all but its ceil(density·n) largest magnitudes zeroed (TIES's trim, per tensor); magnitudes equal to
+  the k-th largest are kept with it."""
   if density >= 1:
     return tau
   flat = np.abs(tau).ravel()
