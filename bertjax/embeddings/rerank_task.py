@@ -101,8 +101,7 @@ def list_net(scores, labels, weights):
 def bce_with_logits(logits, labels, pos_weight=1.0):
   """Per pair: −[p·y·log σ(x) + (1 − y)·log(1 − σ(x))], computed stably (torch's BCEWithLogitsLoss with
   pos_weight p)."""
-  softplus = lambda x: jnp.maximum(x, 0) + jnp.log1p(jnp.exp(-jnp.abs(x)))  # noqa: E731
-  return pos_weight * labels * softplus(-logits) + (1 - labels) * softplus(logits)
+  return pos_weight * labels * jax.nn.softplus(-logits) + (1 - labels) * jax.nn.softplus(logits)
 
 
 class Rerank(Kind):
