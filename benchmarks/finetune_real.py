@@ -189,6 +189,38 @@ def hf_start(task, labels, seed, work) -> str:
   return out
 
 
+def bertjax_head_start(task, labels, seed, work) -> str:
+  """An HF folder holding MiniLM's encoder and the head bertjax's own run draws at this seed (the fresh params of
+  `trainer.fresh_params`: the task module's init under jax.random.key(seed)), for an HF run from bertjax's start."""
+  import flax.linen as nn
+  import jax
+  import jax.numpy as jnp
+
+  from bertjax import convert, finetune
+  from bertjax import tasks as tasks_lib
+  from bertjax.convert import export as export_lib
+  from configs import finetune as finetune_config
+  jax.config.update("jax_threefry_partitionable", True)  # as every bertjax run sets it
+  kind = {"ner": "ner", "sentiment": "local"}[task]
+  out = os.path.join(work, f"bertjax_start_{task}_{seed}")
+  if os.path.isdir(out):
+    return out
+  config = finetune_config.get_config(f"task={kind},init={minilm_dir()},seed={seed}")
+  t = tasks_lib.get(kind, tuple(labels))
+  _, mcfg, init, tok_path, lower = finetune.load_init(config, t)
+  module = tasks_lib.kind(t).head(t, mcfg.for_platform("cpu"))
+  dummy = {"input_ids": jnp.zeros((1, 16), jnp.int32), "input_mask": jnp.ones((1, 16), jnp.int32),
+           "segment_ids": jnp.zeros((1, 16), jnp.int32)}
+  key = jax.random.key(seed)
+  fresh = jax.device_get(nn.meta.unbox(module.init({"params": key, "dropout": key}, dummy)["params"]))
+  params = {**fresh, "bert": {**fresh["bert"], **init["bert"]}}
+  convert.to_hf(mcfg.replace(scan_layers=False), params, out + ".tmp",
+                head=tasks_lib.kind(t).hf_head, labels=tuple(labels))
+  export_lib.copy_tokenizer(tok_path, lower, out + ".tmp")
+  os.replace(out + ".tmp", out)
+  return out
+
+
 def zero_head_start(task, labels, work) -> str:
   """HF's start of seed 0 with its task head's weights and bias set to zero (big_vision's `head_zeroinit`)."""
   import torch
@@ -235,7 +267,8 @@ def run_bertjax(task, files, labels, seed, work, extra=(), cache="", init=""):
 
 
 # ----------------------------------------------------------------------------- HF, as its users run it
-def run_hf(task, files, labels, seed, threads=0):
+def run_hf(task, files, labels, seed, threads=0, init=""):
+  """HF's loop from MiniLM with the head HF draws at `seed`, or from `init` (an HF folder holding a head)."""
   import torch
   import transformers
   epochs, batch, seq, lr = RECIPES[task]
@@ -244,7 +277,7 @@ def run_hf(task, files, labels, seed, threads=0):
   np.random.seed(seed)
   torch.set_num_threads(threads or os.cpu_count() or 1)
   device = "cuda" if os.environ.get("BENCH_PLATFORM") == "cuda" else "cpu"
-  path = minilm_dir()
+  path = init or minilm_dir()
   tok = transformers.BertTokenizerFast.from_pretrained(path)
   index = {t: i for i, t in enumerate(labels)}
   if task == "qa":
@@ -405,10 +438,10 @@ def _run(cmd, **kw) -> subprocess.CompletedProcess:
   return done
 
 
-def _hf_in_subprocess(task, seed, work, threads, cache, split=0):
+def _hf_in_subprocess(task, seed, work, threads, cache, split=0, init=""):
   """An HF run in a process of its own, so its peak resident memory is its own."""
   cmd = [sys.executable, os.path.abspath(__file__), "--worker", "--tasks", task, "--seeds", str(seed),
-         "--work", work, "--threads", str(threads), "--cache", cache, "--split", str(split)]
+         "--work", work, "--threads", str(threads), "--cache", cache, "--split", str(split), "--worker_init", init]
   proc = _run(cmd)
   lines = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
   if proc.returncode or not lines:
@@ -428,6 +461,8 @@ def main():
                   help="NAME='--config.x=y ...': one more bertjax row, paired with HF seed by seed")
   ap.add_argument("--hf_heads", action="store_true",
                   help="one more bertjax row started from the head HF's loop draws at each seed")
+  ap.add_argument("--bertjax_heads", action="store_true",
+                  help="one more HF row started from the head bertjax's run draws at each seed")
   ap.add_argument("--head_from", default="",
                   help="K: one more bertjax row started at every seed from the head HF's loop draws at seed K (the "
                        "head fixed, the order and dropout following the seed); zero: from a zero head")
@@ -437,6 +472,7 @@ def main():
                   help="ner: 0 trains on the first 1,915 tweets; K > 0 on 1,915 drawn at random with seed K")
   ap.add_argument("--work", default="")
   ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+  ap.add_argument("--worker_init", default="", help=argparse.SUPPRESS)
   a = ap.parse_args()
   seeds = (list(range(int(a.seeds.split("-")[0]), int(a.seeds.split("-")[1]) + 1)) if "-" in a.seeds
            else [int(x) for x in a.seeds.split(",")])
@@ -455,7 +491,8 @@ def main():
 
   if a.worker:
     files, labels = data(a.tasks)
-    print("RESULT " + json.dumps(dict(run_hf(a.tasks, files, labels, seeds[0], a.threads), seed=seeds[0])))
+    print("RESULT " + json.dumps(dict(run_hf(a.tasks, files, labels, seeds[0], a.threads, a.worker_init),
+                                      seed=seeds[0])))
     return
   sides = {}
   if "bertjax" in a.peers:
@@ -475,7 +512,8 @@ def main():
     files, labels = data(task)
     fixed = f"bertjax_head_{a.head_from}" if a.head_from else ""
     rows = {side: [] for side in (*sides, *(["bertjax_hf_head"] if a.hf_heads else []), *([fixed] if fixed else []),
-                                  *(["hf"] if "hf" in a.peers else []))}
+                                  *(["hf"] if "hf" in a.peers else []),
+                                  *(["hf_bertjax_head"] if a.bertjax_heads else []))}
     results["tasks"][task] = {"recipe": dict(zip(("epochs", "batch", "seq", "lr"), RECIPES[task])), "runs": rows,
                               **({"split": a.split} if task == "ner" else {})}
     cache = os.path.join(work, f"xla_cache_{task}")
@@ -485,6 +523,9 @@ def main():
       side, seed = job
       if side == "hf":
         return _hf_in_subprocess(task, seed, work, a.threads, a.cache, a.split)
+      if side == "hf_bertjax_head":
+        return _hf_in_subprocess(task, seed, work, a.threads, a.cache, a.split,
+                                 bertjax_head_start(task, labels, seed, work))
       if side == "bertjax_hf_head":
         return run_bertjax(task, files, labels, seed, work, tuple(a.bertjax_arg), cache,
                            init=hf_start(task, labels, seed, work))
