@@ -49,6 +49,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import zipfile
 import zlib
@@ -173,6 +174,11 @@ def qa_data(work: str):
 
 
 # ----------------------------------------------------------------------------- bertjax
+# Starts are made one at a time: torch's generator is global to the process, so two threads seeding and drawing
+# at once would each draw from the other's seed (and two runs at one seed would write one folder).
+_STARTS = threading.RLock()
+
+
 def hf_start(task, labels, seed, work) -> str:
   """An HF folder holding MiniLM's encoder and the head HF's loop draws at this seed (`bertjax.parity.make_start`:
   torch.manual_seed(seed), then from_pretrained, as `run_hf` does), for a bertjax run from HF's own start."""
@@ -183,15 +189,25 @@ def hf_start(task, labels, seed, work) -> str:
   config = finetune_config.get_config(f"task={kind},init={minilm_dir()}")
   t = tasks_lib.get(kind, tuple(labels))
   out = os.path.join(work, f"hf_start_{task}_{seed}")
-  if not os.path.isdir(out):
-    parity.make_start(config, t, out + ".tmp", seed)
-    os.replace(out + ".tmp", out)
+  with _STARTS:
+    if not os.path.isdir(out):
+      parity.make_start(config, t, out + ".tmp", seed)
+      os.replace(out + ".tmp", out)
   return out
 
 
 def bertjax_head_start(task, labels, seed, work) -> str:
   """An HF folder holding MiniLM's encoder and the head bertjax's own run draws at this seed (the fresh params of
   `trainer.fresh_params`: the task module's init under jax.random.key(seed)), for an HF run from bertjax's start."""
+  kind = {"ner": "ner", "sentiment": "local"}[task]
+  out = os.path.join(work, f"bertjax_start_{task}_{seed}")
+  with _STARTS:
+    if not os.path.isdir(out):
+      _bertjax_head_start(kind, labels, seed, out)
+  return out
+
+
+def _bertjax_head_start(kind, labels, seed, out):
   import flax.linen as nn
   import jax
   import jax.numpy as jnp
@@ -201,10 +217,6 @@ def bertjax_head_start(task, labels, seed, work) -> str:
   from bertjax.convert import export as export_lib
   from configs import finetune as finetune_config
   jax.config.update("jax_threefry_partitionable", True)  # as every bertjax run sets it
-  kind = {"ner": "ner", "sentiment": "local"}[task]
-  out = os.path.join(work, f"bertjax_start_{task}_{seed}")
-  if os.path.isdir(out):
-    return out
   config = finetune_config.get_config(f"task={kind},init={minilm_dir()},seed={seed}")
   t = tasks_lib.get(kind, tuple(labels))
   _, mcfg, init, tok_path, lower = finetune.load_init(config, t)
@@ -218,13 +230,17 @@ def bertjax_head_start(task, labels, seed, work) -> str:
                 head=tasks_lib.kind(t).hf_head, labels=tuple(labels))
   export_lib.copy_tokenizer(tok_path, lower, out + ".tmp")
   os.replace(out + ".tmp", out)
-  return out
 
 
 def zero_head_start(task, labels, work) -> str:
   """HF's start of seed 0 with its task head's weights and bias set to zero (big_vision's `head_zeroinit`)."""
-  import torch
   out = os.path.join(work, f"zero_head_{task}")
+  with _STARTS:
+    return _zero_head_start(task, labels, work, out)
+
+
+def _zero_head_start(task, labels, work, out):
+  import torch
   if not os.path.isdir(out):
     src = hf_start(task, labels, 0, work)
     shutil.copytree(src, out + ".tmp")
