@@ -8,7 +8,9 @@ one side and seed counted once).
 Per split: the seeds both sides ran, each side's mean span F1 and seed-to-seed standard deviation, the paired
 difference bertjax − HF with its 95% t interval, the ratio of the two standard deviations, the per-epoch mean F1
 and how many runs score 0 after the first epoch. Pooled: the paired differences of every split together, and the
-spread as the root mean of the per-split variances (so split-to-split differences do not count as spread).
+spread as the root mean of the per-split variances (so split-to-split differences do not count as spread). By
+seed: a seed draws the same head on every split (each side its own), so the pairs of one seed are not independent
+draws; the mean difference of each seed over its splits, and the interval over seeds, count each head once.
 """
 from __future__ import annotations
 
@@ -46,7 +48,7 @@ def summarize(paths: list[str], side: str = "bertjax") -> dict:
     for name, by_seed in sides.items():
       if name in (side, "hf"):
         splits.setdefault(k, {"bertjax": {}, "hf": {}})["hf" if name == "hf" else "bertjax"].update(by_seed)
-  out, diffs, var = {"splits": {}}, [], {"bertjax": [], "hf": []}
+  out, diffs, var, per_seed = {"splits": {}}, [], {"bertjax": [], "hf": []}, {}
   for k in sorted(splits):
     b, h = splits[k]["bertjax"], splits[k]["hf"]
     seeds = sorted(set(b) & set(h))
@@ -63,6 +65,8 @@ def summarize(paths: list[str], side: str = "bertjax") -> dict:
         var[side].append(row[side]["sd"] ** 2)
     d = [b[s]["score"] - h[s]["score"] for s in seeds]
     diffs += d
+    for s, x in zip(seeds, d):
+      per_seed.setdefault(s, []).append(x)
     row["bertjax_minus_hf"], row["ci95"] = interval(d)
     row["sd_ratio"] = row["bertjax"]["sd"] / row["hf"]["sd"] if row["hf"]["sd"] else float("nan")
     out["splits"][str(k)] = row
@@ -71,6 +75,10 @@ def summarize(paths: list[str], side: str = "bertjax") -> dict:
   out["pooled"] = {"pairs": len(diffs), "bertjax_minus_hf": mean, "ci95": half,
                    "negative_pairs": sum(x < 0 for x in diffs), "spread_bertjax": spread["bertjax"],
                    "spread_hf": spread["hf"], "sd_ratio": spread["bertjax"] / spread["hf"]}
+  seed_means = [statistics.mean(v) for _, v in sorted(per_seed.items())]
+  mean, half = interval(seed_means)
+  out["by_seed"] = {"seeds": len(seed_means), "bertjax_minus_hf": mean, "ci95": half,
+                    "per_seed": {str(k): statistics.mean(v) for k, v in sorted(per_seed.items())}}
   return out
 
 
@@ -100,6 +108,9 @@ def main(argv=None):
   print(f"pooled over {q['pairs']} pairs: bertjax - HF {q['bertjax_minus_hf']:+.4f} ± {q['ci95']:.4f} (95% t), "
         f"{q['negative_pairs']} negative; within-split spread {q['spread_bertjax']:.3f} vs {q['spread_hf']:.3f} "
         f"({q['sd_ratio']:.2f}x)")
+  q = s["by_seed"]
+  print(f"by seed (each head once) over {q['seeds']} seeds: bertjax - HF {q['bertjax_minus_hf']:+.4f} ± "
+        f"{q['ci95']:.4f} (95% t)")
   if a.out:
     with open(a.out, "w", encoding="utf-8") as f:
       json.dump({"command": " ".join(["python", "benchmarks/tagging_splits.py", *sys.argv[1:]]), "side": a.side, **s},
