@@ -63,7 +63,8 @@ def compile_step(config, topology: str, per_chip_batch: int, num_slices: int = 1
   result = {"topology": name, "chips": len(devices), "per_chip_batch": per_chip_batch,
             "global_batch": config.train.global_batch_size, "variant": config.model.variant,
             "seq": config.data.max_seq_length, "preset": config.sharding.preset, "mesh": dict(run.mesh.shape),
-            "scan_unroll": mcfg.scan_unroll if mcfg.scan_layers else None,
+            # the unroll the step is compiled with: the config's auto (0) resolved for the target chips
+            "scan_unroll": mcfg.for_platform(devices[0].platform).scan_unroll if mcfg.scan_layers else None,
             "hbm_gib": HBM_GIB.get(chip)}
   t = time.time()
   try:
