@@ -215,6 +215,7 @@ def _bertjax_head_start(kind, labels, seed, out):
   from bertjax import convert, finetune
   from bertjax import tasks as tasks_lib
   from bertjax.convert import export as export_lib
+  from bertjax.core import trainer as trainer_lib
   from configs import finetune as finetune_config
   jax.config.update("jax_threefry_partitionable", True)  # as every bertjax run sets it
   config = finetune_config.get_config(f"task={kind},init={minilm_dir()},seed={seed}")
@@ -225,7 +226,7 @@ def _bertjax_head_start(kind, labels, seed, out):
            "segment_ids": jnp.zeros((1, 16), jnp.int32)}
   key = jax.random.key(seed)
   fresh = jax.device_get(nn.meta.unbox(module.init({"params": key, "dropout": key}, dummy)["params"]))
-  params = {**fresh, "bert": {**fresh["bert"], **init["bert"]}}
+  params = trainer_lib.merge_params(fresh, init)  # as the run merges its init over the fresh draw
   convert.to_hf(mcfg.replace(scan_layers=False), params, out + ".tmp",
                 head=tasks_lib.kind(t).hf_head, labels=tuple(labels))
   export_lib.copy_tokenizer(tok_path, lower, out + ".tmp")
@@ -234,14 +235,11 @@ def _bertjax_head_start(kind, labels, seed, out):
 
 def zero_head_start(task, labels, work) -> str:
   """HF's start of seed 0 with its task head's weights and bias set to zero (big_vision's `head_zeroinit`)."""
+  import torch
   out = os.path.join(work, f"zero_head_{task}")
   with _STARTS:
-    return _zero_head_start(task, labels, work, out)
-
-
-def _zero_head_start(task, labels, work, out):
-  import torch
-  if not os.path.isdir(out):
+    if os.path.isdir(out):
+      return out
     src = hf_start(task, labels, 0, work)
     shutil.copytree(src, out + ".tmp")
     weights = os.path.join(out + ".tmp", "model.safetensors")
