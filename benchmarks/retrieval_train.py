@@ -303,8 +303,8 @@ def main(argv=None):
   p.add_argument("--batch", type=int, default=32)
   p.add_argument("--epochs", type=int, default=1)
   p.add_argument("--seq", type=int, default=128)
-  p.add_argument("--negatives", type=int, default=4, help="rerank: mined hard negatives per training pair (the "
-                                                            "relevant pair's loss weight)")
+  p.add_argument("--negatives", type=int, default=4, help="rerank: negatives per training pair (the relevant "
+                                                            "pair's loss weight)")
   p.add_argument("--negatives_from", default="mined", choices=("mined", "random"),
                  help="rerank: the untrained MiniLM's best-ranked other documents, or uniform draws (fixed seed)")
   p.add_argument("--bertjax_set", action="append", default=[], metavar="KEY=VALUE",
@@ -353,7 +353,7 @@ def main(argv=None):
     print(json.dumps({"untrained": base}), flush=True)
     summary = {"kind": args.kind, "data": data, "untrained": base, "rows": [], "settings": settings,
                "sentence_transformers": sentence_transformers.__version__, **(summary or {})}
-  if peer and summary["data"] != other["data"]:
+  if args.peer_from and summary["data"] != other["data"]:
     raise SystemExit(f"{args.peer_from} was trained on other data ({other['data']}, here {summary['data']})")
   done = {r["seed"] for r in summary["rows"]}
   for seed in seeds(args.seeds):
@@ -362,13 +362,14 @@ def main(argv=None):
     if args.peer_from and seed not in peer:
       raise SystemExit(f"{args.peer_from} has no seed {seed}")
     # A seed that did not finish (a killed run) starts over: its folders are this script's own.
-    for stale in (f"bertjax_{seed}", f"bertjax_{seed}_st") + (() if peer else (f"st_{seed}", f"st_{seed}_model")):
+    folders = [f"bertjax_{seed}", f"bertjax_{seed}_st"] + ([] if args.peer_from else [f"st_{seed}", f"st_{seed}_model"])
+    for stale in folders:
       shutil.rmtree(os.path.join(folder, stale), ignore_errors=True)
     row = {"seed": seed, "bertjax": run_bertjax(args.kind, init, folder, seed, args),
-           "st": peer[seed] if peer else run_st(args.kind, init, folder, seed, args)}
+           "st": peer[seed] if args.peer_from else run_st(args.kind, init, folder, seed, args)}
     summary["rows"].append(row)
     print(json.dumps(row), flush=True)
-    if "throughput" not in summary and not peer:
+    if "throughput" not in summary and not args.peer_from:
       summary["throughput"] = throughput(args.kind, os.path.join(folder, f"bertjax_{seed}_st"),
                                          os.path.join(folder, f"st_{seed}_model"), folder)
     with open(args.out, "w", encoding="utf-8") as f:
