@@ -155,8 +155,10 @@ def prepare_data(config, task: tasks_lib.Task, tok, dp: int) -> TrainData:
   n_rows = len(train["input_ids"])
   if n_rows == 0:
     raise TaskDataError("no training examples")
-  bucket = bucket_multiple(config.data.max_seq_length, config.data.length_buckets)
-  grouping = config.data.group_by_length and bucket and not packed
+  # Packed rows are nearly full: cutting a batch to its longest row saves little and compiles one program per
+  # length, so they keep their one shape.
+  bucket = 0 if packed else bucket_multiple(config.data.max_seq_length, config.data.length_buckets)
+  grouping = config.data.group_by_length and bucket
   plan = Plan(n_rows, rows_per_step, config.train.num_epochs, config.seed, config.train.warmup_fraction,
               np.sum(train["input_mask"], axis=1) if grouping else None, bucket if grouping else 0)
   return TrainData(train, evals, stats, n_train, packed, rows_per_step, plan, bucket, note)
