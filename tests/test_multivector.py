@@ -100,7 +100,10 @@ def test_packed_rows_give_each_text_its_unpacked_token_vectors_and_loss(mve_fold
   texts = QUERIES + DOCS
   rows = [{"anchor": texts[i], "docs": [texts[(i + 1) % 6], texts[(i + 2) % 6]]} for i in range(6)]
   feats = multivector_task.featurize(rows, enc.tok, multivector_task._settings(task))
-  packed, members = multivector_task.pack(feats, 40, 3)  # rows of 120 tokens: room for several examples
+  widest = feats["input_ids"].shape[1] + 2 * feats["doc_input_ids"].shape[2]  # the rows' least length
+  packed, members = multivector_task.pack(feats, 2 * widest, 3)  # room for several examples a row
+  assert packed["input_ids"].shape[1] == 2 * widest
+  assert multivector_task.pack(feats, 1, 3)[0]["input_ids"].shape[1] == widest
   assert any(len(m) > 1 for m in members) and len(members) < len(rows)
   module = kind.head(task, cfg)
   plain = module.apply({"params": params}, feats)

@@ -153,7 +153,9 @@ def featurize(rows: list[dict], tok, settings: multivector.Settings) -> dict:
 
 def pack(feats: dict, text_length: int, max_per_row: int) -> tuple[dict, list[list[int]]]:
   """Examples packed as `packing.pack_contrastive` packs pairs (an example's query and documents together, each
-  text its own attention segment), in rows of (1 + K)·max(text_length, the widest text) tokens; the attention
+  text its own attention segment), in rows of max(text_length, the widest query + K·the widest document) tokens:
+  a query expanded to a fixed length plus one document fills little more than `text_length`, and a row much
+  longer than its examples spends its attention on pairs the mask discards. The attention
   mask is each text's `attend_mask` (a query's expansion tokens are scored, not attended to). Per slot: each
   text's first position (`text_starts`) and score masks (`slot_score_mask`, `slot_doc_score_mask`)."""
   n, n_docs, d_len = feats["doc_input_ids"].shape
@@ -164,7 +166,8 @@ def pack(feats: dict, text_length: int, max_per_row: int) -> tuple[dict, list[li
   out, rows = packing.pack_contrastive({**texts, "attend_mask": widen(feats["attend_mask"]), "labels": feats["labels"],
                                         "query_keys": np.zeros(n, np.int32),
                                         "doc_keys": np.zeros((n, n_docs), np.int32)},
-                                       max(text_length, width), max_per_row, starts=True)
+                                       width, max_per_row, starts=True,
+                                       row_length=max(text_length, q_len + n_docs * d_len))
   del out["query_keys"], out["doc_keys"]
   k = out["text_segments"].shape[1]
   out["slot_score_mask"] = np.zeros((len(rows), k, q_len), np.int32)
