@@ -91,7 +91,7 @@ def test_packed_rows_give_each_text_its_unpacked_term_vector(splade_folder, pool
   rows = [{"anchor": a, "docs": [d, n], "score": 0.0} for a, d, n in
           zip(TEXTS, TEXTS[1:] + TEXTS[:1], TEXTS[2:] + TEXTS[:2])]
   feats = featurize(rows, enc.tok, 24)
-  packed, members = packing.pack_contrastive(feats, 48, 3)  # rows of 144 tokens: room for several examples
+  packed, members = packing.pack_contrastive(feats, 144, 3)  # rows of 144 tokens: room for several examples
   assert any(len(m) > 1 for m in members)  # some row holds several examples
   params = {"params": enc.params}
   plain = jax.tree.map(np.asarray, module.apply(params, {k: feats[k] for k in (

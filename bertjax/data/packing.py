@@ -176,10 +176,9 @@ def pack_features(feats: dict, row_length: int, max_per_row: int, example_keys=(
   return out, rows
 
 
-def pack_contrastive(feats: dict, text_length: int, max_per_row: int, starts: bool = False,
-                     row_length: int = 0) -> tuple[dict, list[list[int]]]:
-  """Examples packed into rows of `row_length` tokens (0: (1 + K)·`text_length`, room for an example whose texts
-  are all that long): an example's anchor and its K documents stay
+def pack_contrastive(feats: dict, row_length: int, max_per_row: int,
+                     starts: bool = False) -> tuple[dict, list[list[int]]]:
+  """Examples packed into rows of `row_length` tokens: an example's anchor and its K documents stay
   together (every text its own attention segment, positions restarting at 0), up to `max_per_row` examples
   a row, best-fit-decreasing by the example's total length (`packing.plan`), so every example fits a row.
 
@@ -193,7 +192,6 @@ def pack_contrastive(feats: dict, text_length: int, max_per_row: int, starts: bo
   ids = np.concatenate([q_ids[:, None], d_ids], axis=1)  # [N, T, L]
   lengths = np.concatenate([np.asarray(feats["input_mask"])[:, None], np.asarray(feats["doc_input_mask"])],
                            axis=1).sum(-1)
-  row_length = row_length or t * text_length
   rows = plan(lengths.sum(-1), np.zeros(n, np.int64), row_length, 0, max_per_row)
   r = len(rows)
   out = {name: np.zeros((r, row_length), np.int32) for name in

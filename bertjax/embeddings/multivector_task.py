@@ -166,8 +166,7 @@ def pack(feats: dict, text_length: int, max_per_row: int) -> tuple[dict, list[li
   out, rows = packing.pack_contrastive({**texts, "attend_mask": widen(feats["attend_mask"]), "labels": feats["labels"],
                                         "query_keys": np.zeros(n, np.int32),
                                         "doc_keys": np.zeros((n, n_docs), np.int32)},
-                                       width, max_per_row, starts=True,
-                                       row_length=max(text_length, q_len + n_docs * d_len))
+                                       max(text_length, q_len + n_docs * d_len), max_per_row, starts=True)
   del out["query_keys"], out["doc_keys"]
   k = out["text_segments"].shape[1]
   out["slot_score_mask"] = np.zeros((len(rows), k, q_len), np.int32)

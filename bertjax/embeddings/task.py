@@ -138,7 +138,8 @@ class Contrastive(Kind):
     return not task.option("cache_chunk")  # gradient caching chunks unpacked rows
 
   def pack(self, feats, row_length, max_per_row):
-    return packing.pack_contrastive(feats, row_length, max_per_row)
+    """Rows of (1 + K)·`row_length` tokens: room for an example whose texts are all that long."""
+    return packing.pack_contrastive(feats, (1 + feats["doc_input_ids"].shape[1]) * row_length, max_per_row)
 
   def text_lengths(self, feats):
     return np.concatenate([np.sum(feats["input_mask"], axis=-1), np.sum(feats["doc_input_mask"], axis=-1).ravel()])
