@@ -43,3 +43,20 @@ def data_dir(tmp_path_factory):
   """A tiny pre-training data_dir (seq 32, 5 predictions, vocab 128): helpers.make_pretraining_data."""
   import helpers
   return helpers.make_pretraining_data(tmp_path_factory.mktemp("train_data"))
+
+
+@pytest.fixture(scope="session")
+def gcs_server():
+  """fake-gcs-server for this test process, its variables set here (for in-process tools) and in `.env()` (for
+  subprocesses)."""
+  import object_store
+  server = object_store.FakeGcs()
+  os.environ.update(server.env())
+  yield server
+  server.stop()
+
+
+@pytest.fixture
+def bucket(gcs_server):
+  """A new empty bucket on the emulator: 'gs://NAME'."""
+  return gcs_server.bucket()
