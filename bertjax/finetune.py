@@ -211,7 +211,7 @@ def build(config, task: tasks_lib.Task, mcfg, data: TrainData, mesh) -> trainer.
 
 def read_train_metrics(workdir: str) -> list[dict]:
   """The training rows of WORKDIR/metrics.jsonl (one per logged step)."""
-  return [r for r in writers.read_jsonl(os.path.join(workdir, "metrics.jsonl")) if r.get("split") == "train"]
+  return [r for r in writers.read_jsonl(files.join(workdir, "metrics.jsonl")) if r.get("split") == "train"]
 
 
 # ----------------------------------------------------------------------------- the run
@@ -273,10 +273,12 @@ def _fit_init(init_params: dict, abstract: dict) -> dict:
 def _write_meta(run: run_lib.Run, task, mcfg, tok_path: str, lower: bool) -> None:
   """The workdir's tokenizer copy, config.json and finetune.json: what prediction, export and `init=` read."""
   config, workdir = run.config, run.workdir
-  os.makedirs(workdir, exist_ok=True)
+  files.makedirs(workdir)
   kept, _ = run_lib.keep_tokenizer(workdir, tok_path, lower)
-  inside = os.path.abspath(kept).startswith(os.path.abspath(workdir) + os.sep)
-  kept = os.path.relpath(kept, workdir) if inside else os.path.abspath(kept)
+  root = files.absolute(workdir)
+  sep = "/" if files.is_remote(workdir) else os.sep
+  kept = files.absolute(kept)
+  kept = kept[len(root) + 1:] if kept.startswith(root + sep) else kept
   meta = {"task": task.name, "kind": task.kind, "labels": list(task.labels), "tokenizer": kept,
           "do_lower_case": lower, "model": mcfg.to_dict(), "max_seq_length": config.data.max_seq_length,
           "predict_settings": tasks_lib.kind(task).predict_settings(config), "task_options": dict(task.options)}
@@ -367,21 +369,20 @@ class Evaluator:
       if run.is_main:
         for ev in evals:
           for name, content in self.kind.prediction_files(task, ev).items():
-            files.write_whole(os.path.join(run.workdir, name), json.dumps(content, indent=1, ensure_ascii=False))
+            files.write_whole(files.join(run.workdir, name), json.dumps(content, indent=1, ensure_ascii=False))
 
 
 def report_of(config, workdir: str) -> dict:
   """The report of the fine-tuning run in `workdir`: read back when the run has finished (its report.json), else
   the run made (a stopped one resumes) and its report."""
-  path = os.path.join(workdir, "report.json")
-  if not os.path.exists(path):
+  path = files.join(workdir, "report.json")
+  if not files.exists(path):
     finetune(config, workdir)
-  with open(path, encoding="utf-8") as f:
-    return json.load(f)
+  return files.read_json(path)
 
 
 def _write_report(workdir: str, report: dict) -> None:
-  files.write_whole(os.path.join(workdir, "report.json"), json.dumps(report, indent=2))
+  files.write_whole(files.join(workdir, "report.json"), json.dumps(report, indent=2))
   lines = [f"task {report['task']} (main metric: {report['main_metric']})", ""]
   for row in report["epochs"]:
     for split, ms in row.items():
@@ -389,5 +390,5 @@ def _write_report(workdir: str, report: dict) -> None:
         lines.append(f"epoch {row['epoch']:>2}  {split:24s} " + "  ".join(f"{k} {v:8.4f}" for k, v in ms.items()))
   if report["best"]:
     lines += ["", f"best: epoch {report['best']['epoch']}, {report['main_metric']} {report['best']['value']:.4f}"]
-  files.write_whole(os.path.join(workdir, "report.txt"), "\n".join(lines) + "\n")
+  files.write_whole(files.join(workdir, "report.txt"), "\n".join(lines) + "\n")
   print("\n".join(lines), flush=True)

@@ -13,7 +13,6 @@ import contextlib
 import dataclasses
 import json
 import math
-import os
 from typing import Any, Callable
 
 import jax
@@ -84,6 +83,7 @@ def opened(workdir: str, mode: str):
   """The workdir locked for the run (a second run pointed at it refuses to start) and checked to hold no run of
   another mode."""
   jax.config.update("jax_threefry_partitionable", True)
+  files.reach(workdir)
   with checkpoint_lib.WorkdirLock(workdir):
     check_workdir_mode(workdir, mode)
     yield
@@ -92,12 +92,11 @@ def opened(workdir: str, mode: str):
 def check_workdir_mode(workdir: str, mode: str) -> None:
   """Refuses a workdir that holds a run of the other mode (pre-training vs fine-tuning): its checkpoints are of
   another model, and this run would write over its config."""
-  path = os.path.join(workdir, "config.json")
-  if "://" in workdir or not os.path.isfile(path):
+  path = files.join(workdir, "config.json")
+  if not files.isfile(path):
     return
   try:
-    with open(path, encoding="utf-8") as f:
-      record = json.load(f)
+    record = files.read_json(path)
     held = record.get("mode", "pretrain")
   except (OSError, ValueError, AttributeError):
     return
@@ -115,12 +114,11 @@ def check_same_settings(workdir: str, config, keys: tuple[str, ...], what: str) 
   """Refuses to resume the run in `workdir` (its config.json) with other values of the dotted `keys` (the data,
   start and recipe it learns from): the checkpoint would carry on as if nothing changed and report the old run's
   results as the new settings'."""
-  path = os.path.join(workdir, "config.json")
-  if "://" in workdir or not os.path.isfile(path):
+  path = files.join(workdir, "config.json")
+  if not files.isfile(path):
     return
   try:
-    with open(path, encoding="utf-8") as f:
-      held = json.load(f)
+    held = files.read_json(path)
   except (OSError, ValueError):
     return
   now = json.loads(config.to_json())
@@ -141,9 +139,9 @@ def check_same_settings(workdir: str, config, keys: tuple[str, ...], what: str) 
 def keep_tokenizer(workdir: str, path: str, do_lower_case: bool) -> tuple[str, bool]:
   """Copies the run's tokenizer into WORKDIR/tokenizer/ (so that prediction, conversion and `init=` need nothing
   outside the workdir) and returns the copy's path; a workdir that already holds another tokenizer is refused."""
-  if not path or "://" in workdir:
+  if not path:
     return path, do_lower_case
-  folder = os.path.join(workdir, "tokenizer")
+  folder = files.join(workdir, "tokenizer")
   held = tokenizer_lib.find_in(folder)
   if held is not None:
     if tokenizer_lib.fingerprint(held) != tokenizer_lib.fingerprint(path):
@@ -159,10 +157,10 @@ def write_config(workdir: str, config, **json_files: dict) -> None:
   """WORKDIR/config.json (the run's whole config) and any `name=dict` as WORKDIR/name.json (process 0 only)."""
   if jax.process_index() != 0:
     return
-  os.makedirs(workdir, exist_ok=True)
-  files.write_whole(os.path.join(workdir, "config.json"), config.to_json(indent=2))
+  files.makedirs(workdir)
+  files.write_whole(files.join(workdir, "config.json"), config.to_json(indent=2))
   for name, obj in json_files.items():
-    files.write_whole(os.path.join(workdir, f"{name}.json"), json.dumps(obj, indent=2))
+    files.write_whole(files.join(workdir, f"{name}.json"), json.dumps(obj, indent=2))
 
 
 # ----------------------------------------------------------------------------- the run
@@ -195,6 +193,9 @@ class Run:
 
   def loop(self, batches, total: int, hooks: trainer_lib.Hooks, step_args: tuple = ()):
     """Steps start+1..total (`trainer.loop`); returns (state, last step run, the stop's reason or None)."""
+    if self.writer is not None:  # the metrics reach a remote workdir with each checkpoint
+      saving = hooks.save
+      hooks = dataclasses.replace(hooks, save=lambda step, state: (saving(step, state), self.writer.flush()))
     self.state, step, stopped = trainer_lib.loop(self.trainer, self.state, batches, self.start, total, hooks,
                                                  self.config.train.stop_after_steps, step_args)
     return self.state, step, stopped

@@ -1,16 +1,17 @@
 """Chaos check: kill -9 a tiny pre-training run at random moments, resume each time, compare with an uninterrupted run.
 
-  python tests/chaos.py --kills 10 [--steps 30] [--seed 0] [--workdir /tmp/chaos]
+  python tests/chaos.py --kills 10 [--steps 30] [--seed 0] [--workdir /tmp/chaos] [--victim gs://B/chaos --fresh_hosts]
 
 Prints one summary line (kills, resumes, max parameter difference, losses equal) and exits non-zero on any
-difference. The data is a small offline corpus built on the spot.
+difference. The data is a small offline corpus built on the spot. `--victim` puts the killed run's workdir elsewhere
+(a bucket); `--fresh_hosts` starts every run in a new working directory with a new local cache, as a preempted
+VM's replacement would.
 """
 from __future__ import annotations
 
 import argparse
 import os
 import random
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -50,22 +51,32 @@ def command(workdir: str, data_dir: str, steps: int) -> list[str]:
           "--config.log_every=1", "--config.eval_every=0", "--config.checkpoint_every=3", "--config.keep_checkpoints=2"]
 
 
-def env():
+FRESH_HOSTS = False
+
+
+def host() -> tuple[str, dict]:
+  """(working directory, environment) of a run: ROOT and this environment, or with --fresh_hosts a new empty
+  working directory and a new local cache each time."""
   e = dict(os.environ)
   e["PYTHONPATH"] = ROOT + os.pathsep + e.get("PYTHONPATH", "")
   e.setdefault("JAX_PLATFORMS", "cpu")
-  return e
+  if not FRESH_HOSTS:
+    return ROOT, e
+  e["BERTJAX_CACHE"] = tempfile.mkdtemp(prefix="chaos-cache-")
+  return tempfile.mkdtemp(prefix="chaos-host-"), e
 
 
 def run_to_end(cmd) -> None:
-  out = subprocess.run(cmd, capture_output=True, text=True, env=env(), cwd=ROOT, timeout=900)
+  cwd, e = host()
+  out = subprocess.run(cmd, capture_output=True, text=True, env=e, cwd=cwd, timeout=900)
   if out.returncode != 0:
     raise RuntimeError(f"run failed ({out.returncode}):\n{out.stderr[-3000:]}")
 
 
 def run_and_kill(cmd, rng: random.Random, steps: int, seen_leftovers: list) -> bool:
   """Start the run, kill -9 it after a random number of logged steps plus a random delay. True if killed."""
-  proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env(), cwd=ROOT)
+  cwd, e = host()
+  proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=e, cwd=cwd)
   target = rng.randint(1, max(1, steps // 3))
   seen = 0
   for line in proc.stdout:
@@ -84,13 +95,13 @@ def run_and_kill(cmd, rng: random.Random, steps: int, seen_leftovers: list) -> b
 
 
 def final(workdir: str):
-  from bertjax.core import checkpoint
+  from bertjax.core import checkpoint, files
   from bertjax.core import writers as metrics
   ck = checkpoint.Checkpointer(workdir)
   step = ck.latest_step()
   params = ck.restore_params(step)
   losses = {}
-  for r in metrics.read_jsonl(os.path.join(workdir, "metrics.jsonl")):
+  for r in metrics.read_jsonl(files.join(workdir, "metrics.jsonl")):
     if r["split"] == "train":
       losses[r["step"]] = r["loss"]  # the last write of each step wins (a resumed run rewrites them)
   import orbax.checkpoint as ocp
@@ -98,13 +109,15 @@ def final(workdir: str):
   return step, params, losses, data
 
 
-def chaos(kills: int, steps: int, seed: int, workdir: str, data_dir: str | None = None) -> dict:
+def chaos(kills: int, steps: int, seed: int, workdir: str, data_dir: str | None = None, victim: str = "") -> dict:
   import jax
+
+  from bertjax.core import files
   os.makedirs(workdir, exist_ok=True)
   data_dir = data_dir or build_data(workdir)
-  ref, victim = os.path.join(workdir, "reference"), os.path.join(workdir, "chaos")
+  ref, victim = os.path.join(workdir, "reference"), victim or os.path.join(workdir, "chaos")
   for d in (ref, victim):
-    shutil.rmtree(d, ignore_errors=True)
+    files.rmtree(d)
   run_to_end(command(ref, data_dir, steps))
   rng = random.Random(seed)
   done_kills = resumes = 0
@@ -132,9 +145,14 @@ def main():
   p.add_argument("--seed", type=int, default=0)
   p.add_argument("--workdir", default="")
   p.add_argument("--data_dir", default="")
+  p.add_argument("--victim", default="", help="the killed run's workdir (default WORKDIR/chaos), e.g. gs://B/chaos")
+  p.add_argument("--fresh_hosts", action="store_true",
+                 help="every run in a new working directory with a new local cache (BERTJAX_CACHE)")
   args = p.parse_args()
+  global FRESH_HOSTS
+  FRESH_HOSTS = args.fresh_hosts
   workdir = args.workdir or tempfile.mkdtemp(prefix="bertjax_chaos_")
-  r = chaos(args.kills, args.steps, args.seed, workdir, args.data_dir or None)
+  r = chaos(args.kills, args.steps, args.seed, workdir, args.data_dir or None, args.victim)
   print(f"chaos: kills {r['kills']} ({r['kills_during_save']} seen inside a save), resumes {r['resumes']}, "
         f"final step {r['final_step'][1]}/{args.steps}, "
         f"max |param diff| {r['max_param_diff']:.3g}, losses identical {r['losses_equal']}, "

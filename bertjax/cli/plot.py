@@ -1,10 +1,8 @@
 """python -m bertjax plot WORKDIR: redraws the workdir's PNG curves (loss, accuracies) from its metrics.jsonl."""
 from __future__ import annotations
 
-import os
-
 from bertjax.cli import common
-from bertjax.core import writers
+from bertjax.core import files, writers
 
 
 def parser() -> common.ArgumentParser:
@@ -16,7 +14,8 @@ def parser() -> common.ArgumentParser:
 @common.guard
 def main(argv=None) -> int:
   args = parser().parse_args(argv)
-  if not os.path.isfile(os.path.join(args.workdir, "metrics.jsonl")):
+  files.reach(args.workdir)
+  if not files.isfile(files.join(args.workdir, "metrics.jsonl")):
     raise FileNotFoundError(f"{args.workdir}: no metrics.jsonl (not a bertjax workdir, or nothing logged yet)")
   for p in writers.plot(args.workdir):
     print(p)

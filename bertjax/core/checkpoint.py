@@ -7,15 +7,21 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import json
 import logging
 import os
 import re
+import socket
+import threading
+import time
+import uuid
 
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
 from bertjax import errors
+from bertjax.core import files
 
 CheckpointError = errors.CheckpointError
 WorkdirLockedError = errors.WorkdirLockedError
@@ -50,19 +56,23 @@ _absl_logger.addFilter(_ReadOnlyNotes())
 
 
 class WorkdirLock:
-  """An exclusive lock on WORKDIR/.lock (released by the OS when the holder dies, even by kill -9).
-
-  Remote workdirs (gs://) cannot be locked this way; there the launcher must start one run per workdir.
-  """
+  """A workdir held by one run. Local: an exclusive lock on WORKDIR/.lock, released by the OS when the holder
+  dies, even by kill -9. On an object store, where nothing can be locked: a claim (`Claim`), WORKDIR/.claim.json
+  naming the holder, refreshed while the run lives, taken over once stale. On a pod, process 0 holds it."""
 
   def __init__(self, workdir: str):
-    self.path = None if "://" in workdir else os.path.join(workdir, ".lock")
+    self.workdir = workdir
+    self.path = None if files.is_remote(workdir) else os.path.join(workdir, ".lock")
     self._fd = None
+    self._claim = None
 
   def __enter__(self):
-    if self.path is None or jax.process_index() != 0:
+    if jax.process_index() != 0:
       return self
-    os.makedirs(os.path.dirname(self.path), exist_ok=True)
+    if self.path is None:
+      self._claim = Claim(self.workdir).take()
+      return self
+    files.makedirs(os.path.dirname(self.path))
     fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
       fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -79,10 +89,100 @@ class WorkdirLock:
     return self
 
   def __exit__(self, *exc):
+    if self._claim is not None:
+      self._claim.release()
+      self._claim = None
     if self._fd is not None:
       fcntl.flock(self._fd, fcntl.LOCK_UN)
       os.close(self._fd)
       self._fd = None
+
+
+def _dead_here(held: dict) -> bool:
+  """A claim naming a process of this host that has ended (a kill -9 on this machine)."""
+  if held.get("host") != socket.gethostname() or not isinstance(held.get("pid"), int):
+    return False
+  try:
+    os.kill(held["pid"], 0)
+  except ProcessLookupError:
+    return True
+  except OSError:
+    return False
+  return False
+
+
+class Claim:
+  """A remote workdir's claim: WORKDIR/.claim.json = {host, pid, token, started, heartbeat} (times in seconds
+  since the epoch). A claim whose heartbeat is fresher than BERTJAX_CLAIM_STALE_S (300 s) is another live run's
+  and refused, unless it names a process of this host that no longer exists; an older one is a dead run's (a
+  preempted VM, kill -9 elsewhere) and taken over. The holder refreshes the
+  heartbeat every stale/5 seconds from a daemon thread and deletes the claim on exit. Two runs starting together
+  both write, wait, and read back: the one whose token is not there refuses."""
+
+  def __init__(self, workdir: str):
+    self.workdir = workdir
+    self.path = files.join(workdir, ".claim.json")
+    self.stale_s = float(os.environ.get("BERTJAX_CLAIM_STALE_S", "300"))
+    self.token = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    self.record = {"host": socket.gethostname(), "pid": os.getpid(), "token": self.token, "started": time.time()}
+    self._stop = threading.Event()
+    self._thread = None
+
+  def held(self) -> dict | None:
+    try:
+      held = json.loads(files.read_bytes(self.path))
+    except FileNotFoundError:
+      return None
+    except ValueError:
+      return None  # a claim cut short counts as none
+    return held if isinstance(held, dict) else None
+
+  def _refused(self, held: dict) -> WorkdirLockedError:
+    age = time.time() - float(held.get("heartbeat", 0))
+    return WorkdirLockedError(
+        f"{self.workdir} is claimed by another run (host {held.get('host')}, pid {held.get('pid')}, heartbeat "
+        f"{age:.0f}s ago; {self.path}); two runs must not write one workdir. Stop it, choose another --workdir, or "
+        f"wait {max(0.0, self.stale_s - age):.0f}s for the claim to go stale if that run is dead.")
+
+  def _write(self) -> None:
+    files.write_whole(self.path, json.dumps({**self.record, "heartbeat": time.time()}))
+
+  def take(self) -> "Claim":
+    files.reach(self.workdir)
+    held = self.held()
+    if held is not None and time.time() - float(held.get("heartbeat", 0)) < self.stale_s and not _dead_here(held):
+      raise self._refused(held)
+    if held is not None:
+      print(f"note: taking over the stale claim of host {held.get('host')} pid {held.get('pid')} on "
+            f"{self.workdir}", flush=True)
+    self._write()
+    time.sleep(float(os.environ.get("BERTJAX_CLAIM_SETTLE_S", "1")))
+    held = self.held()
+    if held is None or held.get("token") != self.token:
+      raise self._refused(held or {})
+    self._thread = threading.Thread(target=self._beat, daemon=True)
+    self._thread.start()
+    return self
+
+  def _beat(self) -> None:
+    while not self._stop.wait(self.stale_s / 5):
+      try:
+        held = self.held()
+        if held is not None and held.get("token") != self.token:
+          print(f"warning: {self.path} now names another run (host {held.get('host')}, pid {held.get('pid')})",
+                flush=True)
+          return
+        self._write()
+      except OSError:
+        pass  # a passing store error: the next beat tries again
+
+  def release(self) -> None:
+    self._stop.set()
+    if self._thread is not None:
+      self._thread.join(5)
+    held = self.held()
+    if held is not None and held.get("token") == self.token:
+      files.remove(self.path)
 
 
 _TMP = re.compile(r"^(\d+)\.orbax-checkpoint-tmp")
@@ -96,7 +196,7 @@ class Checkpointer:
   def __init__(self, workdir: str, keep: int = 3, async_save: bool = True, keep_steps=(), read_only: bool = False):
     self._pending = None  # the step of a save still running in the background
     self.read_only = read_only
-    self.directory = os.path.join(os.path.abspath(workdir) if "://" not in workdir else workdir, "checkpoints")
+    self.directory = files.join(files.absolute(workdir), "checkpoints")
     if read_only:
       options = ocp.CheckpointManagerOptions(create=False, read_only=True)
     elif keep_steps:
@@ -112,15 +212,14 @@ class Checkpointer:
         item_handlers={"state": ocp.StandardCheckpointHandler(), "data": ocp.JsonCheckpointHandler()})
 
   def _committed(self, step: int) -> bool:
-    if "://" in self.directory:
-      return True  # remote stores: orbax's own atomic finalisation
-    return os.path.exists(os.path.join(self.directory, str(step), "commit_success.txt"))
+    """Orbax's commit marker is written last, locally and on object stores alike."""
+    return files.exists(files.join(self.directory, str(step), "commit_success.txt"))
 
   def half_written(self) -> list[str]:
     """Entries a killed save left behind: temporary directories and steps without their commit marker."""
-    if "://" in self.directory or not os.path.isdir(self.directory):
+    if not files.isdir(self.directory):
       return []
-    out = [n for n in os.listdir(self.directory) if _TMP.match(n)]
+    out = [n for n in files.listdir(self.directory) if _TMP.match(n)]
     out += [str(s) for s in self.manager.all_steps() if not self._committed(s)]
     return sorted(out)
 
@@ -204,16 +303,16 @@ class Checkpointer:
       self._move_aside(skipped, announce)
 
   def _move_aside(self, entries, announce) -> None:
-    aside = os.path.join(os.path.dirname(self.directory), "damaged_checkpoints")
+    aside = files.join(files.parent(self.directory), "damaged_checkpoints")
     for name, why in entries:
       where = ""
-      if "://" not in self.directory and jax.process_index() == 0:
-        os.makedirs(aside, exist_ok=True)
-        target = os.path.join(aside, str(name))
+      if jax.process_index() == 0:
+        files.makedirs(aside)
+        target = files.join(aside, str(name))
         n = 1
-        while os.path.exists(target):
-          target, n = os.path.join(aside, f"{name}.{n}"), n + 1
-        os.rename(os.path.join(self.directory, str(name)), target)
+        while files.exists(target):
+          target, n = files.join(aside, f"{name}.{n}"), n + 1
+        files.rename(files.join(self.directory, str(name)), target)
         where = f"; moved to {target}"
       if announce is not None:
         announce(f"note: skipped the unreadable checkpoint at step {name} ({why}){where}")
@@ -274,12 +373,12 @@ class Checkpointer:
 
 def restore_best(workdir: str) -> dict:
   """The parameters a fine-tuning run kept as its best (WORKDIR/best), as host arrays."""
-  best = os.path.join(os.path.abspath(workdir), "best")
-  has_steps = os.path.isdir(os.path.join(workdir, "checkpoints"))
-  if not os.path.isdir(best) and not has_steps:
+  best = files.join(files.absolute(workdir), "best")
+  has_steps = files.isdir(files.join(workdir, "checkpoints"))
+  if not files.isdir(best) and not has_steps:
     raise CheckpointError(f"{workdir}: no best/ parameters (the fine-tuning run has not finished an epoch)")
   try:
-    if not os.path.isdir(best):
+    if not files.isdir(best):
       raise FileNotFoundError("missing")
     params = ocp.StandardCheckpointer().restore(best)
   except Exception as e:
@@ -294,7 +393,7 @@ def restore_best(workdir: str) -> dict:
 
 def save_best(workdir: str, params) -> None:
   ckpt = ocp.StandardCheckpointer()
-  ckpt.save(os.path.join(os.path.abspath(workdir), "best"), params, force=True)
+  ckpt.save(files.join(files.absolute(workdir), "best"), params, force=True)
   ckpt.wait_until_finished()
 
 

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
+import tempfile
 import time
 
 import jax
@@ -27,20 +29,38 @@ def format_duration(seconds: float) -> str:
 
 
 class Writer:
-  """Scalars to TensorBoard (tensorboardX) and to metrics.jsonl, from process 0 only."""
+  """Scalars to TensorBoard (tensorboardX) and to metrics.jsonl, from process 0 only.
+
+  A local metrics.jsonl grows by a line per write. On an object store, where an object is written whole, the
+  lines are buffered and the object rewritten at each `flush` (the run calls it at every checkpoint, so a resume
+  finds every row up to its checkpoint) and at `close`: one request per save, not one per line."""
 
   def __init__(self, workdir: str, start_step: int | None = None):
     """`start_step`: the step a resumed run continues from; rows logged after it (by the stopped run, past its
     last checkpoint) are dropped, since this run logs those steps again."""
     self.active = jax.process_index() == 0
-    self.path = os.path.join(workdir, "metrics.jsonl")
+    self.path = files.join(workdir, "metrics.jsonl")
+    self.remote = files.is_remote(workdir)
     self._tb = None
+    self._text = None  # a remote metrics.jsonl's whole text; `_unsaved` says whether the object lags behind it
+    self._unsaved = False
     if self.active:
-      os.makedirs(workdir, exist_ok=True)
-      _end_with_newline(self.path)
+      files.makedirs(workdir)
+      if self.remote:
+        self._text = _without_cut_line(files.read_text(self.path)) if files.exists(self.path) else ""
+      else:
+        _end_with_newline(self.path)
       if start_step is not None:
-        _drop_after(self.path, start_step)
-      self._tb = _summary_writer(os.path.join(workdir, "tensorboard"))
+        if self.remote:
+          kept = _rows_until(self._text, start_step)
+          self._unsaved = kept != self._text
+          self._text = kept
+        else:
+          _drop_after(self.path, start_step)
+      self._tb_remote = files.join(workdir, "tensorboard") if self.remote else None
+      if self.remote:  # event files grow locally and are uploaded whole at each flush
+        self._tb_local = tempfile.mkdtemp(prefix="bertjax-tensorboard-")
+      self._tb = _summary_writer(self._tb_local if self.remote else files.join(workdir, "tensorboard"))
 
   def write(self, step: int, scalars: dict, prefix: str = "train") -> None:
     if not self.active:
@@ -48,24 +68,53 @@ class Writer:
     clean = {k: float(v) for k, v in scalars.items()}
     for k, v in clean.items():
       self._tb.add_scalar(f"{prefix}/{k}", v, step)
-    with open(self.path, "a", encoding="utf-8") as f:
-      f.write(json.dumps({"step": int(step), "split": prefix, **clean}) + "\n")
+    line = json.dumps({"step": int(step), "split": prefix, **clean}) + "\n"
+    if self.remote:
+      self._text += line
+      self._unsaved = True
+    else:
+      files.append_text(self.path, line)
 
   def flush(self):
     if self._tb is not None:
       self._tb.flush()
+    if self.active and self.remote:
+      if self._unsaved:
+        files.write_whole(self.path, self._text)
+        self._unsaved = False
+      for name in os.listdir(self._tb_local):
+        files.copy(os.path.join(self._tb_local, name), files.join(self._tb_remote, name))
 
   def close(self):
     if self._tb is not None:
       self._tb.close()
+      self._tb = None
+    self.flush()
+    if self.active and self.remote:
+      shutil.rmtree(self._tb_local, ignore_errors=True)
 
 
 def _drop_after(path: str, step: int) -> None:
   """Rewrites metrics.jsonl without the rows past `step` (all of them when the run starts over at 0)."""
-  if not os.path.isfile(path):
+  if not files.isfile(path):
     return
-  with open(path, encoding="utf-8", errors="replace") as f:
+  with files.open(path, errors_="replace") as f:
     lines = f.readlines()
+  keep = _kept_lines(lines, step)
+  if len(keep) != len(lines):
+    files.write_whole(path, "".join(keep))
+
+
+def _rows_until(text: str, step: int) -> str:
+  return "".join(_kept_lines(text.splitlines(keepends=True), step))
+
+
+def _without_cut_line(text: str) -> str:
+  """A text ending on a whole line (a cut last line dropped)."""
+  return text if not text or text.endswith("\n") else text[:text.rfind("\n") + 1]
+
+
+def _kept_lines(lines: list[str], step: int) -> list[str]:
   keep = []
   for line in lines:
     try:
@@ -74,8 +123,7 @@ def _drop_after(path: str, step: int) -> None:
       continue  # a line cut by a kill
     if step > 0 and row_step <= step:
       keep.append(line)
-  if len(keep) != len(lines):
-    files.write_whole(path, "".join(keep))
+  return keep
 
 
 def _summary_writer(logdir: str):
@@ -95,8 +143,8 @@ def _summary_writer(logdir: str):
 
 def _end_with_newline(path: str) -> None:
   """A kill can cut the last line short; start the next write on a fresh line so only that one is lost."""
-  if os.path.exists(path) and os.path.getsize(path) > 0:
-    with open(path, "rb+") as f:
+  if files.exists(path) and files.size(path) > 0:
+    with files.open(path, "rb+") as f:
       f.seek(-1, os.SEEK_END)
       if f.read(1) != b"\n":
         f.write(b"\n")
@@ -128,9 +176,9 @@ class Progress:
 
 def read_jsonl(path: str) -> list[dict]:
   rows = []
-  if not os.path.exists(path):
+  if not files.exists(path):
     return rows
-  with open(path, encoding="utf-8") as f:
+  with files.open(path) as f:
     for line in f:
       try:
         rows.append(json.loads(line))
@@ -144,7 +192,7 @@ def plot(workdir: str) -> list[str]:
   import matplotlib
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
-  rows = read_jsonl(os.path.join(workdir, "metrics.jsonl"))
+  rows = read_jsonl(files.join(workdir, "metrics.jsonl"))
   if not rows:
     raise FileNotFoundError(f"{workdir}: no metrics.jsonl to plot")
   # A resumed run rewrites steps; keep the last value written for each (split, step).
@@ -166,8 +214,9 @@ def plot(workdir: str) -> list[str]:
       ax.set_title(title)
       ax.grid(alpha=0.3)
       ax.legend()
-      path = os.path.join(workdir, f"{key}.png")
-      fig.savefig(path, dpi=100, bbox_inches="tight")
+      path = files.join(workdir, f"{key}.png")
+      with files.local_target(path) as local:
+        fig.savefig(local, dpi=100, bbox_inches="tight")
       written.append(path)
     plt.close(fig)
   return written

@@ -6,7 +6,6 @@ named here.
 from __future__ import annotations
 
 import logging
-import os
 import time
 
 import jax
@@ -16,7 +15,7 @@ import numpy as np
 from bertjax import errors, objectives
 from bertjax import model as model_lib
 from bertjax import run as run_lib
-from bertjax.core import accounting, optim, trainer, writers
+from bertjax.core import accounting, files, optim, trainer, writers
 from bertjax.core import phases as phases_lib
 from bertjax.data import packing
 from bertjax.data import tokenizer as tokenizer_lib
@@ -84,8 +83,9 @@ def train_source(config, creation: dict, tok, batch_sharding):
     transform = input_pipeline.dynamic_masking(pretraining.Vocab.of(tok()), opts, config.seed)
   source = dataset.load_source(config.data.data_dir, config.data.train_split)
   if config.data.packing:
-    cache = os.path.join(config.data.data_dir, f"packing_{config.data.train_split}_{seq}_{row_predictions(config)}_"
-                         f"{config.data.pack_max_per_row}.npz") if "://" not in config.data.data_dir else None
+    # The row plan is cached beside local data; a bucket's data may be shared and read-only, so it is planned anew.
+    cache = files.join(config.data.data_dir, f"packing_{config.data.train_split}_{seq}_{row_predictions(config)}_"
+                       f"{config.data.pack_max_per_row}.npz") if not files.is_remote(config.data.data_dir) else None
     n_examples = len(source)
     source = packing.PackedSource(source, seq, row_predictions(config), config.data.pack_max_per_row, cache=cache)
     if jax.process_index() == 0:

@@ -3,9 +3,6 @@ bertjax workdir or an HF folder) fitted to this model, or, to anneal or continue
 that run's whole state (optimizer included) and the learning rate it stood at."""
 from __future__ import annotations
 
-import json
-import os
-
 import jax
 import ml_collections
 
@@ -13,6 +10,7 @@ from bertjax import errors
 from bertjax import model as model_lib
 from bertjax.convert import weights
 from bertjax.core import checkpoint as checkpoint_lib
+from bertjax.core import files
 from bertjax.core import phases as phases_lib
 from bertjax.core import trainer as trainer_lib
 
@@ -94,8 +92,7 @@ def init_errors(config) -> list[str]:
 
 
 def _run_config(path: str) -> ml_collections.ConfigDict:
-  with open(os.path.join(path, "config.json"), encoding="utf-8") as f:
-    return ml_collections.ConfigDict(json.load(f))
+  return ml_collections.ConfigDict(files.read_json(files.join(path, "config.json")))
 
 
 def init_rate(config, granularity: int) -> float | None:
