@@ -5,11 +5,9 @@ prediction by its task's kind (a label with probabilities, a value, per-word tag
   python -m bertjax predict --workdir FINETUNED "a sentence" [--pair "another"] [--question "..."]
 
 Reads DIR/config.json (written by training), the workdir's tokenizer and its newest readable checkpoint (or, for
-a fine-tuned workdir, its best parameters).
+a fine-tuned workdir, its best parameters). DIR may be local or in an object store (gs://, s3://).
 """
 from __future__ import annotations
-
-import os
 
 import jax
 import numpy as np
@@ -18,6 +16,7 @@ from bertjax import errors
 from bertjax import model as model_lib
 from bertjax import tasks as tasks_lib
 from bertjax.convert import weights
+from bertjax.core import files
 from bertjax.data import tokenizer as tokenizer_lib
 
 MASK = "[MASK]"
@@ -58,7 +57,8 @@ def fill_mask(module, params, tok, text: str, top_k: int = 5, max_len: int = 512
 
 def load(workdir: str):
   """(module, params, tokenizer) from a pre-training workdir (its latest checkpoint)."""
-  if not os.path.isfile(os.path.join(workdir, "config.json")):
+  files.reach(workdir)
+  if not files.isfile(files.join(workdir, "config.json")):
     raise FileNotFoundError(f"{workdir}: no config.json; is it a bertjax training workdir?")
   w = weights.load(workdir)
   if not w.tokenizer:

@@ -45,7 +45,7 @@ class FakeGcs:
         break
       except OSError:
         if time.time() > deadline or self.proc.poll() is not None:
-          raise RuntimeError("fake-gcs-server did not start")
+          raise RuntimeError("fake-gcs-server did not start") from None
         time.sleep(0.1)
 
   def env(self) -> dict:

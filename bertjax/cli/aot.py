@@ -187,6 +187,9 @@ def main(argv=None):
     for name in ("per_chip_batch", "num_slices"):
       if flags_[name].value < 1:
         raise errors.ConfigError(f"--{name} must be >= 1, got {flags_[name].value}")
+    from bertjax.core import files
+    if flags_.out:  # a wrong endpoint or a missing bucket: one line, before the compilation
+      files.reach(flags_.out)
     fn = search_batch if flags_.search else compile_step
     args = (flags_.config, flags_.topology) + (() if flags_.search else (flags_.per_chip_batch,))
     r = fn(*args, num_slices=flags_.num_slices)
@@ -202,8 +205,7 @@ def main(argv=None):
     else:
       print(f"  {r.get('error', '')}")
     if flags_.out:
-      with open(flags_.out, "w", encoding="utf-8") as f:
-        json.dump(r, f, indent=2)
+      files.write_whole(flags_.out, json.dumps(r, indent=2))
 
   common.run_absl(run, argv=[sys.argv[0], *(sys.argv[1:] if argv is None else argv)])
 

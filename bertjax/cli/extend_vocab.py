@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from bertjax.cli import common
 from bertjax.convert import vocab
+from bertjax.core import files
 
 
 def parser() -> common.ArgumentParser:
@@ -21,6 +22,8 @@ def parser() -> common.ArgumentParser:
 @common.guard
 def main(argv=None) -> int:
   args = parser().parse_args(argv)
+  for path in (args.model, args.tokens, args.out):  # a wrong endpoint or a missing bucket: one line, before any work
+    files.reach(path)
   report = vocab.extend(args.model, vocab.read_tokens(args.tokens), args.out, args.overwrite)
   print(f"{len(report['added'])} tokens added (ids {report['added'][0]['id']}-{report['added'][-1]['id']}); "
         f"vocabulary {report['vocab_size']} -> {args.out}", flush=True)

@@ -14,6 +14,7 @@ from __future__ import annotations
 from bertjax import errors
 from bertjax.cli import common
 from bertjax.convert import merge as merge_lib
+from bertjax.core import files
 
 
 def parser() -> common.ArgumentParser:
@@ -43,6 +44,9 @@ def _weights(text: str):
 def main(argv=None) -> int:
   args = parser().parse_args(argv)
   specs = list(args.inputs)
+  for path in (*specs, args.base, args.out):  # a wrong endpoint or a missing bucket: one line, before any work
+    if path:
+      files.reach(path)
   if args.last:
     if len(specs) != 1:
       raise errors.ConfigError(f"--last {args.last} averages the checkpoints of one workdir; got {len(specs)} inputs")

@@ -4,7 +4,8 @@
       --config.data.train_file=train.conll --config.data.labels="('O','B-PER','I-PER')" --steps=50 --out=DIR
 
 Both loops start from one HF folder (the init's encoder and a task head drawn by HF's own initialiser), see the
-same examples in the same order, with dropout off and the optimizer and schedule the config names. The bertjax
+same examples in the same order, with dropout off and the optimizer and schedule the config names. A remote
+--out (gs://, s3://) is worked in a local folder and uploaded at the end (the torch side reads local files). The bertjax
 side is the real fine-tuning loop (`bertjax.finetune`); the HF side featurises the raw examples with HF's
 tokenizer (pairs as `tokenizer(a, b)`, tags through `word_ids()`), pads each batch to its longest row as HF's
 collators do, and steps `torch.optim.AdamW` (LayerNorm and biases without weight decay) under a LambdaLR.
@@ -19,8 +20,8 @@ import inspect
 import json
 import math
 import os
-import shutil
 import sys
+import tempfile
 
 import jax
 import numpy as np
@@ -28,7 +29,7 @@ import numpy as np
 from bertjax import convert, errors, finetune, tasks
 from bertjax.cli import common
 from bertjax.convert import export as export_lib
-from bertjax.core import optim
+from bertjax.core import files, optim
 from bertjax.data.tasks import conll
 from bertjax.data.tasks import rows as task_rows
 
@@ -73,7 +74,7 @@ def make_start(config, task: tasks.Task, out_dir: str, seed: int = 0) -> str:
   kw = {} if task.kind == "qa" else {"num_labels": task.num_labels}
   model = hf_class(task.kind, family).from_pretrained(enc_dir, **kw)
   model.save_pretrained(out_dir, safe_serialization=True)
-  shutil.rmtree(enc_dir)
+  files.rmtree(enc_dir)
   export_lib.copy_tokenizer(tok_path, lower, out_dir)
   return out_dir
 
@@ -221,7 +222,7 @@ def compare(config, workdir: str, steps: int = 0, dropout: bool = False) -> Repo
   config = config.copy_and_resolve_references() if hasattr(config, "copy_and_resolve_references") else config
   config.unlock()
   task = tasks.get(config.task, tuple(config.data.labels), config.data.regression)
-  os.makedirs(workdir, exist_ok=True)
+  files.makedirs(workdir)
   start = make_start(config, task, os.path.join(workdir, "start"), seed=config.seed)
   config.init = start
   if not dropout:
@@ -232,7 +233,7 @@ def compare(config, workdir: str, steps: int = 0, dropout: bool = False) -> Repo
   if steps:
     config.train.stop_after_steps = steps
   run_dir = os.path.join(workdir, "bertjax")
-  shutil.rmtree(run_dir, ignore_errors=True)
+  files.rmtree(run_dir)
   result = finetune.finetune(config, run_dir)
   rows = finetune.read_train_metrics(run_dir)
   bj_losses = [r["loss"] for r in rows]
@@ -291,15 +292,22 @@ def main(argv=None) -> None:
       raise errors.ConfigError(f"--steps must be >= 0 (0: the whole run), got {flags.FLAGS.steps}")
     from absl import logging as absl_logging
     absl_logging.set_verbosity(absl_logging.WARNING)  # orbax logs several INFO lines per save
-    cfg = flags.FLAGS.config
-    rep = compare(cfg, flags.FLAGS.out, flags.FLAGS.steps, flags.FLAGS.dropout)
+    cfg, out = flags.FLAGS.config, flags.FLAGS.out
+    files.reach(out)
+    if files.is_remote(out):  # worked locally, uploaded at the end
+      with tempfile.TemporaryDirectory(prefix="bertjax-parity-") as local:
+        report(compare(cfg, local, flags.FLAGS.steps, flags.FLAGS.dropout), local)
+        export_lib.publish(local, out)
+    else:
+      report(compare(cfg, out, flags.FLAGS.steps, flags.FLAGS.dropout), out)
+
+  def report(rep: Report, folder: str) -> None:
     print(f"{'step':>5} {'bertjax loss':>14} {'HF loss':>14} {'rel diff':>10}")
     for i, (a, b) in enumerate(zip(rep.bertjax_losses, rep.hf_losses), 1):
       print(f"{i:5d} {a:14.7f} {b:14.7f} {abs(a - b) / max(abs(b), 1e-12):10.2e}")
     print(f"max relative loss difference {rep.max_loss_rel_diff:.2e}; parameter updates differ by "
           f"{rep.update_rel_diff:.2e} (relative, all parameters); update norms: bertjax "
           f"{rep.bertjax_update_norm:.4g}, HF {rep.update_norm:.4g}")
-    with open(os.path.join(flags.FLAGS.out, "report.json"), "w", encoding="utf-8") as f:
-      json.dump(rep.to_dict(), f, indent=2)
+    files.write_whole(files.join(folder, "report.json"), json.dumps(rep.to_dict(), indent=2))
   common.run_absl(run, argv=[sys.argv[0], *(sys.argv[1:] if argv is None else argv)])
 

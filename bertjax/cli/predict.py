@@ -7,10 +7,10 @@ with probabilities, a value, per-word tags, an answer span); see `bertjax.predic
 from __future__ import annotations
 
 import json
-import os
 
 from bertjax import errors, predict
 from bertjax.cli import common
+from bertjax.core import files
 
 
 def parser() -> common.ArgumentParser:
@@ -29,7 +29,8 @@ def main(argv=None) -> int:
   args = parser().parse_args(argv)
   if args.top_k < 1:
     raise errors.ConfigError(f"--top_k must be >= 1, got {args.top_k}")
-  if os.path.exists(os.path.join(args.workdir, "finetune.json")):
+  files.reach(args.workdir)
+  if files.exists(files.join(args.workdir, "finetune.json")):
     for text in args.text:
       if args.question:
         print(json.dumps(predict.predict_text(args.workdir, question=args.question, context=text)))

@@ -15,7 +15,6 @@ mapping, name table, tied tensors and architectures; `table` walks any of them.
 """
 from __future__ import annotations
 
-import os
 from typing import Mapping
 
 import numpy as np
@@ -32,6 +31,7 @@ from bertjax.convert.table import (
   stack_layers,
   unstack_layers,
 )
+from bertjax.core import files as _files  # not `files`: that name is the submodule bertjax.convert.files
 from bertjax.objectives import electra as electra_model
 
 FAMILIES = {f.name: f for f in (bert.FAMILY, roberta.FAMILY, roberta.XLM_FAMILY, modernbert.FAMILY, electra.FAMILY,
@@ -163,8 +163,8 @@ def electra_to_hf(disc_cfg: model_lib.BertConfig, gen_cfg: model_lib.BertConfig,
                   out_dir: str) -> None:
   """OUT/discriminator (ElectraForPreTraining) and OUT/generator (ElectraForMaskedLM), as HF publishes ELECTRA."""
   disc, gen = electra_model.split(table.host_params(params))
-  to_hf(disc_cfg, disc, os.path.join(out_dir, "discriminator"), head="discriminator", family="electra")
-  to_hf(gen_cfg, gen, os.path.join(out_dir, "generator"), head="generator", family="electra")
+  to_hf(disc_cfg, disc, _files.join(out_dir, "discriminator"), head="discriminator", family="electra")
+  to_hf(gen_cfg, gen, _files.join(out_dir, "generator"), head="generator", family="electra")
 
 
 __all__ = ["ACTIVATIONS", "FAMILIES", "IGNORED_BUFFERS", "MAX_HEADER_BYTES", "NAME_TABLE", "PICKLE_SUFFIXES",

@@ -1,12 +1,14 @@
 """A bertjax pre-training workdir as HF transformers folders, the tokenizer files HF reads, and writing an output
 folder whole: what `python -m bertjax convert` (and `extend_vocab`, `parity`) build on. A fine-tuned workdir is
-exported by its task kind (`bertjax.tasks`), which knows its head.
+exported by its task kind (`bertjax.tasks`), which knows its head. Workdirs and output folders may be local or in
+an object store (gs://, s3://; `bertjax.core.files`): a remote output is written in a local staging folder, then
+uploaded.
 """
 from __future__ import annotations
 
 import json
 import os
-import shutil
+import tempfile
 from typing import Callable
 
 import ml_collections
@@ -14,8 +16,10 @@ from safetensors import SafetensorError
 
 from bertjax import convert, errors, objectives
 from bertjax import model as model_lib
+from bertjax.convert import files as convert_files
 from bertjax.convert import weights
 from bertjax.core import checkpoint as checkpoint_lib
+from bertjax.core import files
 from bertjax.data import tokenizer as tokenizer_lib
 from bertjax.data import vocab_files
 from bertjax.objectives import electra
@@ -25,8 +29,7 @@ def pretraining(workdir: str, out: str) -> str:
   """A pre-training workdir's newest readable checkpoint as its family's MLM model in `out` (ELECTRA: as HF
   publishes it, OUT/discriminator and OUT/generator), each folder with the run's tokenizer; returns the
   architecture(s) written."""
-  with open(os.path.join(workdir, "config.json"), encoding="utf-8") as f:
-    run = json.load(f)
+  run = files.read_json(files.join(workdir, "config.json"))
   tok_path, lower = weights.run_tokenizer(workdir, ml_collections.ConfigDict(run))
   if not tok_path:
     raise errors.TokenizerError(f"{workdir}: no tokenizer (neither WORKDIR/tokenizer/ nor its data dir "
@@ -34,7 +37,7 @@ def pretraining(workdir: str, out: str) -> str:
   params = checkpoint_lib.Checkpointer(workdir, read_only=True).restore_params()
   arch, folders = pretraining_params(run, params, out)
   for sub in folders:
-    copy_tokenizer(tok_path, lower, os.path.join(out, sub))
+    copy_tokenizer(tok_path, lower, files.join(out, sub) if sub else out)
   return arch
 
 
@@ -46,8 +49,8 @@ def pretraining_params(run: dict, params: dict, out: str) -> tuple[str, tuple[st
     gen_cfg = electra.generator_config(cfg, run["electra"]["generator_hidden"], run["electra"]["generator_layers"])
     if cfg.position_embedding == "disentangled":  # DeBERTa-v3's RTD: HF has no replaced-token DeBERTa model
       disc, gen = electra.split(convert.table.host_params(params))
-      convert.to_hf(cfg, disc["bert"], os.path.join(out, "discriminator"), head="encoder")
-      convert.to_hf(gen_cfg, gen, os.path.join(out, "generator"))
+      convert.to_hf(cfg, disc["bert"], files.join(out, "discriminator"), head="encoder")
+      convert.to_hf(gen_cfg, gen, files.join(out, "generator"))
       return "DebertaV2Model + DebertaV2ForMaskedLM", ("discriminator", "generator")
     convert.electra_to_hf(cfg, gen_cfg, params, out)
     return "ElectraForPreTraining + ElectraForMaskedLM", ("discriminator", "generator")
@@ -57,64 +60,66 @@ def pretraining_params(run: dict, params: dict, out: str) -> tuple[str, tuple[st
 
 def architecture(folder: str) -> str:
   """The architecture an HF folder's config.json names."""
-  with open(os.path.join(folder, "config.json"), encoding="utf-8") as f:
-    return json.load(f)["architectures"][0]
+  return files.read_json(files.join(folder, "config.json"))["architectures"][0]
+
+
+def _write_json(path: str, obj, indent: int = 2) -> None:
+  files.write_whole(path, json.dumps(obj, indent=indent))
 
 
 def copy_tokenizer(tok_path: str, lower: bool, out: str) -> None:
   """The run's tokenizer as files HF's AutoTokenizer reads, in the HF folder `out`, and its special ids in
   config.json (HF's embeddings keep the pad id's row out of training: it must be the tokenizer's)."""
+  tok_path = convert_files.local_tokenizer(tok_path)  # the tokenizer libraries read local files
   tok = tokenizer_lib.load(tok_path, do_lower_case=lower)
   _write_special_ids(tok, out)
   if os.path.basename(tok_path) == "vocab.txt":
-    shutil.copyfile(tok_path, os.path.join(out, "vocab.txt"))
-    with open(os.path.join(out, "tokenizer_config.json"), "w", encoding="utf-8") as f:
-      json.dump({"tokenizer_class": "BertTokenizer", "do_lower_case": bool(lower)}, f, indent=2)
+    files.copy(tok_path, files.join(out, "vocab.txt"))
+    _write_json(files.join(out, "tokenizer_config.json"), {"tokenizer_class": "BertTokenizer",
+                                                           "do_lower_case": bool(lower)})
   elif tok_path.endswith(".json"):  # tokenizer.json (or byte-level BPE's vocab.json): the files HF's tokenizers read
     folder = os.path.dirname(tok_path)
     for name in ("vocab.json", "merges.txt", "tokenizer.json"):
-      if os.path.isfile(os.path.join(folder, name)):
-        shutil.copyfile(os.path.join(folder, name), os.path.join(out, name))
+      if files.isfile(os.path.join(folder, name)):
+        files.copy(os.path.join(folder, name), files.join(out, name))
     try:  # an optional dependency: with it, tokenizer.json, which AutoTokenizer reads for every family
       import transformers
     except ImportError:
       transformers = None
-    if transformers is not None and not os.path.isfile(os.path.join(folder, "tokenizer.json")):
+    if transformers is not None and not files.isfile(os.path.join(folder, "tokenizer.json")):
       # RoBERTa's byte-level BPE over these files, special tokens and all, whatever the model's family (without
       # tokenizer.json, ModernBERT's AutoTokenizer has no reader for vocab.json + merges.txt).
-      transformers.RobertaTokenizer.from_pretrained(out).save_pretrained(out)
+      source = files.local_copy(out)  # `out` itself when local
+      with files.local_target(out) as target:
+        transformers.RobertaTokenizer.from_pretrained(source).save_pretrained(target)
     elif tok.kind in ("metaspace", "wordpiece"):
       # tokenizer.json is the whole tokenizer (XLM-R's sentencepiece vocabulary; a fast BERT tokenizer's WordPiece
       # with its lower-casing and pair template): a class of its own would lay its special tokens over it.
       names = dict(zip(("pad_token", "unk_token", "cls_token", "sep_token", "mask_token"), tok.specials))
       ends = {"bos_token": names["cls_token"], "eos_token": names["sep_token"]} if tok.kind == "metaspace" else {}
-      with open(os.path.join(out, "tokenizer_config.json"), "w", encoding="utf-8") as f:
-        json.dump({"tokenizer_class": "PreTrainedTokenizerFast", **names, **ends,
-                   "model_input_names": _input_names(out)}, f, indent=2)
-    elif not os.path.isfile(os.path.join(out, "tokenizer_config.json")):
-      with open(os.path.join(out, "tokenizer_config.json"), "w", encoding="utf-8") as f:
-        json.dump({"tokenizer_class": "RobertaTokenizer"}, f, indent=2)
+      _write_json(files.join(out, "tokenizer_config.json"), {"tokenizer_class": "PreTrainedTokenizerFast", **names,
+                                                             **ends, "model_input_names": _input_names(out)})
+    elif not files.isfile(files.join(out, "tokenizer_config.json")):
+      _write_json(files.join(out, "tokenizer_config.json"), {"tokenizer_class": "RobertaTokenizer"})
   else:  # a sentencepiece model: the model file, and tokenizer.json with bertjax's ids for AutoTokenizer
-    shutil.copyfile(tok_path, os.path.join(out, "spiece.model"))
-    sentencepiece_as_hf(tok_path).save(os.path.join(out, "tokenizer.json"))
+    files.copy(tok_path, files.join(out, "spiece.model"))
+    with files.local_target(files.join(out, "tokenizer.json")) as target:
+      sentencepiece_as_hf(tok_path).save(target)
     names = dict(zip(("pad_token", "unk_token", "cls_token", "sep_token", "mask_token"), tokenizer_lib.SPECIAL_TOKENS))
-    with open(os.path.join(out, "tokenizer_config.json"), "w", encoding="utf-8") as f:
-      json.dump({"tokenizer_class": "PreTrainedTokenizerFast", **names,
-                 "model_input_names": _input_names(out)}, f, indent=2)
+    _write_json(files.join(out, "tokenizer_config.json"), {"tokenizer_class": "PreTrainedTokenizerFast", **names,
+                                                           "model_input_names": _input_names(out)})
 
 
 def _input_names(out: str) -> list[str]:
   """What the tokenizer hands the model: segment ids only to a model with more than one segment type (a
   ModernBERT takes none; RoBERTa's single type would make a pair's second segment out of range)."""
-  with open(os.path.join(out, "config.json"), encoding="utf-8") as f:
-    types = json.load(f).get("type_vocab_size", 0)
+  types = files.read_json(files.join(out, "config.json")).get("type_vocab_size", 0)
   return ["input_ids", *(["token_type_ids"] if types > 1 else []), "attention_mask"]
 
 
 def _write_special_ids(tok, out: str) -> None:
-  path = os.path.join(out, "config.json")
-  with open(path, encoding="utf-8") as f:
-    cfg = json.load(f)
+  path = files.join(out, "config.json")
+  cfg = files.read_json(path)
   if "model_type" not in cfg:  # a sentence-transformers module's own config beside the tokenizer, not a model's
     return
   if cfg.get("model_type") not in ("roberta", "xlm-roberta"):  # positions count from the pad id: already set
@@ -123,52 +128,93 @@ def _write_special_ids(tok, out: str) -> None:
                      ("sep_token_id", tok.sep_id)):
     if key in cfg:
       cfg[key] = value
-  with open(path, "w", encoding="utf-8") as f:
-    json.dump(cfg, f, indent=2)
+  _write_json(path, cfg)
+
+
+def same_place(a: str, b: str) -> bool:
+  """Whether two paths name one folder (local: after links; remote: as written, without a trailing slash)."""
+  if files.is_remote(a) or files.is_remote(b):
+    return files.absolute(a) == files.absolute(b)
+  return os.path.realpath(a) == os.path.realpath(b)
+
+
+def _there(path: str) -> bool:
+  """Whether anything is at `path` (locally a dangling link too; remotely an object or a prefix with objects)."""
+  return files.exists(path) if files.is_remote(path) else os.path.lexists(path)
 
 
 def check_out(workdir: str, out: str, overwrite: bool) -> None:
-  """Refuses an output folder that holds anything unless --overwrite, and a bertjax workdir or data dir always
-  (an HF folder written there would replace the run's config.json)."""
-  if not os.path.lexists(out):
+  """Refuses an output folder (or object-store prefix) that holds anything unless --overwrite, and a bertjax
+  workdir or data dir always (an HF folder written there would replace the run's config.json)."""
+  if not _there(out):
     return
-  if not os.path.isdir(out):
+  if not files.isdir(out):
     raise FileExistsError(f"{out}: exists and is not a folder")
-  if os.path.realpath(out) == os.path.realpath(workdir):
+  if same_place(out, workdir):
     raise errors.ConfigError(f"--out {out} is the workdir being converted; choose a new folder")
-  if any(os.path.exists(os.path.join(out, m)) for m in ("checkpoints", "finetune.json", "creation.json", ".lock")):
+  names = set(files.listdir(out))
+  if names & {"checkpoints", "finetune.json", "creation.json", ".lock", ".claim.json"}:
     raise errors.ConfigError(f"--out {out} holds a bertjax workdir or data dir; an HF folder written there would "
                              "replace its files. Choose a new folder")
-  if os.listdir(out) and not overwrite:
+  if names and not overwrite:
     raise FileExistsError(f"{out}: exists and is not empty; pass --overwrite to replace it")
 
 
 def into_place(out: str, make: Callable[[str], str]) -> str:
   """`make(tmp)` writes into a temporary sibling folder of `out` that is renamed into place at the end, replacing
   `out`: a failed or killed write (a full disk, a read-only folder) leaves `out` as it was. Returns what `make`
-  returns."""
-  out = os.path.abspath(out)
+  returns. A remote `out` (an object-store prefix) is written in a local staging folder and uploaded once `make`
+  succeeded (`publish`)."""
+  if files.is_remote(out):
+    return _into_remote(files.absolute(out), make)
+  out = files.absolute(out)
   parent = os.path.dirname(out)
-  os.makedirs(parent, exist_ok=True)
+  files.makedirs(parent)
   tmp = os.path.join(parent, f".{os.path.basename(out)}.tmp-{os.getpid()}")
-  shutil.rmtree(tmp, ignore_errors=True)
+  files.rmtree(tmp)
   try:
     os.makedirs(tmp)
     result = make(tmp)
   except (OSError, SafetensorError) as e:
-    shutil.rmtree(tmp, ignore_errors=True)
+    files.rmtree(tmp)
     raise OSError(f"writing {out} failed: {errors.one_line(e)}; {out} is untouched") from None
   except BaseException:
-    shutil.rmtree(tmp, ignore_errors=True)
+    files.rmtree(tmp)
     raise
   if os.path.lexists(out):
     old = os.path.join(parent, f".{os.path.basename(out)}.old-{os.getpid()}")
-    os.rename(out, old)
-    os.rename(tmp, out)
-    shutil.rmtree(old, ignore_errors=True)
+    files.rename(out, old)
+    files.rename(tmp, out)
+    files.rmtree(old)
   else:
-    os.rename(tmp, out)
+    files.rename(tmp, out)
   return result
+
+
+def _into_remote(out: str, make: Callable[[str], str]) -> str:
+  with tempfile.TemporaryDirectory(prefix="bertjax-out-") as stage:
+    tmp = os.path.join(stage, files.basename(out))
+    os.makedirs(tmp)
+    try:
+      result = make(tmp)
+    except (OSError, SafetensorError) as e:
+      raise OSError(f"writing {out} failed: {errors.one_line(e)}; {out} is untouched") from None
+    publish(tmp, out)
+  return result
+
+
+def publish(local: str, out: str) -> None:
+  """Uploads the local folder `local` to the prefix `out`, each file one object (atomic on the store), then
+  removes the objects under `out` that the upload did not write (an earlier output's that --overwrite replaces)."""
+  old = set(files.walk_files(out)) if files.isdir(out) else set()
+  new = files.walk_files(local)
+  try:
+    for rel in new:
+      files.copy(os.path.join(local, rel), files.join(out, *rel.split(os.sep)))
+    for rel in sorted(old - {r.replace(os.sep, "/") for r in new}):
+      files.remove(files.join(out, rel))
+  except OSError as e:
+    raise OSError(f"uploading {out} failed: {errors.one_line(e)}; {out} may be incomplete, write it again") from None
 
 
 def sentencepiece_as_hf(path: str):
@@ -177,8 +223,7 @@ def sentencepiece_as_hf(path: str):
   the special pieces matched as special tokens, and BERT's [CLS] A [SEP] (B [SEP]) template. What tokenizer.json
   holds for `AutoTokenizer`; read from the file's records, so no protobuf runtime is needed."""
   from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
-  with open(path, "rb") as f:
-    top = vocab_files.proto_records(f.read())
+  top = vocab_files.proto_records(files.read_bytes(path))
   if top is None:
     raise errors.TokenizerError(f"{path}: not a whole sentencepiece model")
 
@@ -187,9 +232,10 @@ def sentencepiece_as_hf(path: str):
     return dict(vocab_files.proto_records(raw) or [])
   trainer, norm = spec(2), spec(3)
   model_type, byte_fallback = trainer.get(3, 1), bool(trainer.get(35, 0))
-  tok = tokenizer_lib.load(path)
+  local = files.local_copy(path)  # sentencepiece reads local files
+  tok = tokenizer_lib.load(local)
   import sentencepiece as spm
-  sp = spm.SentencePieceProcessor(model_file=path)
+  sp = spm.SentencePieceProcessor(model_file=local)
   pieces = [(sp.IdToPiece(i), sp.GetScore(i)) for i in range(sp.GetPieceSize())]
   special = [i for i in range(len(pieces)) if sp.IsControl(i) or sp.IsUnknown(i)]
   if model_type == 1:

@@ -1,7 +1,9 @@
 """Reading HF model folders: safetensors files checked before anything is allocated, sharded or not, and
-never a pickle (`pytorch_model.bin`, `.pt`, `.ckpt`: loading one can run arbitrary code)."""
+never a pickle (`pytorch_model.bin`, `.pt`, `.ckpt`: loading one can run arbitrary code). Folders and files may
+be local or in an object store (gs://, s3://; `bertjax.core.files`): safetensors reads a local copy."""
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import struct
@@ -9,6 +11,7 @@ import struct
 import numpy as np
 
 from bertjax import errors
+from bertjax.core import files
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle", ".h5")
 MAX_HEADER_BYTES = 100 * 1024 * 1024  # safetensors' own cap on the JSON header
@@ -22,10 +25,11 @@ def read_safetensors(path: str) -> dict[str, np.ndarray]:
     raise ConversionError(f"{path}: refusing to load a pickle-based checkpoint (loading a pickle can run "
                           "arbitrary code). Convert it to safetensors first, e.g. with transformers' "
                           "`save_pretrained(..., safe_serialization=True)` in a trusted environment.")
-  if not os.path.isfile(path):
+  if not files.isfile(path):
     raise FileNotFoundError(f"{path}: no such safetensors file")
-  size = os.path.getsize(path)
-  with open(path, "rb") as f:
+  local = files.local_copy(path)  # the path itself when local
+  size = files.size(local)
+  with files.open(local, "rb") as f:
     head = f.read(8)
     if len(head) < 8:
       raise ConversionError(f"{path}: truncated safetensors file ({size} bytes; no header)")
@@ -51,7 +55,7 @@ def read_safetensors(path: str) -> dict[str, np.ndarray]:
                             f"data section, which has {data_len}")
   from safetensors.numpy import load_file
   try:
-    return load_file(path)
+    return load_file(local)
   except Exception as e:  # safetensors raises its own error types
     raise ConversionError(f"{path}: cannot read safetensors file: {e}") from None
 
@@ -59,37 +63,61 @@ def read_safetensors(path: str) -> dict[str, np.ndarray]:
 def read_hf_dir(path: str) -> tuple[dict, dict[str, np.ndarray]]:
   """(config.json as a dict, state dict) from an HF model folder: model.safetensors or a sharded index."""
   path = os.fspath(path)
-  cfg_path = os.path.join(path, "config.json")
-  if not os.path.isfile(cfg_path):
+  cfg_path = files.join(path, "config.json")
+  if not files.isfile(cfg_path):
     raise FileNotFoundError(f"{path}: no config.json (expected an HF BERT model folder)")
-  with open(cfg_path, encoding="utf-8") as f:
-    try:
-      hf_cfg = json.load(f)
-    except json.JSONDecodeError as e:
-      raise ConversionError(f"{cfg_path}: not valid JSON ({e})") from None
-  single = os.path.join(path, "model.safetensors")
-  index = os.path.join(path, "model.safetensors.index.json")
-  if os.path.isfile(single):
+  try:
+    hf_cfg = json.loads(files.read_text(cfg_path))
+  except json.JSONDecodeError as e:
+    raise ConversionError(f"{cfg_path}: not valid JSON ({e})") from None
+  single = files.join(path, "model.safetensors")
+  index = files.join(path, "model.safetensors.index.json")
+  if files.isfile(single):
     return hf_cfg, read_safetensors(single)
-  if os.path.isfile(index):
-    with open(index, encoding="utf-8") as f:
-      shards = sorted(set(json.load(f)["weight_map"].values()))
+  if files.isfile(index):
+    shards = sorted(set(files.read_json(index)["weight_map"].values()))
     state = {}
     for shard in shards:
-      state.update(read_safetensors(os.path.join(path, os.path.basename(shard))))
+      state.update(read_safetensors(files.join(path, os.path.basename(shard))))
     return hf_cfg, state
-  pickles = [n for n in os.listdir(path) if n.endswith(PICKLE_SUFFIXES)]
+  pickles = [n for n in files.listdir(path) if n.endswith(PICKLE_SUFFIXES)]
   if pickles:
-    read_safetensors(os.path.join(path, pickles[0]))  # raises the refusal with its reason
+    read_safetensors(files.join(path, pickles[0]))  # raises the refusal with its reason
   raise FileNotFoundError(f"{path}: no model.safetensors or model.safetensors.index.json")
 
 
 def write_hf_dir(out_dir: str, state: dict, hf_cfg: dict) -> None:
   """OUT/model.safetensors (written whole, then renamed into place) and OUT/config.json."""
   from safetensors.numpy import save_file
-  os.makedirs(out_dir, exist_ok=True)
-  tmp = os.path.join(out_dir, "model.safetensors.tmp")
-  save_file(state, tmp, metadata={"format": "pt"})
-  os.replace(tmp, os.path.join(out_dir, "model.safetensors"))
-  with open(os.path.join(out_dir, "config.json"), "w", encoding="utf-8") as f:
-    json.dump(hf_cfg, f, indent=2)
+  files.makedirs(out_dir)
+  if files.is_remote(out_dir):  # one upload, atomic on the store
+    with files.local_target(files.join(out_dir, "model.safetensors")) as local:
+      save_file(state, local, metadata={"format": "pt"})
+  else:
+    tmp = os.path.join(out_dir, "model.safetensors.tmp")
+    save_file(state, tmp, metadata={"format": "pt"})
+    files.rename(tmp, os.path.join(out_dir, "model.safetensors"))
+  files.write_whole(files.join(out_dir, "config.json"), json.dumps(hf_cfg, indent=2))
+
+
+TOKENIZER_FILES = ("vocab.txt", "spiece.model", "spm.model", "vocab.json", "merges.txt", "tokenizer.json",
+                   "tokenizer_config.json", "special_tokens_map.json")
+
+
+def local_tokenizer(path: str) -> str:
+  """A local path of the tokenizer file `path` (the path itself when local): for a remote one, a copy of it in
+  the cache (`bertjax.core.files.cache_root`) with the files a tokenizer reads beside it (a byte-level BPE's
+  vocab.json needs merges.txt), since the tokenizer libraries read only local files."""
+  if not path or not files.is_remote(path):
+    return path
+  if not files.isfile(path):
+    raise FileNotFoundError(f"{path}: no such tokenizer file")
+  folder, name = files.parent(path), files.basename(path)
+  key = hashlib.sha256(files.absolute(folder).encode()).hexdigest()[:16]
+  target = os.path.join(files.cache_root(), key, "tokenizer")
+  os.makedirs(target, exist_ok=True)
+  present = set(files.listdir(folder))
+  for n in dict.fromkeys((name, *TOKENIZER_FILES)):  # each copied afresh: small files, which may have changed
+    if n in present:
+      files.copy(files.join(folder, n), os.path.join(target, n))
+  return os.path.join(target, name)

@@ -13,6 +13,7 @@ average of the weights a run with train.ema_decay keeps) and HF folders. Methods
 The result is written as a workdir (a params-only checkpoint with the first input's run config, tokenizer
 copied: `init_checkpoint=OUT` continues from it and every bertjax tool reads it) and, beside it, OUT/hf, the HF
 folder of the family. Merging copies of one checkpoint gives it back unchanged (linear; ties with density 1).
+Inputs and OUT may be local or in an object store (gs://, s3://; `bertjax.core.files`).
 """
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ from bertjax import errors
 from bertjax import model as model_lib
 from bertjax.convert import export, weights
 from bertjax.core import checkpoint as checkpoint_lib
+from bertjax.core import files
 from bertjax.data import tokenizer as tokenizer_lib
 
 METHODS = ("linear", "ties")
@@ -49,7 +51,7 @@ class Input:
 
 def split_spec(spec: str) -> tuple[str, str]:
   """'W', 'W@1200', 'W@ema' -> (path, selector); a path that exists as written has no selector."""
-  if os.path.exists(spec) or "@" not in spec:
+  if "@" not in spec or files.exists(spec):
     return spec, ""
   path, _, sel = spec.rpartition("@")
   return path, sel
@@ -57,7 +59,8 @@ def split_spec(spec: str) -> tuple[str, str]:
 
 def read(spec: str) -> Input:
   path, sel = split_spec(spec)
-  if not os.path.isdir(path):
+  files.reach(path)
+  if not files.isdir(path):
     raise FileNotFoundError(f"{path}: no such workdir or HF folder")
   kind = weights.source_of(path)
   if kind == "finetuned":
@@ -69,8 +72,7 @@ def read(spec: str) -> Input:
     run = {"mode": "pretrain", "objective": "mlm", "model": dataclasses.asdict(w.cfg),
            "train": {"use_nsp": "nsp" in w.params}, "data": {"data_dir": "", "do_lower_case": w.do_lower_case}}
     return Input(spec, path, w.cfg, _host(w.params), run, (w.tokenizer, w.do_lower_case))
-  with open(os.path.join(path, "config.json"), encoding="utf-8") as f:
-    run = json.load(f)
+  run = files.read_json(files.join(path, "config.json"))
   step, item = None, "params"
   if sel == "ema":
     item = "ema"
@@ -187,12 +189,11 @@ def write(out: str, merged: dict, first: Input, record: dict) -> str:
     ckpt = checkpoint_lib.Checkpointer(tmp, async_save=False)
     ckpt.save(0, {"params": params}, {"merged": True})
     ckpt.close()
-    with open(os.path.join(tmp, "config.json"), "w", encoding="utf-8") as f:
-      json.dump(run, f, indent=2)
+    files.write_whole(files.join(tmp, "config.json"), json.dumps(run, indent=2))
     if tok_path:
-      tokenizer_lib.copy_into(tok_path, os.path.join(tmp, "tokenizer"))
-    hf = os.path.join(tmp, "hf")
-    os.makedirs(hf)
+      tokenizer_lib.copy_into(tok_path, os.path.join(tmp, "tokenizer"))  # `tmp`: a local folder (into_place)
+    hf = files.join(tmp, "hf")
+    files.makedirs(hf)
     arch, folders = export.pretraining_params(run, params, hf)
     if tok_path:
       for sub in folders:
@@ -204,19 +205,18 @@ def write(out: str, merged: dict, first: Input, record: dict) -> str:
 def check_out(out: str, inputs: list[str], overwrite: bool) -> None:
   """Refuses an --out that is one of the inputs, or that holds anything a merge did not write; a previous merge's
   output is replaced only with --overwrite."""
-  if not os.path.lexists(out):
+  if not (files.exists(out) if files.is_remote(out) else os.path.lexists(out)):
     return
   for spec in inputs:
-    if os.path.realpath(split_spec(spec)[0]) == os.path.realpath(out):
+    if export.same_place(split_spec(spec)[0], out):
       raise errors.ConfigError(f"--out {out} is one of the inputs; choose a new folder")
-  if not os.path.isdir(out):
+  if not files.isdir(out):
     raise FileExistsError(f"{out}: exists and is not a folder")
-  if not os.listdir(out):
+  if not files.listdir(out):
     return
   merged = False
   try:
-    with open(os.path.join(out, "config.json"), encoding="utf-8") as f:
-      merged = "merged" in json.load(f)
+    merged = "merged" in files.read_json(files.join(out, "config.json"))
   except (OSError, ValueError):
     pass
   if not merged:

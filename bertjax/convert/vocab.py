@@ -10,13 +10,13 @@ and tokenizer) that `AutoModelForMaskedLM` / `AutoTokenizer` load, and bertjax t
 
 `--tokens`: a file with one token per line, or tokens separated by commas. A token already in the vocabulary, a
 token the tokenizer's pre-tokenizer splits (whitespace, punctuation: it could never be produced), a repeated one
-or an empty one is a one-line error naming it.
+or an empty one is a one-line error naming it. `--model`, `--tokens` and `--out` may be local or in an object store
+(gs://, s3://; `bertjax.core.files`).
 """
 from __future__ import annotations
 
 import json
 import os
-import shutil
 import tempfile
 
 import flax
@@ -26,17 +26,19 @@ from bertjax import convert, errors
 from bertjax.convert import export as export_lib
 from bertjax.convert import table as table_lib
 from bertjax.convert import weights
+from bertjax.core import files
 from bertjax.data import tokenizer as tokenizer_lib
 
 
 def read_tokens(arg: str) -> list[str]:
   """The tokens of `--tokens`: a file with one token per line, or comma-separated tokens. An argument that names
   a path (a folder separator or a .txt ending) but no file is that missing file, not a token."""
-  if not os.path.isfile(arg) and (os.sep in arg or arg.endswith(".txt")):
+  is_file = files.isfile(arg)
+  if not is_file and (os.sep in arg or arg.endswith(".txt")):
     raise FileNotFoundError(f"--tokens {arg}: no such file")
-  if os.path.isfile(arg):
+  if is_file:
     try:
-      with open(arg, encoding="utf-8") as f:
+      with files.open(arg, encoding="utf-8") as f:
         return [ln.strip() for ln in f if ln.strip()]
     except UnicodeDecodeError as e:
       raise errors.DataError(f"{arg}: not UTF-8 ({e.reason} at byte {e.start})") from None
@@ -74,7 +76,7 @@ def extend(model: str, tokens: list[str], out: str, overwrite: bool = False) -> 
   if w.cfg.embedding_size:
     raise errors.ConfigError(f"{model}: a factorised embedding (ELECTRA) is not extended here; extend the "
                              "generator and discriminator folders' shared vocabulary with their own tools")
-  if not w.tokenizer or os.path.basename(w.tokenizer) != "vocab.txt" or not os.path.isfile(w.tokenizer):
+  if not w.tokenizer or os.path.basename(w.tokenizer) != "vocab.txt" or not files.isfile(w.tokenizer):
     raise errors.ConfigError(f"{model}: vocabulary extension needs a WordPiece vocab.txt; this model's tokenizer "
                              f"is {w.tokenizer or 'missing'}")
   tok = tokenizer_lib.load(w.tokenizer, do_lower_case=w.do_lower_case)
@@ -99,23 +101,28 @@ def extend(model: str, tokens: list[str], out: str, overwrite: bool = False) -> 
     params["mlm_bias"] = grown["mlm_bias"]
   cfg = w.cfg.replace(vocab_size=old + len(todo) if w.cfg.vocab_multiple > 1 else rows,
                       nsp_head=w.cfg.nsp_head and "nsp" in params)  # BertForMaskedLM has none
-  tmp = tempfile.mkdtemp(prefix=".extend-", dir=os.path.dirname(os.path.abspath(out)) or ".")
-  try:
+  report = {"model": model, "vocab_size": old + len(todo), "embedding_rows": rows,
+            "added": [{"token": t, "id": old + i, "from": [tok.id_to_token(p) for p in pieces]}
+                      for i, (t, pieces) in enumerate(todo)]}
+
+  def make(tmp: str) -> None:
     convert.to_hf(cfg, params, tmp)
     with tempfile.TemporaryDirectory() as side:
       vocab = os.path.join(side, "vocab.txt")
-      with open(vocab, "w", encoding="utf-8") as f:
-        f.write("".join(p + "\n" for p in [*tok.pieces, *(t for t, _ in todo)]))
+      files.write_whole(vocab, "".join(p + "\n" for p in [*tok.pieces, *(t for t, _ in todo)]))
       export_lib.copy_tokenizer(vocab, w.do_lower_case, tmp)
-    report = {"model": model, "vocab_size": old + len(todo), "embedding_rows": rows,
-              "added": [{"token": t, "id": old + i, "from": [tok.id_to_token(p) for p in pieces]}
-                        for i, (t, pieces) in enumerate(todo)]}
-    with open(os.path.join(tmp, "extend_vocab.json"), "w", encoding="utf-8") as f:
-      json.dump(report, f, indent=1)
-    if os.path.isdir(out):
-      shutil.rmtree(out)  # empty, or an earlier output that --overwrite replaces
-    os.replace(tmp, out)
+    files.write_whole(files.join(tmp, "extend_vocab.json"), json.dumps(report, indent=1))
+
+  if files.is_remote(out):  # written in a local staging folder, then uploaded (`export.into_place`)
+    export_lib.into_place(out, make)
+    return report
+  tmp = tempfile.mkdtemp(prefix=".extend-", dir=os.path.dirname(os.path.abspath(out)) or ".")
+  try:
+    make(tmp)
+    if files.isdir(out):
+      files.rmtree(out)  # empty, or an earlier output that --overwrite replaces
+    files.rename(tmp, out)
   except BaseException:
-    shutil.rmtree(tmp, ignore_errors=True)
+    files.rmtree(tmp)
     raise
   return report

@@ -4,11 +4,13 @@ its tokenizer and the parameters in the layer layout (scanned or not) that the m
 
     w = weights.load("W_or_F_or_HF_DIR", overrides={"scan_layers": True}, head="encoder")
     w.cfg, w.params, w.tokenizer, w.do_lower_case
+
+Every path may be local or in an object store (gs://, s3://): the config files and tokenizers go through
+`bertjax.core.files` (a remote tokenizer is read from a local copy), orbax reads the checkpoints itself.
 """
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 from typing import Any, Mapping
 
@@ -16,7 +18,9 @@ import ml_collections
 
 from bertjax import convert, errors, objectives
 from bertjax import model as model_lib
+from bertjax.convert import files as convert_files
 from bertjax.core import checkpoint as checkpoint_lib
+from bertjax.core import files
 
 SOURCES = ("pretraining", "finetuned", "hf")
 
@@ -26,23 +30,23 @@ class Weights:
   source: str  # one of SOURCES
   cfg: model_lib.BertConfig  # the saved architecture with the overrides applied
   params: dict  # a partial tree in cfg's layer layout: `bert` (the encoder) and whatever heads were asked for
-  tokenizer: str  # path of a vocab.txt or sentencepiece .model ("" if the source names none)
+  tokenizer: str  # local path of a vocab.txt or sentencepiece .model ("" if the source names none)
   do_lower_case: bool
   meta: dict = dataclasses.field(default_factory=dict)  # finetune.json, HF config.json or the run's config
 
 
 def source_of(path: str) -> str:
-  if os.path.isfile(os.path.join(path, "finetune.json")):
+  files.reach(path)
+  if files.isfile(files.join(path, "finetune.json")):
     return "finetuned"
-  config = os.path.join(path, "config.json")
-  if os.path.isdir(os.path.join(path, "checkpoints")):
+  config = files.join(path, "config.json")
+  if files.isdir(files.join(path, "checkpoints")):
     return "pretraining"
-  if os.path.isfile(os.path.join(path, "modules.json")):
+  if files.isfile(files.join(path, "modules.json")):
     return "hf"  # a sentence-transformers folder: its Transformer module is an HF folder (`hf_folder`)
-  if os.path.isfile(config):
+  if files.isfile(config):
     try:
-      with open(config, encoding="utf-8") as f:
-        is_run = "train" in json.load(f)  # a bertjax run's config, not an HF model's
+      is_run = "train" in files.read_json(config)  # a bertjax run's config, not an HF model's
     except (OSError, ValueError):
       is_run = False
     return "pretraining" if is_run else "hf"
@@ -53,19 +57,18 @@ def source_of(path: str) -> str:
 def hf_folder(path: str) -> str:
   """The HF model folder at `path`: `path` itself, or for a sentence-transformers folder the folder of its
   Transformer module (the root or a sub-folder, as modules.json says)."""
-  modules = os.path.join(path, "modules.json")
-  if not os.path.isfile(modules):
+  modules = files.join(path, "modules.json")
+  if not files.isfile(modules):
     return path
   try:
-    with open(modules, encoding="utf-8") as f:
-      stack = json.load(f)
+    stack = files.read_json(modules)
   except (OSError, ValueError) as e:
     raise errors.ConversionError(f"{modules}: not readable JSON ({str(e).splitlines()[0][:200]})") from None
   first = stack[0] if isinstance(stack, list) and stack and isinstance(stack[0], dict) else {}
   if not str(first.get("type", "")).endswith(".Transformer"):
     raise errors.ConversionError(f"{modules}: the first module is {first.get('type') or 'missing'}, not a "
                                  "sentence-transformers Transformer")
-  return os.path.join(path, first.get("path") or "")
+  return files.join(path, first.get("path") or "")
 
 
 FINETUNE_KEYS = ("task", "kind", "labels", "tokenizer", "do_lower_case", "model", "max_seq_length")
@@ -73,16 +76,24 @@ FINETUNE_KEYS = ("task", "kind", "labels", "tokenizer", "do_lower_case", "model"
 
 def finetune_meta(path: str) -> dict:
   """A fine-tuned workdir's finetune.json, checked to hold what every reader takes from it."""
-  name = os.path.join(path, "finetune.json")
+  name = files.join(path, "finetune.json")
   try:
-    with open(name, encoding="utf-8") as f:
-      meta = json.load(f)
+    meta = files.read_json(name)
   except (OSError, ValueError) as e:
     raise errors.CheckpointError(f"{name}: unreadable ({errors.one_line(e)})") from None
   missing = [k for k in FINETUNE_KEYS if not isinstance(meta, dict) or k not in meta]
   if missing:
     raise errors.CheckpointError(f"{name}: lacks {missing}; not the finetune.json a fine-tuning run writes")
   return meta
+
+
+def finetuned_tokenizer(path: str, meta: dict) -> str:
+  """A local path of a fine-tuned workdir's tokenizer (finetune.json names it relative to the workdir: its copy;
+  absolute in older workdirs)."""
+  name = meta["tokenizer"]
+  if not files.is_remote(name) and not os.path.isabs(name):
+    name = files.join(path, name)
+  return convert_files.local_tokenizer(name)
 
 
 def config_of(path: str) -> model_lib.BertConfig:
@@ -92,12 +103,11 @@ def config_of(path: str) -> model_lib.BertConfig:
     path = hf_folder(path)
   if kind == "finetuned":
     return model_lib.BertConfig.from_dict(finetune_meta(path)["model"])
-  name = "config.json"
+  name = files.join(path, "config.json")
   try:
-    with open(os.path.join(path, name), encoding="utf-8") as f:
-      meta = json.load(f)
+    meta = files.read_json(name)
   except (OSError, ValueError) as e:
-    raise errors.CheckpointError(f"{os.path.join(path, name)}: unreadable ({e})") from None
+    raise errors.CheckpointError(f"{name}: unreadable ({e})") from None
   if kind == "hf":
     return convert.config_from_hf(meta)
   return model_lib.BertConfig.from_dict(meta["model"])
@@ -117,10 +127,9 @@ def load(path: str, *, overrides: Mapping[str, Any] | None = None, head: str = "
     cfg = model_lib.BertConfig.from_dict({**meta["model"], **overrides})
     params = checkpoint_lib.restore_best(path)
     saved_scan = "layers" in params["bert"]["encoder"]
-    tok, lower = os.path.join(path, meta["tokenizer"]), meta["do_lower_case"]  # relative: the workdir's copy
+    tok, lower = finetuned_tokenizer(path, meta), meta["do_lower_case"]  # relative: the workdir's copy
   elif kind == "pretraining":
-    with open(os.path.join(path, "config.json"), encoding="utf-8") as f:
-      meta = json.load(f)
+    meta = files.read_json(files.join(path, "config.json"))
     run = ml_collections.ConfigDict(meta)
     cfg = model_lib.BertConfig.from_dict({**run.model.to_dict(), **overrides})
     params = checkpoint_lib.Checkpointer(path, read_only=True).restore_params()
@@ -213,7 +222,11 @@ def run_tokenizer(workdir: str, run) -> tuple[str, bool]:
   except (OSError, errors.Error):
     pass
   lower = creation.get("do_lower_case", run.data.get("do_lower_case", True))
-  held = tokenizer_lib.find_in(os.path.join(workdir, "tokenizer"))
+  if files.is_remote(workdir):
+    folder = files.join(workdir, "tokenizer")
+    held = tokenizer_lib.find_in(files.local_copy(folder)) if files.isdir(folder) else None
+  else:
+    held = tokenizer_lib.find_in(os.path.join(workdir, "tokenizer"))
   if held is not None:
     return held, lower
   if not creation:
@@ -223,14 +236,24 @@ def run_tokenizer(workdir: str, run) -> tuple[str, bool]:
 
 def hf_tokenizer(path: str) -> tuple[str, bool]:
   """The folder's tokenizer file: BERT's vocab.txt, else a sentencepiece model (spiece.model, as bertjax exports
-  one; its casing is in its normaliser), else a byte-level BPE's vocab.json or tokenizer.json."""
+  one; its casing is in its normaliser), else a byte-level BPE's vocab.json or tokenizer.json. A remote folder's
+  tokenizer is a local copy (`convert.files.local_tokenizer`)."""
+  if files.is_remote(path):
+    present = set(files.listdir(path))
+    vocab = files.join(path, "vocab.txt")
+    for name in ("spiece.model", "vocab.json", "tokenizer.json"):
+      if "vocab.txt" not in present and name in present:
+        return convert_files.local_tokenizer(files.join(path, name)), False
+    lower = True
+    if "tokenizer_config.json" in present:
+      lower = files.read_json(files.join(path, "tokenizer_config.json")).get("do_lower_case", lower)
+    return (convert_files.local_tokenizer(vocab) if "vocab.txt" in present else vocab), lower
   vocab = os.path.join(path, "vocab.txt")
   for name in ("spiece.model", "vocab.json", "tokenizer.json"):
-    if not os.path.isfile(vocab) and os.path.isfile(os.path.join(path, name)):
+    if not files.isfile(vocab) and files.isfile(os.path.join(path, name)):
       return os.path.join(path, name), False
   lower = True
   tc = os.path.join(path, "tokenizer_config.json")
-  if os.path.isfile(tc):
-    with open(tc, encoding="utf-8") as f:
-      lower = json.load(f).get("do_lower_case", lower)
+  if files.isfile(tc):
+    lower = files.read_json(tc).get("do_lower_case", lower)
   return vocab, lower
