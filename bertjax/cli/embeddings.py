@@ -4,7 +4,9 @@ Evaluates an embedding model (a sentence-transformers folder, an HF folder or a 
 sentence pairs (STS) or a BEIR folder (exact search, TREC run, trec_eval's measures), or embeds a corpus into
 resumable blocks; a sparse encoder (a SparseEncoder folder or a task=sparse workdir) searches BEIR by the dot
 product of its term vectors; docs/embeddings.md. Every argument and the data are checked before the model is
-loaded; no file the command did not write is written over without --overwrite.
+loaded; no file the command did not write is written over without --overwrite. Every path (the model, the data,
+--out, --cache_dir, --run) may be local or gs:// / s3:// (`bertjax.core.files`); an unreachable store or a missing
+bucket is one line before anything is read.
 """
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ import json
 
 from bertjax import errors
 from bertjax.cli import common
+from bertjax.core import files
 from bertjax.embeddings import blocks, multivector, rerank, retrieval, sparse
 from bertjax.embeddings import task as contrastive_task
 from bertjax.embeddings.encoder import Encoder, beir_scores, check_sizes, embed_corpus, sts_scores
@@ -58,6 +61,10 @@ def parser() -> common.ArgumentParser:
 @common.guard
 def main(argv=None) -> int:
   args = parser().parse_args(argv)
+  for path in (args.model, args.sts, args.beir, *(args.corpus or ()), args.out, args.run, args.cache_dir,
+               args.rerank):
+    if path:
+      files.reach(path)  # once per bucket: a wrong endpoint or a missing bucket is one line, not minutes of retries
   check_sizes(top_k=args.top_k, block=65536 if args.block is None else args.block, batch_size=args.batch_size)
   pooling = Pooling(mode=args.pooling) if args.pooling else None
   if args.max_active_dims < 0:

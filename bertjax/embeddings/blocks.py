@@ -1,7 +1,8 @@
 """A folder of embedding blocks that a killed run resumes: `manifest.json` binds it to one model, corpus and
 block size; each finished block is `block-NNNNN.npy` (or `.npz` for sparse and multi-vector blocks), written whole
-and then renamed, with `block-NNNNN.json` beside it holding its rows, shape and SHA-256. A block is trusted only
-when its record is there and its bytes still match it.
+(locally then renamed; on an object store one upload), with `block-NNNNN.json` beside it holding its rows, shape
+and SHA-256. A block is trusted only when its record is there and its bytes still match it. The folder may be a
+local path or a gs:// / s3:// prefix (`bertjax.core.files`).
 
 The folder is the command's own: one that holds files of the same names without a manifest, or another run's
 manifest, or a model folder or workdir, is refused unless `overwrite` (which replaces only these names).
@@ -9,6 +10,7 @@ manifest, or a model folder or workdir, is refused unless `overwrite` (which rep
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
 import re
@@ -48,15 +50,15 @@ class BlockStore:
     if jax.process_count() > 1:
       from jax.experimental import multihost_utils
       multihost_utils.sync_global_devices("bertjax_block_store")
-      if _read_json(os.path.join(folder, "manifest.json")) != key:
+      if _read_json(files.join(folder, "manifest.json")) != key:
         raise BlockStoreError(f"{flag} {folder}: process 0 did not open it for this run")
 
   def _prepare(self, overwrite: bool) -> None:
     folder, key, flag = self.folder, self.key, self.flag
     check_folder(folder, flag, overwrite)
-    os.makedirs(folder, exist_ok=True)
-    manifest = os.path.join(folder, "manifest.json")
-    found = _read_json(manifest) if os.path.isfile(manifest) else None
+    files.makedirs(folder)
+    manifest = files.join(folder, "manifest.json")
+    found = _read_json(manifest) if files.isfile(manifest) else None
     if found == key:
       return
     if found is not None and not overwrite:
@@ -64,16 +66,16 @@ class BlockStore:
       raise BlockStoreError(f"{flag} {folder}: holds embeddings of another model, corpus or block size "
                             f"({held.get('documents', '?')} documents, block {held.get('block', '?')}); choose "
                             f"another {flag}, or pass --overwrite to replace them")
-    for n in os.listdir(folder):  # another run's blocks, or (with --overwrite) files of these names
+    for n in files.listdir(folder):  # another run's blocks, or (with --overwrite) files of these names
       if OWN.match(n):
-        os.remove(os.path.join(folder, n))
+        files.remove(files.join(folder, n))
     files.write_whole(manifest, json.dumps(key))
 
   def path(self, b: int, suffix: str = ".npy") -> str:
-    return os.path.join(self.folder, f"block-{b:05d}{suffix}")
+    return files.join(self.folder, f"block-{b:05d}{suffix}")
 
   def done(self, b: int) -> bool:
-    return os.path.isfile(self.path(b, ".json"))
+    return files.isfile(self.path(b, ".json"))
 
   def done_blocks(self, n: int) -> list[int]:
     return [b for b in range(n) if self.done(b)]
@@ -85,48 +87,51 @@ class BlockStore:
       return None
     record = _read_json(self.path(b, ".json"))
     path = self.path(b, record.get("suffix", ".npy")) if isinstance(record, dict) else ""
-    if not isinstance(record, dict) or not os.path.isfile(path):
+    if not isinstance(record, dict) or not files.isfile(path):
       raise BlockStoreError(f"{self.path(b, '.json')}: not a record of a finished block; delete it to embed that "
                             "block again")
-    with open(path, "rb") as f:
-      raw = f.read()
+    raw = files.read_bytes(path)
     if hashlib.sha256(raw).hexdigest() != record.get("sha256") or record.get("rows") != rows:
       raise BlockStoreError(f"{path}: changed since it was written (its SHA-256 or rows differ from "
-                            f"{os.path.basename(self.path(b, '.json'))}: truncated or replaced); delete both files "
+                            f"{files.basename(self.path(b, '.json'))}: truncated or replaced); delete both files "
                             "to embed that block again")
-    import io
     loaded = np.load(io.BytesIO(raw), allow_pickle=False)
     return dict(loaded) if isinstance(loaded, np.lib.npyio.NpzFile) else loaded
 
   def write(self, b: int, payload, rows: int) -> None:
-    """Block b written whole and renamed into place, then its record (the block counts as done from there)."""
+    """Block b written whole (locally into a temporary file then renamed, on an object store one upload), then its
+    record (the block counts as done from there)."""
     suffix = ".npz" if isinstance(payload, dict) else ".npy"
-    path = self.path(b, suffix)
-    tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "wb") as f:
-      if isinstance(payload, dict):
-        np.savez(f, **payload)
-      else:
-        np.save(f, payload)
-    os.replace(tmp, path)
-    with open(path, "rb") as f:
-      digest = hashlib.sha256(f.read()).hexdigest()
+    buf = io.BytesIO()
+    if isinstance(payload, dict):
+      np.savez(buf, **payload)
+    else:
+      np.save(buf, payload)
+    raw = buf.getvalue()
+    files.write_whole(self.path(b, suffix), raw)
+    digest = hashlib.sha256(raw).hexdigest()
     files.write_whole(self.path(b, ".json"), json.dumps({"rows": rows, "suffix": suffix, "sha256": digest}))
 
 
 def check_folder(folder: str, flag: str = "--out", overwrite: bool = False) -> None:
   """What can be said of a block folder before the model is loaded: not a file, not a model folder or workdir, and
   no files of a block folder's names without its manifest (another tool's, or a user's) unless `overwrite`."""
-  if not os.path.lexists(folder):
+  if files.is_remote(folder):
+    files.reach(folder)
+    if files.isfile(folder):
+      raise BlockStoreError(f"{flag} {folder}: exists and is not a folder")
+    if not files.isdir(folder):
+      return
+  elif not os.path.lexists(folder):  # a dangling link is refused below, not written through
     return
-  if not os.path.isdir(folder):
+  elif not files.isdir(folder):
     raise BlockStoreError(f"{flag} {folder}: exists and is not a folder")
-  held = [n for n in MODEL_FILES if os.path.exists(os.path.join(folder, n))]
+  held = [n for n in MODEL_FILES if files.exists(files.join(folder, n))]
   if held:
     raise BlockStoreError(f"{flag} {folder}: holds a model or workdir ({', '.join(held)}); embeddings go in a "
                           "folder of their own")
-  own = sorted(n for n in os.listdir(folder) if OWN.match(n) and n != "manifest.json")
-  if own and not os.path.isfile(os.path.join(folder, "manifest.json")) and not overwrite:
+  own = sorted(n for n in files.listdir(folder) if OWN.match(n) and n != "manifest.json")
+  if own and not files.isfile(files.join(folder, "manifest.json")) and not overwrite:
     raise BlockStoreError(f"{flag} {folder}: holds files it did not write ({', '.join(own[:3])}"
                           f"{', ...' if len(own) > 3 else ''}); choose another {flag}, or pass --overwrite to replace "
                           "them")
@@ -134,7 +139,6 @@ def check_folder(folder: str, flag: str = "--out", overwrite: bool = False) -> N
 
 def _read_json(path: str):
   try:
-    with open(path, encoding="utf-8") as f:
-      return json.load(f)
+    return files.read_json(path)
   except (OSError, ValueError):
     return None

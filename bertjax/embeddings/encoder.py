@@ -55,11 +55,10 @@ def batch_of(rows_ids: Sequence[Sequence[int]], pad_id: int, max_len: int, rows:
 def _max_seq_length(path: str, folder: str) -> int:
   """sentence_bert_config.json's max_seq_length, else (sentence-transformers >= 6 keeps it with the tokenizer)
   tokenizer_config.json's model_max_length; 0 when neither says."""
-  for name, key in ((os.path.join(path, "sentence_bert_config.json"), "max_seq_length"),
-                    (os.path.join(folder, "tokenizer_config.json"), "model_max_length")):
-    if os.path.isfile(name):
-      with open(name, encoding="utf-8") as f:
-        value = json.load(f).get(key)
+  for name, key in ((files.join(path, "sentence_bert_config.json"), "max_seq_length"),
+                    (files.join(folder, "tokenizer_config.json"), "model_max_length")):
+    if files.isfile(name):
+      value = files.read_json(name).get(key)
       if isinstance(value, int) and 0 < value < 10 ** 6:
         return value
   return 0
@@ -67,13 +66,35 @@ def _max_seq_length(path: str, folder: str) -> int:
 
 def _embedding_run(path: str) -> dict | None:
   """finetune.json of an embedding model's fine-tuned workdir (a contrastive task's), else None."""
-  if not os.path.isfile(os.path.join(path, "finetune.json")):
+  if not files.isfile(files.join(path, "finetune.json")):
     return None
   meta = weights.finetune_meta(path)
   if meta["kind"] == "sparse":
     raise convert.ConversionError(f"{path}: a sparse encoder's run (task=sparse); read it with "
                                   "bertjax.embeddings.sparse.SparseEncoder (the embeddings command does)")
   return meta if meta["kind"] == "contrastive" else None
+
+
+def model_path(path: str) -> str:
+  """A model folder or workdir as a local path: the path itself, or for a gs:// / s3:// one a local copy of it
+  (`files.local_copy`: the model readers and tokenizers read local files; a second load downloads only the
+  objects whose size changed)."""
+  if not files.is_remote(path):
+    return path
+  files.reach(path)
+  if not files.isdir(path):
+    raise convert.ConversionError(f"{path}: no such model folder")
+  return files.local_copy(path)
+
+
+def finetune_kind(path: str) -> str | None:
+  """The `kind` of a fine-tuned workdir's finetune.json (checked as `weights.finetune_meta` checks it), or None
+  when `path` holds none; a remote workdir's is read without copying the rest of it."""
+  name = files.join(path, "finetune.json")
+  if not files.isfile(name):
+    return None
+  local = os.path.dirname(files.local_copy(name)) if files.is_remote(name) else path
+  return weights.finetune_meta(local).get("kind")
 
 
 @dataclasses.dataclass
@@ -88,7 +109,9 @@ class Encoder:
     """A sentence-transformers folder (its pooling, dense layer, normalisation and max_seq_length), an embedding
     model's fine-tuned workdir (the same, as the run trained it: what `predict` and its export use), or any other
     model `weights.load` reads (an HF folder, a bertjax workdir) with `pooling` (default mean + normalize). The
-    `pooling` and `max_seq_length` given replace the model's own."""
+    `pooling` and `max_seq_length` given replace the model's own. A gs:// or s3:// folder is read from a local
+    copy (`files.local_copy`)."""
+    path = model_path(path)
     meta = _embedding_run(path)
     if st_lib.is_folder(path):
       cfg, params, found, folder = st_lib.read(path, **overrides)
@@ -243,8 +266,8 @@ def embed_corpus(encoder: Encoder, ids: Sequence[str], texts: Sequence[str], out
     raise errors.DataError("the corpus holds no documents")
   store = blocks_lib.BlockStore(out, blocks_lib.corpus_key(f"{encoder.fingerprint}|{prefix}|corpus", texts, block,
                                                            ids), "--out", overwrite)
-  if jax.process_index() == 0 and not os.path.isfile(os.path.join(out, "ids.json")):
-    files.write_whole(os.path.join(out, "ids.json"), json.dumps(list(ids)))
+  if jax.process_index() == 0 and not files.isfile(files.join(out, "ids.json")):
+    files.write_whole(files.join(out, "ids.json"), json.dumps(list(ids)))
   n_blocks = -(-len(texts) // block)
   mine = [b for b in range(n_blocks) if b % jax.process_count() == jax.process_index()]
   todo = [b for b in mine if not store.done(b)]

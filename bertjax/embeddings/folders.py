@@ -4,7 +4,8 @@ A folder's modules.json lists its stack: a Transformer (the HF model in the fold
 Pooling (1_Pooling/config.json: cls, mean or max), optionally a Dense (2_Dense: config.json and
 model.safetensors with `linear.weight` / `linear.bias`) and a Normalize. `read` gives the encoder's config and
 params (any family `convert.from_hf` reads) with the `Pooling` settings; `write` makes a folder
-`SentenceTransformer(path)` loads.
+`SentenceTransformer(path)` loads. Either may be a gs:// or s3:// folder (`bertjax.core.files`): read from a local
+copy, written into a local folder that is uploaded when complete.
 """
 from __future__ import annotations
 
@@ -16,8 +17,9 @@ from safetensors.numpy import save_file
 
 from bertjax import convert
 from bertjax import model as model_lib
-from bertjax.convert import files
+from bertjax.convert import files as convert_files
 from bertjax.convert.table import ConversionError, host_params
+from bertjax.core import files
 from bertjax.embeddings.model import Pooling
 
 _TRANSFORMER = "sentence_transformers.models.Transformer"
@@ -27,13 +29,12 @@ _ACTIVATIONS = {"torch.nn.modules.linear.Identity": "identity", "torch.nn.module
 
 
 def is_folder(path: str) -> bool:
-  return os.path.isfile(os.path.join(path, "modules.json"))
+  return files.isfile(files.join(path, "modules.json"))
 
 
 def _json(path: str) -> dict:
   try:
-    with open(path, encoding="utf-8") as f:
-      return json.load(f)
+    return files.read_json(path)
   except FileNotFoundError:
     raise ConversionError(f"{path}: missing (a sentence-transformers folder names it in modules.json)") from None
   except (OSError, ValueError) as e:
@@ -42,22 +43,22 @@ def _json(path: str) -> dict:
 
 def read_pooling(path: str) -> Pooling:
   """The folder's Pooling settings (its JSON files only; no weights are read)."""
-  stack = _json(os.path.join(path, "modules.json"))
+  stack = _json(files.join(path, "modules.json"))
   kinds = [m.get("type", "").rsplit(".", 1)[-1] for m in stack]
   mode, settings = "mean", {}
   for m, kind in zip(stack[1:], kinds[1:]):
-    sub = os.path.join(path, m.get("path", ""))
+    sub = files.join(path, m.get("path", ""))
     if kind == "Pooling":
       mode = _pooling_mode(sub)
     elif kind == "Dense":
-      conf = _json(os.path.join(sub, "config.json"))
+      conf = _json(files.join(sub, "config.json"))
       settings.update(dense=int(conf["out_features"]), dense_bias=bool(conf.get("bias", True)),
                       dense_activation=_activation(sub, conf))
   return Pooling(mode=mode, normalize="Normalize" in kinds, **settings)
 
 
 def _pooling_mode(sub: str) -> str:
-  conf = _json(os.path.join(sub, "config.json"))
+  conf = _json(files.join(sub, "config.json"))
   if isinstance(conf.get("pooling_mode"), (str, list)):  # sentence-transformers >= 6 names the mode(s)
     named = conf["pooling_mode"] if isinstance(conf["pooling_mode"], list) else [conf["pooling_mode"]]
     on = [m for m in named if m in _MODES.values()]
@@ -79,7 +80,9 @@ def _activation(sub: str, conf: dict) -> str:
 
 def read(path: str, **overrides):
   """(BertConfig, params {"bert": ..., "dense"?: ...}, Pooling, transformer sub-folder) of a sentence-transformers
-  folder; a module bertjax does not compute is a one-line error naming it."""
+  folder; a module bertjax does not compute is a one-line error naming it. A remote folder is read from a local
+  copy (the transformer sub-folder returned is that copy's)."""
+  path = files.local_copy(path)
   stack = _json(os.path.join(path, "modules.json"))
   kinds = [m.get("type", "").rsplit(".", 1)[-1] for m in stack]
   unknown = [k for k in kinds if k not in _MODULES]
@@ -92,7 +95,7 @@ def read(path: str, **overrides):
   params = {"bert": params.get("bert", params)}
   for m, kind in zip(stack[1:], kinds[1:]):
     if kind == "Dense":
-      state = files.read_safetensors(os.path.join(path, m.get("path", ""), "model.safetensors"))
+      state = convert_files.read_safetensors(os.path.join(path, m.get("path", ""), "model.safetensors"))
       params["dense"] = {"kernel": np.asarray(state["linear.weight"], np.float32).T}
       if pooling.dense_bias:
         params["dense"]["bias"] = np.asarray(state["linear.bias"], np.float32)
@@ -102,32 +105,38 @@ def read(path: str, **overrides):
 def write(cfg: model_lib.BertConfig, params, pooling: Pooling, out: str, max_seq_length: int = 512,
           family: str | None = None) -> None:
   """A sentence-transformers folder: the encoder as the family's HF model in `out`, 1_Pooling, and 2_Dense /
-  Normalize where the model has them (the tokenizer files are the caller's)."""
+  Normalize where the model has them (the tokenizer files are the caller's). A gs:// or s3:// `out` is written
+  locally and uploaded when complete (`files.local_target`)."""
   params = host_params(params)
+  with files.local_target(out) as local:
+    _write(cfg, params, pooling, local, max_seq_length, family)
+
+
+def _write(cfg, params, pooling: Pooling, out: str, max_seq_length: int, family: str | None) -> None:
   convert.to_hf(cfg, params["bert"], out, head="encoder", family=family)
   stack = [{"idx": 0, "name": "0", "path": "", "type": _TRANSFORMER}]
-  os.makedirs(os.path.join(out, "1_Pooling"), exist_ok=True)
-  with open(os.path.join(out, "1_Pooling", "config.json"), "w", encoding="utf-8") as f:
+  files.makedirs(os.path.join(out, "1_Pooling"))
+  with files.open(os.path.join(out, "1_Pooling", "config.json"), "w") as f:
     json.dump({"word_embedding_dimension": cfg.hidden_size, **{k: v == pooling.mode for k, v in _MODES.items()},
                "pooling_mode_mean_sqrt_len_tokens": False}, f, indent=2)
   stack.append({"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"})
   if pooling.dense:
     sub = os.path.join(out, "2_Dense")
-    os.makedirs(sub, exist_ok=True)
+    files.makedirs(sub)
     state = {"linear.weight": np.ascontiguousarray(np.asarray(params["dense"]["kernel"], np.float32).T)}
     if pooling.dense_bias:
       state["linear.bias"] = np.asarray(params["dense"]["bias"], np.float32)
     save_file(state, os.path.join(sub, "model.safetensors"))
     act = {v: k for k, v in _ACTIVATIONS.items()}[pooling.dense_activation]
-    with open(os.path.join(sub, "config.json"), "w", encoding="utf-8") as f:
+    with files.open(os.path.join(sub, "config.json"), "w") as f:
       json.dump({"in_features": cfg.hidden_size, "out_features": pooling.dense, "bias": pooling.dense_bias,
                  "activation_function": act}, f, indent=2)
     stack.append({"idx": 2, "name": "2", "path": "2_Dense", "type": "sentence_transformers.models.Dense"})
   if pooling.normalize:
     stack.append({"idx": len(stack), "name": str(len(stack)), "path": f"{len(stack)}_Normalize",
                   "type": "sentence_transformers.models.Normalize"})
-    os.makedirs(os.path.join(out, stack[-1]["path"]), exist_ok=True)
-  with open(os.path.join(out, "modules.json"), "w", encoding="utf-8") as f:
+    files.makedirs(os.path.join(out, stack[-1]["path"]))
+  with files.open(os.path.join(out, "modules.json"), "w") as f:
     json.dump(stack, f, indent=2)
-  with open(os.path.join(out, "sentence_bert_config.json"), "w", encoding="utf-8") as f:
+  with files.open(os.path.join(out, "sentence_bert_config.json"), "w") as f:
     json.dump({"max_seq_length": max_seq_length, "do_lower_case": False}, f, indent=2)

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 import os
 from typing import Sequence
 
@@ -28,10 +27,12 @@ import numpy as np
 
 from bertjax import convert
 from bertjax import model as model_lib
-from bertjax.convert import files, weights
+from bertjax.convert import files as convert_files
+from bertjax.convert import weights
 from bertjax.convert.table import ConversionError
+from bertjax.core import files
 from bertjax.data import tokenizer as tokenizer_lib
-from bertjax.embeddings.encoder import _max_seq_length
+from bertjax.embeddings.encoder import _max_seq_length, model_path
 from bertjax.embeddings.model import normalize
 
 _DENSE_ACTIVATIONS = ("torch.nn.modules.linear.Identity",)
@@ -39,8 +40,7 @@ _DENSE_ACTIVATIONS = ("torch.nn.modules.linear.Identity",)
 
 def _json(path: str) -> dict:
   try:
-    with open(path, encoding="utf-8") as f:
-      out = json.load(f)
+    out = files.read_json(path)
   except FileNotFoundError:
     return {}
   except (OSError, ValueError) as e:
@@ -49,7 +49,7 @@ def _json(path: str) -> dict:
 
 
 def is_folder(path: str) -> bool:
-  return _json(os.path.join(path, "config_sentence_transformers.json")).get("model_type") == "MultiVectorEncoder"
+  return _json(files.join(path, "config_sentence_transformers.json")).get("model_type") == "MultiVectorEncoder"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,7 +69,9 @@ class Settings:
 
 def read_folder(path: str) -> tuple[str, dict, Settings]:
   """(transformer sub-folder, the Dense projection's params, Settings) of a MultiVectorEncoder folder; a module
-  bertjax does not compute is a one-line error naming it."""
+  bertjax does not compute is a one-line error naming it. A remote folder is read from a local copy (the
+  transformer sub-folder returned is that copy's)."""
+  path = files.local_copy(path)
   stack = _json(os.path.join(path, "modules.json"))
   if not isinstance(stack, list) or not stack:
     raise ConversionError(f"{path}/modules.json: not a list of modules")
@@ -93,7 +95,7 @@ def read_folder(path: str) -> tuple[str, dict, Settings]:
         raise ConversionError(f"{path}: more than one Dense module")
       if conf.get("activation_function", _DENSE_ACTIVATIONS[0]) not in _DENSE_ACTIVATIONS:
         raise ConversionError(f"{sub}: activation {conf.get('activation_function')}; bertjax computes Identity")
-      state = files.read_safetensors(os.path.join(sub, "model.safetensors"))
+      state = convert_files.read_safetensors(os.path.join(sub, "model.safetensors"))
       dense = {"kernel": np.asarray(state["linear.weight"], np.float32).T}
       if conf.get("bias", True):
         dense["bias"] = np.asarray(state["linear.bias"], np.float32)
@@ -165,6 +167,8 @@ class MultiVectorEncoder:
 
   @classmethod
   def load(cls, path: str, **overrides) -> "MultiVectorEncoder":
+    """A MultiVectorEncoder folder; a gs:// or s3:// one is read from a local copy (`files.local_copy`)."""
+    path = model_path(path)
     if not is_folder(path):
       raise ConversionError(f"{path}: not a sentence-transformers MultiVectorEncoder folder "
                             "(config_sentence_transformers.json model_type)")
@@ -172,7 +176,7 @@ class MultiVectorEncoder:
     cfg, params = convert.from_hf(folder, head="encoder", **overrides)
     # tokenizer.json first: it holds the prompt markers ([Q], [D]) as added tokens, which vocab.txt splits.
     full = os.path.join(folder, "tokenizer.json")
-    tok_path, lower = (full, True) if os.path.isfile(full) else weights.hf_tokenizer(folder)
+    tok_path, lower = (full, True) if files.isfile(full) else weights.hf_tokenizer(folder)
     if not tok_path:
       raise ConversionError(f"{folder}: no tokenizer files")
     tok = tokenizer_lib.load(tok_path, do_lower_case=lower)

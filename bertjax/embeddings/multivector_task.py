@@ -18,6 +18,7 @@ from safetensors.numpy import save_file
 
 from bertjax import convert, errors
 from bertjax.convert.table import host_params
+from bertjax.core import files
 from bertjax.data import packing
 from bertjax.embeddings import losses, multivector
 from bertjax.embeddings.model import normalize
@@ -258,12 +259,18 @@ class MultiVector(Contrastive):
 
 def write_folder(cfg: BertConfig, params, out: str, s: multivector.Settings) -> None:
   """Transformer (the encoder as the family's HF model), 1_Dense, 2_MultiVectorMask, 3_Normalize and the
-  configs sentence-transformers' MultiVectorEncoder reads."""
+  configs sentence-transformers' MultiVectorEncoder reads. A gs:// or s3:// `out` is written locally and uploaded
+  when complete (`files.local_target`)."""
   params = host_params(params)
+  with files.local_target(out) as local:
+    _write_folder(cfg, params, local, s)
+
+
+def _write_folder(cfg: BertConfig, params, out: str, s: multivector.Settings) -> None:
   convert.to_hf(cfg, params["bert"], out, head="encoder")
   kernel = np.asarray(params["dense"]["kernel"], np.float32)
   for sub in ("1_Dense", "2_MultiVectorMask", "3_Normalize"):
-    os.makedirs(os.path.join(out, sub), exist_ok=True)
+    files.makedirs(os.path.join(out, sub))
   save_file({"linear.weight": np.ascontiguousarray(kernel.T)}, os.path.join(out, "1_Dense", "model.safetensors"))
   base = "sentence_transformers."
   stack = [("", "base.modules.transformer.Transformer"), ("1_Dense", "base.modules.dense.Dense"),
@@ -289,7 +296,7 @@ def write_folder(cfg: BertConfig, params, out: str, s: multivector.Settings) -> 
                                         "keep_only_token_ids": None},
       "3_Normalize/config.json": {"module_input_name": "token_embeddings", "module_output_name": "token_embeddings"}}
   for name, content in documents.items():
-    with open(os.path.join(out, name), "w", encoding="utf-8") as f:
+    with files.open(os.path.join(out, name), "w") as f:
       json.dump(content, f, indent=2)
 
 

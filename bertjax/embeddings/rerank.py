@@ -16,7 +16,6 @@ import dataclasses
 import functools
 import hashlib
 import json
-import os
 from typing import Sequence
 
 import jax
@@ -26,8 +25,9 @@ from bertjax import errors
 from bertjax import model as model_lib
 from bertjax.convert import weights
 from bertjax.convert.table import ConversionError
+from bertjax.core import files
 from bertjax.data import tokenizer as tokenizer_lib
-from bertjax.embeddings.encoder import _max_seq_length
+from bertjax.embeddings.encoder import _max_seq_length, finetune_kind, model_path
 
 ACTIVATIONS = {"torch.nn.modules.activation.Sigmoid": "sigmoid", "torch.nn.modules.linear.Identity": "identity",
                "torch.nn.modules.activation.Tanh": "tanh"}
@@ -35,11 +35,10 @@ _APPLY = {"sigmoid": lambda x: 1.0 / (1.0 + np.exp(-x)), "identity": lambda x: x
 
 
 def _json(path: str) -> dict:
-  if not os.path.isfile(path):
+  if not files.isfile(path):
     return {}
   try:
-    with open(path, encoding="utf-8") as f:
-      out = json.load(f)
+    out = files.read_json(path)
   except (OSError, ValueError) as e:
     raise ConversionError(f"{path}: not readable JSON ({str(e).splitlines()[0][:200]})") from None
   return out if isinstance(out, dict) else {}
@@ -83,7 +82,7 @@ def read_activation(path: str, num_labels: int) -> str:
   """The folder's activation: config_sentence_transformers.json's `activation_fn` (sentence-transformers >= 6),
   else config.json's `sentence_transformers.activation_fn` (v4, v5) or `sbert_ce_default_activation_function`
   (older), else sigmoid for one label and identity for more."""
-  st, hf = _json(os.path.join(path, "config_sentence_transformers.json")), _json(os.path.join(path, "config.json"))
+  st, hf = _json(files.join(path, "config_sentence_transformers.json")), _json(files.join(path, "config.json"))
   name = (st.get("activation_fn") or (hf.get("sentence_transformers") or {}).get("activation_fn")
           or hf.get("sbert_ce_default_activation_function"))
   if name is None:
@@ -95,9 +94,9 @@ def read_activation(path: str, num_labels: int) -> str:
 
 def write_folder(out: str, activation: str, max_length: int) -> None:
   """The sentence-transformers files that make an HF sequence-classification folder (already in `out`, with its
-  tokenizer) a CrossEncoder folder."""
+  tokenizer) a CrossEncoder folder; each file written whole (`out` may be a gs:// or s3:// folder)."""
   back = {v: k for k, v in ACTIVATIONS.items()}
-  files = {"modules.json": [{"idx": 0, "name": "0", "path": "",
+  documents = {"modules.json": [{"idx": 0, "name": "0", "path": "",
                              "type": "sentence_transformers.base.modules.transformer.Transformer"}],
            "sentence_bert_config.json": {"max_seq_length": max_length, "do_lower_case": False,
                                          "transformer_task": "sequence-classification",
@@ -106,9 +105,8 @@ def write_folder(out: str, activation: str, max_length: int) -> None:
                                          "module_output_name": "scores"},
            "config_sentence_transformers.json": {"model_type": "CrossEncoder", "activation_fn": back[activation],
                                                  "prompts": {}, "default_prompt_name": None}}
-  for name, content in files.items():
-    with open(os.path.join(out, name), "w", encoding="utf-8") as f:
-      json.dump(content, f, indent=2)
+  for name, content in documents.items():
+    files.write_whole(files.join(out, name), json.dumps(content, indent=2))
 
 
 @dataclasses.dataclass
@@ -124,16 +122,19 @@ class CrossEncoder:
   def is_model(path: str) -> bool:
     """Whether `path` is a CrossEncoder folder, an HF *ForSequenceClassification folder or a bertjax
     classification / regression workdir."""
-    if os.path.isfile(os.path.join(path, "finetune.json")):
-      return weights.finetune_meta(path).get("kind") in ("classification", "regression", "rerank")
-    if _json(os.path.join(path, "config_sentence_transformers.json")).get("model_type") == "CrossEncoder":
+    if files.isfile(files.join(path, "finetune.json")):
+      return finetune_kind(path) in ("classification", "regression", "rerank")
+    if _json(files.join(path, "config_sentence_transformers.json")).get("model_type") == "CrossEncoder":
       return True
-    archs = _json(os.path.join(path, "config.json")).get("architectures") or []
+    archs = _json(files.join(path, "config.json")).get("architectures") or []
     return any(str(a).endswith("ForSequenceClassification") for a in archs)
 
   @classmethod
   def load(cls, path: str, max_length: int = 0, **overrides) -> "CrossEncoder":
-    if os.path.isfile(os.path.join(path, "finetune.json")):
+    """A CrossEncoder folder, an HF *ForSequenceClassification folder or a bertjax classification, regression or
+    rerank workdir; a gs:// or s3:// one is read from a local copy (`files.local_copy`)."""
+    path = model_path(path)
+    if files.isfile(files.join(path, "finetune.json")):
       meta = weights.finetune_meta(path)
       if meta.get("kind") not in ("classification", "regression", "rerank"):
         raise ConversionError(f"{path}: a {meta.get('kind')!r} run; a reranker is a rerank, classification or "
@@ -142,11 +143,11 @@ class CrossEncoder:
       activation = "sigmoid" if meta["kind"] == "rerank" or n == 1 and meta["kind"] != "regression" else "identity"
       max_length = max_length or int(meta["max_seq_length"])
     else:
-      conf = _json(os.path.join(path, "config.json"))
+      conf = _json(files.join(path, "config.json"))
       n = int(conf.get("num_labels") or len(conf.get("id2label") or {}) or 2)
       activation = read_activation(path, n)
       max_length = max_length or _max_seq_length(path, path)
-    finetuned = os.path.isfile(os.path.join(path, "finetune.json"))  # its own head, whatever its task
+    finetuned = files.isfile(files.join(path, "finetune.json"))  # its own head, whatever its task
     w = weights.load(path, overrides=overrides, head="all" if finetuned else "sequence_classification", num_labels=n)
     if "classifier" not in w.params:
       raise ConversionError(f"{path}: no sequence-classification head (a reranker scores with one)")
@@ -219,8 +220,9 @@ def read_run(path: str, doc_ids: Sequence[str] = ()) -> dict[str, dict[str, floa
   known_docs = set(doc_ids)
   run: dict[str, dict[str, float]] = {}
   try:
-    with open(path, "rb") as f:
-      raw = f.read()
+    raw = files.read_bytes(path)
+  except errors.DataPathError:
+    raise
   except OSError as e:
     raise errors.DataError(f"{path}: cannot read the run ({e.strerror or e})") from None
   try:

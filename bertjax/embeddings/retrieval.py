@@ -73,9 +73,9 @@ def _text(value, where: str, field: str) -> str:
 
 
 def _jsonl(path: str) -> Iterator[tuple[int, dict]]:
-  if not os.path.isfile(path):
+  if not files.isfile(path):
     raise RetrievalDataError(f"{path}: no such file")
-  with open(path, "rb") as f:
+  with files.open(path, "rb") as f:
     for line, text in _decoded(path, f):
       if not text.strip():
         continue
@@ -109,7 +109,11 @@ def read_corpus(patterns: Sequence[str], id_field: str = "_id", text_field: str 
     if stem.endswith(".parquet"):
       import pyarrow.parquet as pq
       try:
-        table = pq.read_table(path)
+        if files.is_remote(path):
+          with files.open(path, "rb") as f:
+            table = pq.read_table(f)
+        else:
+          table = pq.read_table(path)
       except Exception as e:  # pyarrow raises several types for a corrupt file
         raise RetrievalDataError(f"{path}: not a readable Parquet file ({str(e)[:200]})") from None
       missing = [c for c in (id_field, text_field) if c not in table.column_names]
@@ -143,10 +147,10 @@ def read_corpus(patterns: Sequence[str], id_field: str = "_id", text_field: str 
 
 def read_qrels(path: str) -> dict[str, dict[str, int]]:
   """{query id: {doc id: relevance}} of a BEIR qrels .tsv (query-id, corpus-id, score; the header is optional)."""
-  if not os.path.isfile(path):
+  if not files.isfile(path):
     raise RetrievalDataError(f"{path}: no such file")
   qrels: dict[str, dict[str, int]] = {}
-  with open(path, "rb") as f:
+  with files.open(path, "rb") as f:
     for line, raw in enumerate(f, 1):
       try:
         cols = raw.decode("utf-8").rstrip("\r\n").split("\t")
@@ -169,7 +173,7 @@ def read_qrels(path: str) -> dict[str, dict[str, int]]:
 
 
 def read_beir(folder: str, split: str = "test") -> Beir:
-  corpus_path = os.path.join(folder, "corpus.jsonl")
+  corpus_path = files.join(folder, "corpus.jsonl")
   doc_ids, docs, seen, empty = [], [], {}, 0
   for line, row in _jsonl(corpus_path):
     where = f"{corpus_path}:{line}"
@@ -183,9 +187,9 @@ def read_beir(folder: str, split: str = "test") -> Beir:
     docs.append(text)
   if not docs:
     raise RetrievalDataError(f"{corpus_path}: no documents")
-  qrels_path = os.path.join(folder, "qrels", f"{split}.tsv")
+  qrels_path = files.join(folder, "qrels", f"{split}.tsv")
   qrels = read_qrels(qrels_path)
-  queries_path = os.path.join(folder, "queries.jsonl")
+  queries_path = files.join(folder, "queries.jsonl")
   query_text, query_line, skipped = {}, {}, 0
   for line, row in _jsonl(queries_path):
     where = f"{queries_path}:{line}"
@@ -281,11 +285,18 @@ def make_run(beir: Beir, scores: np.ndarray, rows: np.ndarray, ignore_identical_
 def check_run_file(path: str, overwrite: bool = False) -> None:
   """Refuses to write a run over a file that is not one (a folder, a model's config.json, any other file) unless
   `overwrite`; a TREC run an earlier command wrote (every line tagged `bertjax`) is replaced."""
-  if not os.path.lexists(path) or overwrite:
+  if overwrite:
     return
-  if not os.path.isfile(path):
+  if files.is_remote(path):
+    if files.isdir(path):
+      raise RetrievalDataError(f"--run {path}: exists and is not a file")
+    if not files.isfile(path):
+      return
+  elif not os.path.lexists(path):  # a dangling link is refused below, not written through
+    return
+  elif not files.isfile(path):
     raise RetrievalDataError(f"--run {path}: exists and is not a file")
-  with open(path, "rb") as f:
+  with files.open(path, "rb") as f:
     head = f.read(1 << 20)
   lines = [ln.split() for ln in head.decode("utf-8", "replace").splitlines() if ln.strip()]
   if not lines or not all(len(p) == 6 and p[1] == "Q0" and p[5] == "bertjax" for p in lines[:-1] or lines):
@@ -294,13 +305,15 @@ def check_run_file(path: str, overwrite: bool = False) -> None:
 
 
 def write_trec(run: dict[str, dict[str, float]], path: str, name: str = "bertjax") -> None:
-  """`qid Q0 docid rank score name` lines, best first; written whole, then moved into place."""
-  tmp = f"{path}.tmp{os.getpid()}"
-  with open(tmp, "w", encoding="utf-8") as f:
-    for q, docs in run.items():
-      for rank, (d, s) in enumerate(_ranked(docs), 1):
-        f.write(f"{q} Q0 {d} {rank} {s:.6f} {name}\n")
-  os.replace(tmp, path)
+  """`qid Q0 docid rank score name` lines, best first; written whole, then moved into place (on an object store,
+  one upload of the finished file)."""
+  with files.local_target(path) as local:
+    tmp = f"{local}.tmp{os.getpid()}"
+    with files.open(tmp, "w") as f:
+      for q, docs in run.items():
+        for rank, (d, s) in enumerate(_ranked(docs), 1):
+          f.write(f"{q} Q0 {d} {rank} {s:.6f} {name}\n")
+    files.rename(tmp, local)
 
 
 def _ranked(docs: dict[str, float]) -> list[tuple[str, float]]:

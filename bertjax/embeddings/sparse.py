@@ -17,7 +17,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import hashlib
-import os
 from typing import Sequence
 
 import flax.linen as nn
@@ -28,9 +27,10 @@ import numpy as np
 from bertjax import model as model_lib
 from bertjax.convert import weights
 from bertjax.convert.table import ConversionError
+from bertjax.core import files
 from bertjax.data import tokenizer as tokenizer_lib
 from bertjax.embeddings import losses
-from bertjax.embeddings.encoder import _max_seq_length, batch_of, token_rows
+from bertjax.embeddings.encoder import _max_seq_length, batch_of, finetune_kind, model_path, token_rows
 from bertjax.embeddings.model import pool_segments
 from bertjax.embeddings.sparse_folders import (  # noqa: F401  (the folder layer, read and written here too)
   ACTIVATIONS,
@@ -195,9 +195,10 @@ class SparseEncoder:
            max_active_dims: int | None = None, **overrides) -> "SparseEncoder":
     """A SparseEncoder folder (its pooling, activation and max_seq_length), a bertjax `task=sparse` workdir (its
     best parameters and settings), or any folder holding an MLM model (HF, bertjax pre-training workdir) with the
-    `pooling` and `activation` given."""
+    `pooling` and `activation` given. A gs:// or s3:// folder is read from a local copy (`files.local_copy`)."""
+    path = model_path(path)
     folder, static, query_limit = path, None, None
-    if os.path.isfile(os.path.join(path, "modules.json")):
+    if files.isfile(files.join(path, "modules.json")):
       folder, pooling, activation = read_folder(path)
       max_seq_length = max_seq_length or _max_seq_length(path, folder)
       found = read_static_query(path)
@@ -235,9 +236,7 @@ class SparseEncoder:
     """Whether `path` is a SparseEncoder folder or a bertjax `task=sparse` workdir."""
     if is_folder(path):
       return True
-    if not os.path.isfile(os.path.join(path, "finetune.json")):
-      return False
-    return weights.finetune_meta(path).get("kind") == "sparse"
+    return finetune_kind(path) == "sparse"
 
   @functools.cached_property
   def fingerprint(self) -> str:

@@ -1,7 +1,8 @@
 """sentence-transformers SparseEncoder folders: a fill-mask Transformer (or the older MLMTransformer) then
 SpladePooling, or an inference-free one, a Router whose query route is a SparseStaticEmbedding (a weight per
 vocabulary term) and whose document route is that Transformer and pooling. Read and written here; encoding is
-`bertjax.embeddings.sparse`'s."""
+`bertjax.embeddings.sparse`'s. A folder may be a gs:// or s3:// one (`bertjax.core.files`): its JSON read there,
+written into a local folder that is uploaded when complete."""
 from __future__ import annotations
 
 import json
@@ -13,6 +14,7 @@ import safetensors.numpy
 from bertjax import convert
 from bertjax import model as model_lib
 from bertjax.convert.table import ConversionError
+from bertjax.core import files
 
 POOLINGS = ("max", "sum")
 ACTIVATIONS = ("relu", "log1p_relu")
@@ -33,13 +35,20 @@ def write_folder(cfg: model_lib.BertConfig, params, out: str, max_seq_length: in
   """A sentence-transformers SparseEncoder folder: the family's MLM model (a fill-mask Transformer) and its
   SpladePooling; with `query_weights` an inference-free one, a Router whose query route is a
   SparseStaticEmbedding of those weights and whose document route is the MLM model and pooling. Returns the
-  sub-folders that take the tokenizer's files (the caller's)."""
+  sub-folders that take the tokenizer's files (the caller's). A gs:// or s3:// `out` is written locally and
+  uploaded when complete (`files.local_target`)."""
+  with files.local_target(out) as local:
+    return _write_folder(cfg, params, local, max_seq_length, pooling, activation, query_weights)
+
+
+def _write_folder(cfg, params, out: str, max_seq_length: int, pooling: str, activation: str,
+                  query_weights: np.ndarray | None) -> tuple[str, ...]:
   doc = out if query_weights is None else os.path.join(out, DOCUMENT_DIR)
   pool_dir = "1_SpladePooling" if query_weights is None else POOLING_DIR
-  os.makedirs(doc, exist_ok=True)
+  files.makedirs(doc)
   convert.to_hf(cfg.replace(nsp_head=False), {k: v for k, v in params.items() if k not in ("nsp", "static_query")},
                 doc, head="pretraining")
-  os.makedirs(os.path.join(out, pool_dir), exist_ok=True)
+  files.makedirs(os.path.join(out, pool_dir))
   transformer = {"max_seq_length": max_seq_length, "do_lower_case": False, "transformer_task": "fill-mask",
                  "modality_config": {"text": {"method": "forward", "method_output_name": "logits"}},
                  "module_output_name": "token_embeddings"}
@@ -55,7 +64,7 @@ def write_folder(cfg: model_lib.BertConfig, params, out: str, max_seq_length: in
                                  {"idx": 1, "name": "1", "path": "1_SpladePooling", "type": _TYPES["SpladePooling"]}]
     subs: tuple[str, ...] = ("",)
   else:
-    os.makedirs(os.path.join(out, QUERY_DIR), exist_ok=True)
+    files.makedirs(os.path.join(out, QUERY_DIR))
     safetensors.numpy.save_file({"weight": np.asarray(query_weights, np.float32)},
                                 os.path.join(out, QUERY_DIR, "model.safetensors"))
     documents["modules.json"] = [{"idx": 0, "name": "0", "path": "", "type": ROUTER}]
@@ -67,15 +76,14 @@ def write_folder(cfg: model_lib.BertConfig, params, out: str, max_seq_length: in
     documents[f"{QUERY_DIR}/config.json"] = {"frozen": False}
     subs = (DOCUMENT_DIR, QUERY_DIR)
   for name, content in documents.items():
-    with open(os.path.join(out, name), "w", encoding="utf-8") as f:
+    with files.open(os.path.join(out, name), "w") as f:
       json.dump(content, f, indent=2)
   return subs
 
 
 def _modules(path: str) -> list:
   try:
-    with open(os.path.join(path, "modules.json"), encoding="utf-8") as f:
-      stack = json.load(f)
+    stack = files.read_json(files.join(path, "modules.json"))
     [m.get("type", "") for m in stack]
     return stack
   except (OSError, ValueError, AttributeError, TypeError) as e:
@@ -89,8 +97,7 @@ def _router(path: str) -> dict | None:
   if len(stack) != 1 or not stack[0].get("type", "").endswith(".Router"):
     return None
   try:
-    with open(os.path.join(path, "router_config.json"), encoding="utf-8") as f:
-      conf = json.load(f)
+    conf = files.read_json(files.join(path, "router_config.json"))
     kinds = {name: t.rsplit(".", 1)[-1] for name, t in conf["types"].items()}
     routes = {route: list(conf["structure"][route]) for route in ("query", "document")}
   except (OSError, ValueError, KeyError, AttributeError, TypeError) as e:
@@ -103,9 +110,8 @@ def is_folder(path: str) -> bool:
   """Whether `path` is a sentence-transformers folder whose stack (or a Router's) has a SpladePooling module."""
   for name in ("modules.json", "router_config.json"):
     try:
-      with open(os.path.join(path, name), encoding="utf-8") as f:
-        if "SpladePooling" in f.read():
-          return True
+      if "SpladePooling" in files.read_text(files.join(path, name)):
+        return True
     except OSError:
       pass
   return False
@@ -129,17 +135,16 @@ def read_folder(path: str) -> tuple[str, str, str]:
                             "(inference-free) or the document route's modules")
   if len(kinds) != 2 or kinds[0] not in _TRANSFORMERS or kinds[1] != "SpladePooling":
     raise ConversionError(f"{path}: modules {kinds} are not a sparse encoder's Transformer, SpladePooling")
-  sub = os.path.join(path, subs[1])
+  sub = files.join(path, subs[1])
   try:
-    with open(os.path.join(sub, "config.json"), encoding="utf-8") as f:
-      conf = json.load(f)
+    conf = files.read_json(files.join(sub, "config.json"))
   except (OSError, ValueError) as e:
     raise ConversionError(f"{sub}/config.json: not readable JSON ({str(e).splitlines()[0][:200]})") from None
   pooling, activation = conf.get("pooling_strategy", "max"), conf.get("activation_function", "relu")
   if pooling not in POOLINGS or activation not in ACTIVATIONS:
     raise ConversionError(f"{sub}/config.json: SpladePooling {pooling!r}, {activation!r}; bertjax computes "
                           f"pooling {POOLINGS} with activation {ACTIVATIONS}")
-  return os.path.join(path, subs[0]), pooling, activation
+  return files.join(path, subs[0]), pooling, activation
 
 
 def read_static_query(path: str) -> tuple[np.ndarray, int | None] | None:
@@ -148,16 +153,15 @@ def read_static_query(path: str) -> tuple[np.ndarray, int | None] | None:
   router = _router(path)
   if router is None or [router["kinds"].get(n) for n in router["routes"]["query"]] != ["SparseStaticEmbedding"]:
     return None
-  sub = os.path.join(path, router["routes"]["query"][0])
+  sub = files.join(path, router["routes"]["query"][0])
   try:
-    weight = safetensors.numpy.load_file(os.path.join(sub, "model.safetensors"))["weight"]
+    weight = safetensors.numpy.load(files.read_bytes(files.join(sub, "model.safetensors")))["weight"]
   except (OSError, KeyError, ValueError) as e:
     raise ConversionError(f"{sub}/model.safetensors: no SparseStaticEmbedding weight "
                           f"({str(e).splitlines()[0][:200]})") from None
   limit = None
   try:
-    with open(os.path.join(sub, "tokenizer_config.json"), encoding="utf-8") as f:
-      m = json.load(f).get("model_max_length")
+    m = files.read_json(files.join(sub, "tokenizer_config.json")).get("model_max_length")
     limit = int(m) if isinstance(m, (int, float)) and m < 1e9 else None
   except (OSError, ValueError):
     pass
