@@ -14,6 +14,7 @@ import tensorflow_datasets as tfds
 
 from bertjax import errors
 from bertjax.cli import common
+from bertjax.core import files
 from bertjax.data.pretraining import corpus as corpus_lib
 from bertjax.data.pretraining import dataset
 from bertjax.data.pretraining import examples as pretraining
@@ -65,6 +66,10 @@ def main(argv=None):
     beam_options = shlex.split(args.beam_options)
   except ValueError as e:
     raise errors.ConfigError(f"--beam_options {args.beam_options!r}: {e}") from None
+  # A wrong endpoint, a missing bucket or missing credentials: one line now, not minutes of retries later.
+  # (The inputs are reached as they are expanded.)
+  for path in (args.out, args.tokenizer):
+    files.reach(path)
   tfds.disable_progress_bar()  # its bars are terminal escape codes in a log; PROGRESS prints plain lines
   dataset.PROGRESS["print"] = True
   cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import time
 
 from bertjax.cli import common
+from bertjax.core import files
 from bertjax.data import tokenizer
 from bertjax.data.pretraining import corpus
 
@@ -29,6 +30,7 @@ def parser() -> common.ArgumentParser:
 @common.guard
 def main(argv=None) -> int:
   args = parser().parse_args(argv)
+  files.reach(args.out)  # an unreachable store or a missing bucket: one line (the inputs: as they are expanded)
   start = time.time()
 
   def progress(lines):

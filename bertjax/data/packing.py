@@ -12,11 +12,12 @@ index, so the index-based pipeline (shuffling, host sharding, resumable state) w
 """
 from __future__ import annotations
 
-import os
+import io
 
 import numpy as np
 
 from bertjax import errors
+from bertjax.core import files
 
 
 def plan(lengths, predictions, row_length: int, row_predictions: int, max_per_row: int) -> list[list[int]]:
@@ -116,8 +117,8 @@ class PackedSource:
   def __init__(self, source, row_length: int, row_predictions: int, max_per_row: int, cache: str | None = None):
     self.source, self.row_length = source, row_length
     self.row_predictions, self.max_per_row = row_predictions, max_per_row
-    if cache and os.path.exists(cache):
-      data = np.load(cache)
+    if cache and files.exists(cache):
+      data = np.load(io.BytesIO(files.read_bytes(cache)))
       flat, starts = data["flat"], data["starts"]
       self.rows = [flat[starts[i]:starts[i + 1]].tolist() for i in range(len(starts) - 1)]
     else:
@@ -126,9 +127,9 @@ class PackedSource:
       if cache:
         flat = np.concatenate([np.asarray(r, np.int64) for r in self.rows]) if self.rows else np.zeros(0, np.int64)
         starts = np.cumsum([0] + [len(r) for r in self.rows])
-        tmp = cache + ".tmp.npz"
-        np.savez(tmp, flat=flat, starts=starts)
-        os.replace(tmp, cache)
+        buf = io.BytesIO()
+        np.savez(buf, flat=flat, starts=starts)
+        files.write_whole(cache, buf.getvalue())  # (a remote cache: one upload)
 
   def __len__(self):
     return len(self.rows)

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import bz2
 import dataclasses
-import glob
 import gzip
 import io
 import lzma
@@ -15,6 +14,7 @@ import os
 from typing import IO, Iterator, Sequence
 
 from bertjax import errors
+from bertjax.core import files
 
 MAX_LINE_BYTES = 1 << 20  # a longer "line" is read in pieces of this size (a 50 MB line never sits in memory twice)
 _COMPRESSION = {".gz": "gzip", ".bz2": "bz2", ".xz": "xz", ".zst": "zstd", ".zstd": "zstd"}
@@ -78,47 +78,71 @@ def expand(patterns: Sequence) -> list[str]:
     if pattern.startswith("tfds:"):
       out.append(pattern)
       continue
+    reach(pattern)  # an unreachable store or a missing bucket: one line, before any listing
     if any(c in pattern for c in "*?["):
-      if "://" in pattern:
+      if files.is_remote(pattern):
         matches = remote_glob(pattern)
       else:
-        matches = sorted(os.path.abspath(m) for m in glob.glob(pattern, recursive=True))
-      matches = [m for m in matches if "://" in m or os.path.isfile(m)]
+        matches = [m for m in files.glob(pattern) if files.isfile(m)]
       if not matches:
         raise CorpusError(f"{pattern}: no file matches this pattern")
       out.extend(matches)
-    elif "://" not in pattern and os.path.isdir(pattern):
+    elif (not files.is_remote(pattern) or _has_driver(pattern)) and files.isdir(pattern):
       raise CorpusError(f"{pattern}: is a folder; name its files, or a pattern such as '{pattern.rstrip('/')}/*.txt'")
     else:
-      out.append(pattern if "://" in pattern else os.path.abspath(pattern))
+      out.append(files.absolute(pattern))
   seen: set = set()
   return [p for p in out if not (p in seen or seen.add(p))]
 
 
-def remote_glob(pattern: str) -> list[str]:
-  """gs://, s3://, hdfs:// ... matches, through Beam's file systems where Beam is installed (what its workers
-  use), else etils.epath."""
+def _beam_filesystems():
+  """Beam's file systems, for a scheme that fsspec has no driver for here but a Beam worker can read; else None."""
   try:
-    from apache_beam.io.filesystems import FileSystems
+    from apache_beam.io.filesystems import CompressionTypes, FileSystems
   except ImportError:
-    from etils import epath
-    scheme, rest = pattern.split("://", 1)
-    bucket, _, inner = rest.partition("/")
-    return sorted(str(p) for p in epath.Path(f"{scheme}://{bucket}").glob(inner))
+    return None
+  return FileSystems, CompressionTypes
+
+
+def _has_driver(path: str) -> bool:
+  try:
+    files.filesystem(files.scheme(path))
+  except (errors.Error, OSError):  # no fsspec driver, or one that cannot start here (hdfs without a JVM)
+    if _beam_filesystems() is None:
+      raise
+    return False
+  return True
+
+
+def reach(path: str) -> None:
+  """`files.reach` for a path this machine has a driver for (a scheme only Beam knows is left to Beam)."""
+  if files.is_remote(path) and _has_driver(path):
+    files.reach(path)
+
+
+def remote_glob(pattern: str) -> list[str]:
+  """gs://, s3://, ... matches through `bertjax.core.files` (fsspec); a scheme only Beam's file systems know
+  (on a Beam worker) through those."""
+  if _has_driver(pattern):
+    files.reach(pattern)
+    return files.glob(pattern)
+  FileSystems, _ = _beam_filesystems()
   return sorted(m.path for m in FileSystems.match([pattern])[0].metadata_list)
 
 
 def open_raw(path: str) -> IO[bytes]:
-  if "://" in path:
+  if files.is_remote(path):
+    if not _has_driver(path):
+      FileSystems, CompressionTypes = _beam_filesystems()
+      return FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED)
+    files.reach(path)
     try:
-      from apache_beam.io.filesystems import CompressionTypes, FileSystems
-    except ImportError:
-      from etils import epath
-      return epath.Path(path).open("rb")
-    return FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED)
-  if not os.path.isfile(path):
+      return files.open(path, "rb")
+    except FileNotFoundError:
+      raise CorpusError(f"{path}: corpus file not found") from None
+  if not files.isfile(path):
     raise CorpusError(f"{path}: corpus file not found")
-  return open(path, "rb")
+  return files.open(path, "rb")
 
 
 def open_shard(path: str) -> IO[bytes]:

@@ -22,16 +22,17 @@ CLI: python -m bertjax tokenizer --input a.txt b.txt --kind wordpiece|unigram|bp
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import io
 import json
 import os
-import shutil
 import tempfile
 from typing import Sequence
 
 import numpy as np
 
 from bertjax import errors
+from bertjax.core import files as store  # (named so: `train` takes a parameter called files)
 from bertjax.data import vocab_files
 from bertjax.data.pretraining import corpus
 from bertjax.data.vocab_files import MAIN_FILES, copy_into, find_in, fingerprint  # noqa: F401
@@ -104,8 +105,7 @@ class Tokenizer:
 
 def _read_vocab(path: str) -> list[str]:
   try:
-    with open(path, "rb") as f:
-      raw = f.read()
+    raw = store.read_bytes(path)
   except FileNotFoundError:
     raise FileNotFoundError(f"{path}: tokenizer file not found") from None
   if b"\x00" in raw[:4096]:
@@ -153,17 +153,16 @@ def _load_wordpiece(path: str, do_lower_case: bool, reference: str = "hf") -> To
 
 def _load_sentencepiece(path: str) -> Tokenizer:
   import sentencepiece as spm
-  if not os.path.isfile(path):
+  if not store.isfile(path):
     raise FileNotFoundError(f"{path}: tokenizer file not found")
-  if os.path.getsize(path) == 0:
+  if store.size(path) == 0:
     raise TokenizerError(f"{path}: empty sentencepiece model file")
   sp = spm.SentencePieceProcessor()
   try:
     sp.Load(path)
   except (RuntimeError, OSError) as e:
     raise TokenizerError(f"{path}: not a sentencepiece model ({str(e).strip()})") from None
-  with open(path, "rb") as f:
-    fields = vocab_files.proto_fields(f.read())
+  fields = vocab_files.proto_fields(store.read_bytes(path))
   if fields is None or not {2, 3} <= fields:
     # A model cut between two records still parses, with part of its pieces and without the specs that follow
     # them (the trainer's and the normaliser's, which every trained model has).
@@ -194,7 +193,7 @@ def _load_byte_bpe(path: str) -> Tokenizer:
   from tokenizers import Tokenizer as HFTokenizer
   folder = os.path.dirname(path)
   full = path if os.path.basename(path) == "tokenizer.json" else os.path.join(folder, "tokenizer.json")
-  if os.path.isfile(full):
+  if store.isfile(full):
     try:
       tok = HFTokenizer.from_file(full)
     except Exception as e:  # tokenizers raises its own exception type
@@ -206,10 +205,10 @@ def _load_byte_bpe(path: str) -> Tokenizer:
     vocab = tok.get_vocab(with_added_tokens=True)
   else:
     merges = os.path.join(folder, "merges.txt")
-    if not os.path.isfile(merges):
+    if not store.isfile(merges):
       raise FileNotFoundError(f"{merges}: byte-level BPE needs merges.txt beside {os.path.basename(path)}")
     try:
-      with open(path, encoding="utf-8") as f:
+      with store.open(path, encoding="utf-8") as f:
         vocab = json.load(f)
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
       raise TokenizerError(f"{path}: not a JSON vocabulary ({e})") from None
@@ -256,13 +255,30 @@ def load(path: str, do_lower_case: bool = True, reference: str = "hf") -> Tokeni
   if reference not in REFERENCES:
     raise errors.ConfigError(f"unknown tokenizer reference {reference!r}; choose one of {sorted(REFERENCES)}")
   path = os.fspath(path)
-  if not os.path.exists(path):
+  store.reach(path)
+  if not store.exists(path):
     raise FileNotFoundError(f"{path}: tokenizer file not found")
+  if store.is_remote(path):  # sentencepiece and HF tokenizers read local files: a local copy of its files
+    tok = load(local_copy(path), do_lower_case, reference)
+    tok.path = path
+    return tok
   if path.endswith(".model"):
     return _load_sentencepiece(path)
   if path.endswith(".json"):
     return _load_byte_bpe(path)
   return _load_wordpiece(path, do_lower_case, reference)
+
+
+def local_copy(path: str) -> str:
+  """A local copy of a remote tokenizer: every file `load` reads (`vocab_files.files`) in one cache folder (a
+  vocab.json keeps its merges.txt beside it), copied afresh (tokenizers are small; a changed one is never stale)."""
+  if not store.is_remote(path):
+    return path
+  folder = os.path.join(store.cache_root(), "tokenizer-" + hashlib.sha256(path.encode()).hexdigest()[:16])
+  os.makedirs(folder, exist_ok=True)
+  for f in vocab_files.files(path):
+    store.copy(f, os.path.join(folder, store.basename(f)))
+  return os.path.join(folder, store.basename(path))
 
 
 # ----------------------------------------------------------------------------- training
@@ -283,30 +299,33 @@ def train(files: Sequence[str], out_dir: str, kind: str = "wordpiece", vocab_siz
     raise errors.ConfigError(f"unknown tokenizer kind {kind!r}; choose wordpiece, unigram, bpe or byte_bpe")
   files = corpus.expand(files)
   out_dir = os.fspath(out_dir)
+  store.reach(out_dir)
   for f in files:
-    if "://" not in f and not f.startswith("tfds:") and not os.path.isfile(f):
+    if not f.startswith("tfds:") and not store.isfile(f):
       raise FileNotFoundError(f"{f}: training text not found")
-  if all("://" not in f and not f.startswith("tfds:") and not os.path.getsize(f) for f in files):
+  if all(not f.startswith("tfds:") and not store.size(f) for f in files):
     raise errors.DataError(f"cannot train a tokenizer on empty input {files}")
   if vocab_size < len(SPECIAL_TOKENS) + 10:
     raise errors.ConfigError(f"vocab_size {vocab_size} is too small")
-  existing = [n for n in OUTPUTS[kind] if os.path.exists(os.path.join(out_dir, n))]
+  existing = [n for n in OUTPUTS[kind] if store.exists(store.join(out_dir, n))]
   if existing and not overwrite:
     raise FileExistsError(f"{out_dir}: already holds {existing}; pass --overwrite to replace them (data dirs and "
                           "workdirs made with them refuse a changed tokenizer)")
   texts = _Texts(files, reader, progress)
   if not any(True for _ in _clean_texts(files, reader)):
     raise errors.DataError(f"no text in {files}: every line is blank; a tokenizer needs text to train on")
-  os.makedirs(out_dir, exist_ok=True)
-  tmp = tempfile.mkdtemp(prefix=".tokenizer-", dir=out_dir)
+  store.makedirs(out_dir)
+  # The trainers write local files: a local temporary folder (inside out_dir when that is local, so that the
+  # moves are renames), each file then moved (uploaded) into out_dir.
+  tmp = tempfile.mkdtemp(prefix=".tokenizer-", dir=None if store.is_remote(out_dir) else out_dir)
   try:
     name = _train_into(texts, tmp, kind, vocab_size, do_lower_case, seed)
     for n in OUTPUTS[kind]:
       if os.path.exists(os.path.join(tmp, n)):
-        os.replace(os.path.join(tmp, n), os.path.join(out_dir, n))
+        store.rename(os.path.join(tmp, n), store.join(out_dir, n))
   finally:
-    shutil.rmtree(tmp, ignore_errors=True)
-  return os.path.join(out_dir, name)
+    store.rmtree(tmp)
+  return store.join(out_dir, name)
 
 
 def _train_into(texts, out_dir: str, kind: str, vocab_size: int, do_lower_case: bool, seed: int) -> str:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import hashlib
 import os
-import shutil
+
+from bertjax.core import files as store  # (named so: `files` below is this module's own function)
 
 
 def files(path: str) -> list[str]:
@@ -12,10 +13,10 @@ def files(path: str) -> list[str]:
   `tokenizer.json` beside it when present (the latter wins, as in `load`)."""
   path = os.fspath(path)
   out = [path]
-  if path.endswith(".json") and os.path.basename(path) != "tokenizer.json":
-    folder = os.path.dirname(path)
-    out += [os.path.join(folder, n) for n in ("merges.txt", "tokenizer.json")
-            if os.path.isfile(os.path.join(folder, n))]
+  if path.endswith(".json") and store.basename(path) != "tokenizer.json":
+    folder = store.parent(path)
+    out += [store.join(folder, n) for n in ("merges.txt", "tokenizer.json")
+            if store.isfile(store.join(folder, n))]
   return out
 
 
@@ -24,8 +25,8 @@ def fingerprint(path: str) -> str:
   tokenizer, to refuse one that changed."""
   h = hashlib.sha256()
   for f in files(path):
-    h.update(os.path.basename(f).encode() + b"\0")
-    with open(f, "rb") as fh:
+    h.update(store.basename(f).encode() + b"\0")
+    with store.open(f, "rb") as fh:
       for block in iter(lambda: fh.read(1 << 20), b""):
         h.update(block)
     h.update(b"\0")
@@ -34,13 +35,10 @@ def fingerprint(path: str) -> str:
 
 def copy_into(path: str, folder: str) -> str:
   """Copies the tokenizer's files into `folder` (each written whole, then renamed); returns the copy's path."""
-  os.makedirs(folder, exist_ok=True)
+  store.makedirs(folder)
   for f in files(path):
-    target = os.path.join(folder, os.path.basename(f))
-    tmp = f"{target}.tmp-{os.getpid()}"
-    shutil.copyfile(f, tmp)
-    os.replace(tmp, target)
-  return os.path.join(folder, os.path.basename(os.fspath(path)))
+    store.copy(f, store.join(folder, store.basename(f)))
+  return store.join(folder, store.basename(os.fspath(path)))
 
 
 MAIN_FILES = ("vocab.txt", "spm.model", "vocab.json", "tokenizer.json")
@@ -49,10 +47,10 @@ MAIN_FILES = ("vocab.txt", "spm.model", "vocab.json", "tokenizer.json")
 def find_in(folder: str) -> str | None:
   """The tokenizer a folder holds (a workdir's or data dir's copy), or None."""
   for name in MAIN_FILES:
-    if os.path.isfile(os.path.join(folder, name)):
-      return os.path.join(folder, name)
-  models = sorted(n for n in os.listdir(folder) if n.endswith(".model")) if os.path.isdir(folder) else []
-  return os.path.join(folder, models[0]) if models else None
+    if store.isfile(store.join(folder, name)):
+      return store.join(folder, name)
+  models = [n for n in store.listdir(folder) if n.endswith(".model")] if store.isdir(folder) else []
+  return store.join(folder, models[0]) if models else None
 
 
 def proto_records(raw: bytes) -> list[tuple[int, int | bytes]] | None:

@@ -20,6 +20,7 @@ import tempfile
 
 import apache_beam as beam
 
+from bertjax.core import files
 from bertjax.data import vocab_files
 from bertjax.data.pretraining import corpus as corpus_lib
 from bertjax.data.pretraining import examples as pretraining
@@ -31,11 +32,8 @@ NAMESPACE = "bertjax"
 def tokenizer_bundle(path: str) -> dict:
   """The tokenizer's files by name (`tokenizer.files`), so workers that cannot see the submitting machine's disk
   load the same tokenizer."""
-  bundle = {}
-  for f in vocab_files.files(path):
-    with open(f, "rb") as fh:
-      bundle[os.path.basename(f)] = fh.read()
-  return {"main": os.path.basename(path), "files": bundle}
+  bundle = {files.basename(f): files.read_bytes(f) for f in vocab_files.files(path)}
+  return {"main": files.basename(path), "files": bundle}
 
 
 class ReadShard(beam.DoFn):

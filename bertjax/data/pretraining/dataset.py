@@ -8,13 +8,12 @@ document is held out), and `creation.json` with the options and tokenizer used.
 """
 from __future__ import annotations
 
-import contextlib
 import dataclasses
+import hashlib
 import json
 import logging
 import os
-import shutil
-import threading
+import tempfile
 import time
 from typing import Sequence
 
@@ -22,6 +21,7 @@ import numpy as np
 import tensorflow_datasets as tfds
 
 from bertjax import errors
+from bertjax.core import files
 from bertjax.data import tokenizer as tokenizer_lib
 from bertjax.data.pretraining import corpus as corpus_lib
 from bertjax.data.pretraining import examples as pretraining
@@ -76,9 +76,9 @@ class BertPretraining(tfds.core.GeneratorBasedBuilder):
                                      tfds_data_dir=c.get("tfds_data_dir"))
     docs = generation.split_documents(docs, c.get("heldout_every", 20), heldout)
     counts: dict = {}
-    examples = generation.generate_keyed_examples(
-        docs, c["tokenizer"], pretraining.CreationOptions(**c["options"]), do_lower_case=c.get("do_lower_case", True),
-        num_workers=c.get("workers", 1), stats=counts)
+    examples = generation.generate_keyed_examples(  # (the workers load a remote tokenizer's local copy)
+        docs, tokenizer_lib.local_copy(c["tokenizer"]), pretraining.CreationOptions(**c["options"]),
+        do_lower_case=c.get("do_lower_case", True), num_workers=c.get("workers", 1), stats=counts)
     split = "validation" if heldout else "train"
     start = last = time.time()
     for n, ((b, j), ex) in enumerate(examples, 1):
@@ -149,38 +149,88 @@ def create(input_files, tokenizer_path: str, out_dir: str, opts: pretraining.Cre
   if not input_files:
     raise corpus_lib.CorpusError("no corpus files given")
   input_files = corpus_lib.expand(input_files)
+  out_dir = os.fspath(out_dir)
+  files.reach(out_dir)
   # Loaded first: a bad tokenizer fails before anything is read or written.
   tok = tokenizer_lib.load(tokenizer_path, do_lower_case=do_lower_case, reference="original")
-  local = "://" not in os.fspath(out_dir)
-  lock = _lock(out_dir) if local else contextlib.nullcontext()
-  with lock:
+  if files.is_remote(out_dir):
+    _refuse_foreign(out_dir, overwrite)  # (before the claim below is written there)
+    if beam_runner and beam_runner not in LOCAL_RUNNERS:
+      raise errors.ConfigError(
+          f"--beam_runner {beam_runner} with --out {out_dir}: array_record shards are written to local files only "
+          f"(its writer cannot open {files.scheme(out_dir)}:// paths), and remote workers cannot write into this "
+          f"machine's staging folder; use {' or '.join(LOCAL_RUNNERS)}, or write to a local (or mounted) folder "
+          "and copy it")
+  with _lock(out_dir):
     return _create(input_files, tokenizer_path, tok, out_dir, opts, reader, do_lower_case=do_lower_case,
                    heldout_every=heldout_every, workers=workers, overwrite=overwrite, tfds_data_dir=tfds_data_dir,
                    beam_runner=beam_runner, beam_options=beam_options)
 
 
 def _lock(out_dir: str):
-  """The lock two creations into one folder take (the second refuses, naming the first's pid)."""
+  """The lock two creations into one folder take (the second refuses, naming the first's pid); on an object
+  store, the claim checkpoint.WorkdirLock takes there."""
   from bertjax.core import checkpoint as checkpoint_lib
   return checkpoint_lib.WorkdirLock(os.fspath(out_dir))
 
 
+# Beam runners whose workers run on this machine, so can write the local staging folder a remote --out is built in.
+LOCAL_RUNNERS = ("DirectRunner", "PrismRunner")
+# What this tool (and training, its packing plans) writes in a data dir; anything else is someone else's.
+OWN_NAMES = ("creation.json", NAME, "tokenizer", ".lock", ".claim.json")
+
+
+def _refuse_foreign(out_dir: str, overwrite: bool) -> None:
+  """A remote --out that holds objects this tool did not write (another dataset, a checkpoint, a bucket's root)
+  is refused without --overwrite, which writes the dataset beside them (they are left as they are)."""
+  foreign = [n for n in files.listdir(out_dir)
+             if n not in OWN_NAMES and not (n.startswith("packing_") and n.endswith(".npz"))]
+  if foreign and not overwrite:
+    shown = ", ".join(foreign[:5]) + (f", ... ({len(foreign)} in all)" if len(foreign) > 5 else "")
+    raise FileExistsError(f"{out_dir}: holds objects this tool did not write ({shown}); pass --overwrite to write the "
+                          "dataset beside them, or choose another --out")
+
+
 def _create(input_files, tokenizer_path, tok, out_dir, opts, reader, *, do_lower_case, heldout_every, workers,
             overwrite, tfds_data_dir, beam_runner, beam_options) -> dict:
-  record_path = os.path.join(out_dir, "creation.json")
-  target = os.path.join(out_dir, NAME)
-  if os.path.exists(target):
-    complete = os.path.exists(os.path.join(target, BertPretraining.VERSION.__str__(), "dataset_info.json"))
+  record_path = files.join(out_dir, "creation.json")
+  target = files.join(out_dir, NAME)
+  if files.exists(target):
+    complete = files.exists(files.join(target, BertPretraining.VERSION.__str__(), "dataset_info.json"))
+    if files.is_remote(out_dir):  # an upload cut short has not uploaded creation.json, which goes last
+      complete = complete and files.exists(record_path)
     if complete and not overwrite:
       raise FileExistsError(f"{out_dir}/{NAME} exists; pass --overwrite to rebuild it")
-    shutil.rmtree(target)  # a finished dataset the user asked to replace, or what a failed run left
-  creation = {"input": input_files, "tokenizer": os.path.abspath(tokenizer_path),
+    files.rmtree(target)  # a finished dataset the user asked to replace, or what a failed run left
+  if not files.is_remote(out_dir):
+    return _build(input_files, tokenizer_path, tok, out_dir, out_dir, opts, reader, do_lower_case=do_lower_case,
+                  heldout_every=heldout_every, workers=workers, tfds_data_dir=tfds_data_dir, beam_runner=beam_runner,
+                  beam_options=beam_options)
+  # array_record writes local files only: the dataset is built in a local staging folder, then uploaded, the
+  # creation record last (a reader that finds it finds the whole dataset).
+  with tempfile.TemporaryDirectory(prefix="bertjax-data-") as staging:
+    creation = _build(input_files, tokenizer_path, tok, out_dir, staging, opts, reader, do_lower_case=do_lower_case,
+                      heldout_every=heldout_every, workers=workers, tfds_data_dir=tfds_data_dir,
+                      beam_runner=beam_runner, beam_options=beam_options)
+    files.rmtree(files.join(out_dir, "tokenizer"))  # (a previous build's other tokenizer files would be found)
+    for name in (NAME, "tokenizer"):
+      files.copy(os.path.join(staging, name), files.join(out_dir, name))
+    files.copy(os.path.join(staging, "creation.json"), record_path)
+  return creation
+
+
+def _build(input_files, tokenizer_path, tok, out_dir, build_dir, opts, reader, *, do_lower_case, heldout_every,
+           workers, tfds_data_dir, beam_runner, beam_options) -> dict:
+  """The dataset, its tokenizer's copy and creation.json written into the local folder `build_dir` (`out_dir`
+  itself, or the staging folder of a remote one)."""
+  record_path = os.path.join(build_dir, "creation.json")
+  creation = {"input": input_files, "tokenizer": files.absolute(tokenizer_path),
               "tokenizer_sha256": tokenizer_lib.fingerprint(tokenizer_path), "do_lower_case": do_lower_case,
               "format": reader.format, "reader": dataclasses.asdict(reader), "heldout_every": heldout_every,
               "workers": workers, "options": dataclasses.asdict(opts), "vocab_size": tok.vocab_size,
               "tfds_data_dir": tfds_data_dir, "builder": "beam" if beam_runner else "local"}
   kind = BertPretrainingBeam if beam_runner else BertPretraining
-  builder = kind(data_dir=out_dir, max_seq_length=opts.max_seq_length,
+  builder = kind(data_dir=build_dir, max_seq_length=opts.max_seq_length,
                  max_predictions_per_seq=opts.max_predictions_per_seq, creation=creation, file_format="array_record")
   download_config = tfds.download.DownloadConfig(download_mode=tfds.download.GenerateMode.REUSE_CACHE_IF_EXISTS)
   if beam_runner:
@@ -216,14 +266,11 @@ def _create(input_files, tokenizer_path, tok, out_dir, opts, reader, *, do_lower
   creation["seconds"] = time.time() - start
   total = sum(r["examples"] for r in creation.get("report", {}).values())
   creation["examples_per_s"] = total / max(creation["seconds"], 1e-9)
-  if "://" not in os.fspath(out_dir):  # the data dir keeps the tokenizer its ids come from
-    copy = tokenizer_lib.copy_into(tokenizer_path, os.path.join(out_dir, "tokenizer"))
-    if tokenizer_lib.fingerprint(copy) != creation["tokenizer_sha256"]:
-      raise tokenizer_lib.TokenizerError(f"{tokenizer_path}: changed while the data was being made; rebuild")
-  tmp = f"{record_path}.tmp-{os.getpid()}"
-  with open(tmp, "w", encoding="utf-8") as f:
-    json.dump(creation, f, indent=2)
-  os.replace(tmp, record_path)
+  # The data dir keeps the tokenizer its ids come from.
+  copy = tokenizer_lib.copy_into(tokenizer_path, os.path.join(build_dir, "tokenizer"))
+  if tokenizer_lib.fingerprint(copy) != creation["tokenizer_sha256"]:
+    raise tokenizer_lib.TokenizerError(f"{tokenizer_path}: changed while the data was being made; rebuild")
+  files.write_whole(record_path, json.dumps(creation, indent=2))
   return creation
 
 
@@ -261,46 +308,19 @@ DataPathError = errors.DataPathError
 
 
 def read_creation(data_dir: str) -> dict:
-  from etils import epath
   data_dir = os.fspath(data_dir)
-  path = epath.Path(data_dir) / "creation.json"
-
-  def read():
-    exists = path.exists()
-    return exists, (path.read_text() if exists else None)
-
+  path = files.join(data_dir, "creation.json")
   try:
-    if "://" in data_dir:  # remote stores retry for minutes when unreachable: bound the wait
-      timeout = float(os.environ.get("BERTJAX_REMOTE_TIMEOUT_S", "30"))
-      box: dict = {}
-
-      def target():
-        try:
-          box["value"] = read()
-        except Exception as e:
-          box["error"] = e
-
-      worker = threading.Thread(target=target, daemon=True)  # a daemon: never holds up the exit
-      worker.start()
-      worker.join(timeout)
-      if worker.is_alive():
-        raise DataPathError(f"{data_dir}: no answer within {timeout:.0f}s (BERTJAX_REMOTE_TIMEOUT_S). Check the path, "
-                            "the network and credentials.")
-      if "error" in box:
-        raise box["error"]
-      exists, text = box["value"]
-    else:
-      exists, text = read()
-  except DataPathError:
-    raise
-  except Exception as e:
-    raise DataPathError(f"{data_dir}: cannot be read ({type(e).__name__}: {str(e)[:200]}). Check the path, the network "
-                        "and credentials; gs:// paths need gcsfs (pip install gcsfs) or TensorFlow.") from None
-  if not exists:
-    raise FileNotFoundError(f"{data_dir}: no creation.json; build the data with python -m bertjax dataset")
+    files.reach(data_dir)  # a remote store that does not answer: one line within BERTJAX_REMOTE_TIMEOUT_S
+    text = files.read_bytes(path)
+  except FileNotFoundError:
+    raise FileNotFoundError(f"{data_dir}: no creation.json; build the data with python -m bertjax dataset") from None
+  except (errors.Error, OSError) as e:
+    raise DataPathError(f"{data_dir}: cannot be read ({errors.one_line(e)[:300]}). Check the path, the network "
+                        "and credentials.") from None
   try:
     return json.loads(text)
-  except json.JSONDecodeError as e:
+  except (json.JSONDecodeError, UnicodeDecodeError) as e:
     raise DataPathError(f"{path}: not valid JSON ({e}); rebuild the data with --overwrite") from None
 
 
@@ -309,12 +329,11 @@ def tokenizer_of(data_dir: str, creation: dict | None = None) -> tuple[str, bool
   one, else the file it names; a tokenizer whose content changed since the data was made is refused."""
   creation = read_creation(data_dir) if creation is None else creation
   path, lower = creation.get("tokenizer", ""), creation.get("do_lower_case", True)
-  local = "://" not in os.fspath(data_dir)
-  copy = tokenizer_lib.find_in(os.path.join(data_dir, "tokenizer")) if local else None
+  copy = tokenizer_lib.find_in(files.join(os.fspath(data_dir), "tokenizer"))
   if copy is not None:
     path = copy
   want = creation.get("tokenizer_sha256")
-  if want and path and os.path.exists(path) and tokenizer_lib.fingerprint(path) != want:
+  if want and path and files.exists(path) and tokenizer_lib.fingerprint(path) != want:
     raise tokenizer_lib.TokenizerError(
         f"{path}: this tokenizer changed since the data in {data_dir} was made with it (sha256 {want[:12]}...); "
         "its ids no longer match the data: restore it or rebuild the data with --overwrite")
@@ -325,9 +344,28 @@ def load_source(data_dir: str, split: str):
   """A random-access data source of feature dicts (numpy), via tfds over array_record; no TensorFlow."""
   c = read_creation(data_dir)
   o = c["options"]
-  builder = BertPretraining(data_dir=data_dir, max_seq_length=o["max_seq_length"],
+  builder = BertPretraining(data_dir=local_data(data_dir), max_seq_length=o["max_seq_length"],
                             max_predictions_per_seq=o["max_predictions_per_seq"], file_format="array_record")
   return builder.as_data_source(split=split)
+
+
+def local_data(data_dir: str) -> str:
+  """A data dir array_record can read: a local one itself; a remote one's dataset copied into the local cache
+  (array_record opens local files only), in a folder keyed by the path and its creation.json's content (a data
+  dir rebuilt in place, whose shards may keep their sizes, gets a fresh copy), each file copied once."""
+  data_dir = os.fspath(data_dir)
+  if not files.is_remote(data_dir):
+    return data_dir
+  record = files.read_bytes(files.join(data_dir, "creation.json"))
+  key = hashlib.sha256(data_dir.rstrip("/").encode() + b"\0" + record).hexdigest()[:16]
+  local = os.path.join(files.cache_root(), f"data-{key}")
+  source = files.join(data_dir, NAME)
+  for rel in files.walk_files(source):
+    target = os.path.join(local, NAME, rel)
+    if not (os.path.isfile(target) and os.path.getsize(target) == files.size(files.join(source, rel))):
+      os.makedirs(os.path.dirname(target), exist_ok=True)
+      files.copy(files.join(source, rel), target)
+  return local
 
 
 def unigram_baseline(data_dir: str, train_split: str = "train", eval_split: str = "validation",

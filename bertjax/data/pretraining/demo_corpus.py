@@ -19,6 +19,7 @@ import subprocess
 import sysconfig
 from typing import Iterator
 
+from bertjax.core import files
 from bertjax.data.pretraining.corpus import CorpusError, CorpusStats, split_sentences
 
 
@@ -136,27 +137,28 @@ def build_offline_corpus(out_path: str, sources=("python",), min_sentences: int 
     raise CorpusError(f"unknown corpus source(s) {unknown}; known: {sorted(SOURCES)}")
   stats = CorpusStats()
   seen: set[bytes] = set()
-  os.makedirs(os.path.dirname(os.path.abspath(out_path)), exist_ok=True)
-  tmp = out_path + ".tmp"
-  with open(tmp, "w", encoding="utf-8") as f:
-    for source in sources:
-      for _, paragraphs in SOURCES[source]():
-        if dedupe:
-          kept = []
-          for p in paragraphs:
-            key = hashlib.blake2b(" ".join(p.split()).encode("utf-8"), digest_size=16).digest()
-            if key not in seen:
-              seen.add(key)
-              kept.append(p)
-          paragraphs = kept
-        sentences = [s for p in paragraphs for s in split_sentences(p)]
-        if len(sentences) < min_sentences:
-          stats.empty_documents += 1
-          continue
-        stats.documents += 1
-        stats.sentences += len(sentences)
-        f.write("\n".join(sentences) + "\n\n")
-  os.replace(tmp, out_path)
+  with files.local_target(out_path) as local:  # a remote out_path: written here, uploaded when whole
+    os.makedirs(os.path.dirname(os.path.abspath(local)), exist_ok=True)
+    tmp = local + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+      for source in sources:
+        for _, paragraphs in SOURCES[source]():
+          if dedupe:
+            kept = []
+            for p in paragraphs:
+              key = hashlib.blake2b(" ".join(p.split()).encode("utf-8"), digest_size=16).digest()
+              if key not in seen:
+                seen.add(key)
+                kept.append(p)
+            paragraphs = kept
+          sentences = [s for p in paragraphs for s in split_sentences(p)]
+          if len(sentences) < min_sentences:
+            stats.empty_documents += 1
+            continue
+          stats.documents += 1
+          stats.sentences += len(sentences)
+          f.write("\n".join(sentences) + "\n\n")
+    os.replace(tmp, local)
   if stats.documents == 0:
     raise CorpusError(f"the offline corpus from {list(sources)} came out empty: this machine ships none of its text")
   logging.info("offline corpus: %d documents, %d sentences -> %s", stats.documents, stats.sentences, out_path)
@@ -186,17 +188,18 @@ def write_topic_task(out_dir: str, classes: int = 6, dev_every: int = 5) -> dict
   labels = sorted(sorted(by_package, key=lambda k: (-len(by_package[k]), k))[:classes])
   if len(labels) < 2:
     raise CorpusError(f"this Python ships documented packages {labels}; the topic task needs at least two")
-  os.makedirs(out_dir, exist_ok=True)
-  sizes = {}
-  for split in ("train", "dev"):
-    rows = [(p, k) for k in labels for i, p in enumerate(by_package[k])
-            if (i % dev_every == dev_every - 1) == (split == "dev")]
-    tmp = os.path.join(out_dir, f"{split}.csv.tmp")
-    with open(tmp, "w", encoding="utf-8", newline="") as f:
-      w = csv.writer(f)
-      w.writerow(["text", "label"])
-      w.writerows(rows)
-    os.replace(tmp, os.path.join(out_dir, f"{split}.csv"))
-    sizes[split] = len(rows)
+  with files.local_target(out_dir) as local:  # a remote out_dir: written here, uploaded when whole
+    os.makedirs(local, exist_ok=True)
+    sizes = {}
+    for split in ("train", "dev"):
+      rows = [(p, k) for k in labels for i, p in enumerate(by_package[k])
+              if (i % dev_every == dev_every - 1) == (split == "dev")]
+      tmp = os.path.join(local, f"{split}.csv.tmp")
+      with open(tmp, "w", encoding="utf-8", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["text", "label"])
+        w.writerows(rows)
+      os.replace(tmp, os.path.join(local, f"{split}.csv"))
+      sizes[split] = len(rows)
   majority = max(sum(1 for i in range(len(by_package[k])) if i % dev_every == dev_every - 1) for k in labels)
   return {"labels": labels, **sizes, "majority": majority / sizes["dev"]}

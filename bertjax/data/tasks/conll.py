@@ -16,7 +16,8 @@ from bertjax.data.tasks.rows import TaskDataError
 
 def read(path: str) -> list[tuple[list[str], list[str]]]:
   path = os.fspath(path)
-  if not os.path.isfile(path):
+  files.reach(path)
+  if not files.isfile(path):
     raise TaskDataError(f"{path}: file not found")
   sentences, words, tags = [], [], []
   for n, line in enumerate(files.utf8_text(path, TaskDataError).split("\n"), 1):

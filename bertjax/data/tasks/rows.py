@@ -70,7 +70,8 @@ def local_examples(path: str, task, text_a: str, text_b: str = "", label: str = 
   """Examples from a .csv, .tsv or .jsonl file with named columns; labels must be in the declared set of `task` (a
   `bertjax.tasks.Task`)."""
   path = os.fspath(path)
-  if not os.path.isfile(path):
+  files.reach(path)
+  if not files.isfile(path):
     raise TaskDataError(f"{path}: file not found")
   rows = list(read_rows(path))
   if not rows:

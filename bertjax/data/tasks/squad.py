@@ -45,7 +45,8 @@ def tfds_examples(name: str, split: str, data_dir: str | None = None) -> list[QA
 def json_examples(path: str) -> list[QAExample]:
   """SQuAD-format JSON: {"data": [{"paragraphs": [{"context", "qas": [{"id", "question", "answers", ...}]}]}]}."""
   path = os.fspath(path)
-  if not os.path.isfile(path):
+  files.reach(path)
+  if not files.isfile(path):
     raise TaskDataError(f"{path}: file not found")
   try:
     data = json.loads(files.utf8_text(path, TaskDataError))["data"]
