@@ -13,7 +13,8 @@ tfds, squad, ...), each run with configs/finetune.py. Every run is one `launch/s
 ROOT/TASK/; a run whose workdir holds a finished report is not repeated, so an interrupted suite resumes with the
 same command. `--print` prints one command per run (for a pod) instead of running them. Relative paths (--root,
 --init, --suite and the paths in overrides) are read from the folder the command runs in. A run that fails puts
-its one-line error in the table and makes the command fail.
+its one-line error in the table and makes the command fail. --root (and --init) may be in a bucket
+(gs://BUCKET/suite on a TPU VM): the runs, the plan and the tables are written there.
 """
 from __future__ import annotations
 
@@ -25,6 +26,9 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import sweep  # noqa: E402
+
+from bertjax import errors as bertjax_errors  # noqa: E402  (on the path through sweep)
+from bertjax.core import files  # noqa: E402
 
 ROOT = sweep.ROOT
 
@@ -89,35 +93,34 @@ def grid_values(lrs: str, seeds: str) -> tuple[str, str]:
 
 def commands(tasks, init: str, lrs: str, seeds: str, root: str, extra: list[str]):
   """(task, run name, grid point, command) of every run."""
-  if init and not os.path.exists(init):
-    raise LaunchError(f"--init {init}: no such workdir or folder")
-  init = os.path.abspath(init) if init else ""
+  if init:
+    files.reach(init)
+    if not files.exists(init):
+      raise LaunchError(f"--init {init}: no such workdir or folder")
+  init = files.absolute(init) if init else ""
   out = []
   for t in tasks:
     config = t["config"] + ("," if ":" in t["config"] else ":") + f"init={init}" if init else t["config"]
-    for name, point, cmd in sweep.commands(config, [f"lr={lrs}", f"seed={seeds}"], os.path.join(root, t["name"]),
+    for name, point, cmd in sweep.commands(config, [f"lr={lrs}", f"seed={seeds}"], files.join(root, t["name"]),
                                            list(t.get("overrides", [])) + extra):
       out.append((t["name"], name, point, cmd))
   return out
 
 
-def finished(workdir: str) -> bool:
-  """A fine-tuning run writes report.json once, at its end (a preempted run has none)."""
-  return os.path.isfile(os.path.join(workdir, "report.json"))
+finished = sweep.finished  # a fine-tuning run writes report.json once, at its end (a preempted run has none)
 
 
 def summarize(root: str) -> dict:
   """Per task: each rate's median over seeds, the rate with the best median, and at it the median, mean and sd
   over seeds; then the average over tasks of those medians. Failed runs are counted, with the first one's error."""
-  with open(os.path.join(sweep.existing_root(root, "suite.json.runs"), "suite.json.runs"), encoding="utf-8") as f:
-    plan = json.load(f)
+  plan = files.read_json(files.join(sweep.existing_root(root, "suite.json.runs"), "suite.json.runs"))
   rows = []
   errors = plan.get("errors", {})
   for task, runs in plan["tasks"].items():
     failed = {name: errors[f"{task}/{name}"] for name in runs if f"{task}/{name}" in errors}
     by_lr: dict = {}
     for name, point in runs.items():
-      r = sweep.result_of(os.path.join(root, task, name))
+      r = sweep.result_of(files.join(root, task, name))
       if r and r.get("main") is not None:
         by_lr.setdefault(point["lr"], []).append((point["seed"], r["main"], r["main_metric"]))
     if not by_lr:
@@ -160,13 +163,11 @@ def _plot(summary, path):
 
 def table(root: str) -> dict:
   summary = summarize(root)
-  with open(os.path.join(root, "suite.json"), "w", encoding="utf-8") as f:
-    json.dump(summary, f, indent=2)
+  files.write_whole(files.join(root, "suite.json"), json.dumps(summary, indent=2))
   text = markdown(summary)
-  with open(os.path.join(root, "suite.md"), "w", encoding="utf-8") as f:
-    f.write(text)
+  files.write_whole(files.join(root, "suite.md"), text)
   if any(r["runs"] for r in summary["tasks"]):
-    _plot(summary, os.path.join(root, "suite.png"))
+    _plot(summary, files.join(root, "suite.png"))
   print(text, end="")
   return summary
 
@@ -174,7 +175,7 @@ def table(root: str) -> dict:
 def main(argv=None):
   try:
     return _main(argv)
-  except LaunchError as e:
+  except (LaunchError, bertjax_errors.Error) as e:  # an unreachable store, a missing bucket
     return sweep.fail(str(e))
 
 
@@ -192,23 +193,22 @@ def build_parser() -> sweep.Parser:
 def _main(argv):
   argv, extra = sweep.split_extra(argv)
   args = build_parser().parse_args(argv)
+  files.reach(args.root)  # a wrong endpoint or a missing bucket: one line now, not minutes of retries later
   if args.cmd == "table":
     table(args.root)
     return 0
   runs = commands(tasks_of(args), args.init, *grid_values(args.lrs, args.seeds), args.root, extra)
-  os.makedirs(args.root, exist_ok=True)
+  files.makedirs(args.root)
   plan = {"init": args.init, "tasks": {}}
   for task, name, point, _ in runs:
     plan["tasks"].setdefault(task, {})[name] = point
-  plan_path = os.path.join(args.root, "suite.json.runs")
-  with open(plan_path, "w", encoding="utf-8") as f:
-    json.dump(plan, f, indent=2)
+  plan_path = files.join(args.root, "suite.json.runs")
+  files.write_whole(plan_path, json.dumps(plan, indent=2))
   plan["errors"] = sweep.execute([(f"{task}/{name}", cmd) for task, name, _, cmd in runs], args.print,
-                                 skip=lambda label: finished(os.path.join(args.root, label)))
+                                 skip=lambda label: finished(files.join(args.root, label)))
   if args.print:
     return 0
-  with open(plan_path, "w", encoding="utf-8") as f:
-    json.dump(plan, f, indent=2)
+  files.write_whole(plan_path, json.dumps(plan, indent=2))
   table(args.root)
   return 1 if plan["errors"] else 0
 

@@ -10,7 +10,10 @@
 
 Grid keys are the config's argument keys (`configs/*.py:key=value`); `seed` is pooled (median and best). Paths
 (--root, the config file, paths in overrides) are the caller's: relative ones are read from the folder the command
-runs in. A run that fails is named with its one-line error in the table, and the command then fails too.
+runs in. --root may be a bucket (gs://BUCKET/sweep on a TPU VM): the runs' workdirs, the plan and the table are
+written there. A run whose workdir holds a finished fine-tuning report (report.json) is not repeated, so an
+interrupted sweep resumes with the same command. A run that fails is named with its one-line error in the table,
+and the command then fails too.
 """
 from __future__ import annotations
 
@@ -24,6 +27,10 @@ import subprocess
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:
+  sys.path.insert(0, ROOT)
+from bertjax import errors  # noqa: E402
+from bertjax.core import files  # noqa: E402  (the root and the runs' workdirs: a folder or a bucket)
 
 
 class LaunchError(Exception):
@@ -74,22 +81,21 @@ def commands(config: str, grid: list[str], root: str, extra: list[str]) -> list[
     cfg = config + ("," if ":" in config else ":") + arg if arg else config
     name = run_name(point)
     out.append((name, point, [sys.executable, "-m", "bertjax", "train", f"--config={cfg}",
-                              f"--workdir={os.path.abspath(os.path.join(root, name))}", *extra]))
+                              f"--workdir={files.absolute(files.join(root, name))}", *extra]))
   return out
 
 
 def result_of(workdir: str) -> dict:
   """The run's numbers: a fine-tuning report's best metrics, or pre-training's last held-out evaluation."""
-  report = os.path.join(workdir, "report.json")
-  if os.path.exists(report):
-    with open(report, encoding="utf-8") as f:
-      r = json.load(f)
+  report = files.join(workdir, "report.json")
+  if files.exists(report):
+    r = files.read_json(report)
     if not r.get("best"):
       return {}
     first_split = next(iter(r["best"]["metrics"].values()))
     return {"main": r["best"]["value"], "main_metric": r["main_metric"], **first_split}
   from bertjax.core import writers as metrics
-  evals = [x for x in metrics.read_jsonl(os.path.join(workdir, "metrics.jsonl")) if x["split"] == "eval"]
+  evals = [x for x in metrics.read_jsonl(files.join(workdir, "metrics.jsonl")) if x["split"] == "eval"]
   if not evals:
     return {}
   last = max(evals, key=lambda x: x["step"])
@@ -98,11 +104,10 @@ def result_of(workdir: str) -> dict:
 
 
 def tabulate(root: str) -> list[dict]:
-  with open(os.path.join(root, "sweep_runs.json"), encoding="utf-8") as f:
-    runs = json.load(f)
+  runs = files.read_json(files.join(root, "sweep_runs.json"))
   groups: dict = {}
   for name, point in runs.items():
-    r = result_of(os.path.join(root, name))
+    r = result_of(files.join(root, name))
     if not r or r.get("main") is None:
       continue
     key = tuple((k, v) for k, v in point.items() if k != "seed")
@@ -113,10 +118,9 @@ def tabulate(root: str) -> list[dict]:
     rows.append({"setting": dict(key), "metric": results[0][1]["main_metric"], "runs": len(results),
                  "median": statistics.median(mains), "best": max(mains), "worst": min(mains),
                  "per_seed": {s: r["main"] for s, r in results}})
-  with open(os.path.join(root, "sweep.json"), "w", encoding="utf-8") as f:
-    json.dump(rows, f, indent=2)
+  files.write_whole(files.join(root, "sweep.json"), json.dumps(rows, indent=2))
   if rows:
-    _plot(rows, os.path.join(root, "sweep.png"))
+    _plot(rows, files.join(root, "sweep.png"))
   return rows
 
 
@@ -126,7 +130,12 @@ def _plot(rows, path):
 
 
 def bar_plot(path, labels, medians, ylabel="", best=None, mean=None, sd=None):
-  """Medians over seeds as bars, with the best run or the mean ± sd beside each."""
+  """Medians over seeds as bars, with the best run or the mean ± sd beside each, into `path` (local or remote)."""
+  with files.local_target(path) as local:
+    _bar_plot(local, labels, medians, ylabel, best, mean, sd)
+
+
+def _bar_plot(path, labels, medians, ylabel, best, mean, sd):
   import matplotlib
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
@@ -152,6 +161,11 @@ def split_extra(argv):
     i = argv.index("--")
     return argv[:i], argv[i + 1:]
   return argv, []
+
+
+def finished(workdir: str) -> bool:
+  """A fine-tuning run writes report.json once, at its end (a preempted run has none)."""
+  return files.isfile(files.join(workdir, "report.json"))
 
 
 def execute(runs, print_only: bool, skip=lambda label: False) -> dict[str, str]:
@@ -203,7 +217,7 @@ def parser(description: str, run_args) -> tuple[Parser, argparse.ArgumentParser]
 
 
 def existing_root(root: str, runs_file: str) -> str:
-  if not os.path.isfile(os.path.join(root, runs_file)):
+  if not files.isfile(files.join(root, runs_file)):
     raise LaunchError(f"--root {root}: no {runs_file} (not the root of a run of this tool)")
   return root
 
@@ -211,7 +225,7 @@ def existing_root(root: str, runs_file: str) -> str:
 def main(argv=None):
   try:
     return _main(argv)
-  except LaunchError as e:
+  except (LaunchError, errors.Error) as e:  # errors.Error: a store that cannot be reached, a missing bucket
     return fail(str(e))
 
 
@@ -225,14 +239,16 @@ def build_parser() -> Parser:
 def _main(argv):
   argv, extra = split_extra(argv)
   args = build_parser().parse_args(argv)
+  files.reach(args.root)  # a wrong endpoint or a missing bucket: one line now, not minutes of retries later
   if args.cmd == "table":
     print_table(tabulate(existing_root(args.root, "sweep_runs.json")))
     return 0
   cmds = commands(config_path(args.config), args.grid, args.root, extra)
-  os.makedirs(args.root, exist_ok=True)
-  with open(os.path.join(args.root, "sweep_runs.json"), "w", encoding="utf-8") as f:
-    json.dump({name: point for name, point, _ in cmds}, f, indent=2)
-  failed = execute([(name, cmd) for name, _, cmd in cmds], args.print)
+  files.makedirs(args.root)
+  files.write_whole(files.join(args.root, "sweep_runs.json"),
+                    json.dumps({name: point for name, point, _ in cmds}, indent=2))
+  failed = execute([(name, cmd) for name, _, cmd in cmds], args.print,
+                   skip=lambda name: finished(files.join(args.root, name)))
   if args.print:
     return 0
   print_table(tabulate(args.root))
