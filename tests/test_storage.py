@@ -172,3 +172,54 @@ def test_two_processes_share_a_bucket_workdir(bucket, data_dir, tmp_path):
   assert sorted(a) == sorted(b) == list(range(1, 7))
   np.testing.assert_allclose([b[s] for s in range(1, 7)], [a[s] for s in range(1, 7)], atol=1e-5)
   assert checkpoint_lib.Checkpointer(two, read_only=True).steps() == [3, 6]
+
+
+def _pretrained_workdir(w) -> str:
+  """A tiny pre-training workdir (tests/data/checkpoints_v0's run, hidden 16) with its tokenizer copy, at `w`."""
+  import shutil
+  data = os.path.join(ROOT, "tests", "data", "checkpoints_v0")
+  shutil.copytree(os.path.join(data, "pretrain"), w)
+  os.makedirs(os.path.join(w, "tokenizer"))
+  shutil.copyfile(os.path.join(data, "vocab.txt"), os.path.join(w, "tokenizer", "vocab.txt"))
+  record = json.load(open(os.path.join(w, "config.json"), encoding="utf-8"))
+  record["data"]["data_dir"] = ""
+  files.write_whole(os.path.join(w, "config.json"), json.dumps(record))
+  return str(w)
+
+
+@pytest.mark.slow
+@pytest.mark.ci
+def test_finetuning_from_and_into_a_bucket_equals_the_local_run(bucket, tmp_path, monkeypatch, capsys):
+  from bertjax import finetune
+  from bertjax.cli import plot as plot_cli
+  from bertjax.cli import predict as predict_cli
+  from configs import finetune as finetune_config
+  pre = _pretrained_workdir(tmp_path / "pre")
+  files.copy(pre, files.join(bucket, "pre"))
+  tt.write_sentiment(tmp_path / "train.csv", 96, 0)
+  tt.write_sentiment(tmp_path / "dev.csv", 40, 1)
+  for name in ("train.csv", "dev.csv"):
+    files.copy(str(tmp_path / name), files.join(bucket, "data", name))
+
+  def config(init, data):
+    c = finetune_config.get_config(f"task=local,init={init},lr=1e-3,batch=16,epochs=2,seq=32")
+    c.data.train_file, c.data.eval_file = files.join(data, "train.csv"), files.join(data, "dev.csv")
+    c.data.text_a_column, c.data.label_column, c.data.labels = "sentence", "sentiment", ("neg", "pos")
+    return c
+  local = finetune.finetune(config(pre, str(tmp_path)), str(tmp_path / "ft"))
+  here = tmp_path / "cwd"
+  here.mkdir()
+  monkeypatch.chdir(here)
+  ft = files.join(bucket, "ft")
+  remote = finetune.finetune(config(files.join(bucket, "pre"), files.join(bucket, "data")), ft)
+  assert remote["report"]["epochs"] == local["report"]["epochs"]
+  assert files.read_json(files.join(ft, "report.json")) == files.read_json(str(tmp_path / "ft" / "report.json"))
+  meta = files.read_json(files.join(ft, "finetune.json"))
+  assert meta["tokenizer"] == "tokenizer/vocab.txt" and files.isfile(files.join(ft, "tokenizer", "vocab.txt"))
+  # The finished run is read back from the bucket, not trained again; plot and predict read the bucket.
+  assert finetune.report_of(None, ft) == remote["report"]
+  capsys.readouterr()
+  assert plot_cli.main([ft]) == 0 and files.isfile(files.join(ft, "loss.png"))
+  assert predict_cli.main(["--workdir", ft, "alpha good river"]) == 0
+  assert '"label"' in capsys.readouterr().out
+  assert os.listdir(here) == []
