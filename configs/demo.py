@@ -23,19 +23,18 @@ def finetune_config(demo_dir, labels, vocab_size, pretrained=True, seed=0):
   """The demo's fine-tuning (launch/demo.py, step 6) on its topic task in `demo_dir` (topic/train.csv, dev.csv):
   from the demo's pre-trained model, or from random weights of the same architecture; 3 epochs at the rate a
   2-layer model takes."""
-  import os
-
+  from bertjax.core import files
   from configs import finetune
-  init = os.path.join(demo_dir, "train") if pretrained else ""
+  init = files.join(demo_dir, "train") if pretrained else ""
   c = finetune.get_config(f"task=local,init={init},lr=1e-3,batch=32,epochs=3,seq=128,seed={seed},variant=tiny,"
                           f"vocab={vocab_size}")
   if not pretrained:
     pre = get_config().model
     c.model.max_position_embeddings = pre.max_position_embeddings
     c.model.dropout_rate, c.model.attention_dropout_rate = pre.dropout_rate, pre.attention_dropout_rate
-    c.data.tokenizer = os.path.join(demo_dir, "tokenizer", "vocab.txt")
-  c.data.train_file = os.path.join(demo_dir, "topic", "train.csv")
-  c.data.eval_file = os.path.join(demo_dir, "topic", "dev.csv")
+    c.data.tokenizer = files.join(demo_dir, "tokenizer", "vocab.txt")
+  c.data.train_file = files.join(demo_dir, "topic", "train.csv")
+  c.data.eval_file = files.join(demo_dir, "topic", "dev.csv")
   c.data.text_a_column, c.data.label_column, c.data.labels = "text", "label", tuple(labels)
   c.log_every = 1000
   return c

@@ -7,7 +7,6 @@ Each stage is skipped when its output exists, so a rerun resumes (training conti
 """
 from __future__ import annotations
 
-import os
 import sys
 import time
 
@@ -15,7 +14,7 @@ from absl import logging as absl_logging
 
 from bertjax.cli import common
 from bertjax.cli import train as train_cli
-from bertjax.core import hostmem
+from bertjax.core import files, hostmem
 
 
 @common.guard
@@ -34,11 +33,12 @@ def main(argv=None) -> int:
   from bertjax.data.pretraining import examples as pretraining
   from configs import demo
 
-  w = os.path.abspath(args.workdir)
-  os.makedirs(w, exist_ok=True)
+  w = files.absolute(args.workdir)
+  files.reach(w)
+  files.makedirs(w)
   t0 = time.time()
-  text = os.path.join(w, "corpus.txt")
-  if not os.path.exists(text):
+  text = files.join(w, "corpus.txt")
+  if not files.exists(text):
     s = demo_corpus.build_demo_corpus(text)
     print(f"[1/6] corpus: {s.documents} documents, {s.sentences} sentences from Python's docstrings and pydoc "
           f"topics -> {text}", flush=True)
@@ -47,14 +47,14 @@ def main(argv=None) -> int:
   config = demo.get_config()
   if args.steps:
     config.train.num_steps = args.steps
-  tok_dir = os.path.join(w, "tokenizer")
-  vocab = os.path.join(tok_dir, "vocab.txt")
-  if not os.path.exists(vocab):
+  tok_dir = files.join(w, "tokenizer")
+  vocab = files.join(tok_dir, "vocab.txt")
+  if not files.exists(vocab):
     tokenizer.train([text], tok_dir, kind="wordpiece", vocab_size=config.model.vocab_size)
   tok = tokenizer.load(vocab)
   print(f"[2/6] tokenizer: WordPiece, {tok.vocab_size} pieces -> {vocab}", flush=True)
-  data_dir = os.path.join(w, "data")
-  if not os.path.exists(os.path.join(data_dir, "creation.json")):
+  data_dir = files.join(w, "data")
+  if not files.exists(files.join(data_dir, "creation.json")):
     import tensorflow_datasets as tfds
     tfds.disable_progress_bar()  # plain progress lines (dataset.PROGRESS) instead of terminal escape codes
     dataset.PROGRESS["print"] = True
@@ -70,7 +70,7 @@ def main(argv=None) -> int:
     print(f"[3/6] pre-training data: {data_dir} (exists)", flush=True)
   config.data.data_dir = data_dir
   config.model.vocab_size = tok.vocab_size
-  run_dir = os.path.join(w, "train")
+  run_dir = files.join(w, "train")
   print(f"[4/6] pre-training a tiny BERT ({config.train.num_steps} steps, batch {config.train.global_batch_size} x "
         f"{config.data.max_seq_length}) on {jax.device_count()} {jax.devices()[0].platform} device(s)", flush=True)
   summary = train.train_and_evaluate(config, run_dir)
@@ -105,7 +105,7 @@ def finetune_both(w: str, vocab_size: int) -> None:
   from bertjax import finetune
   from bertjax.data.pretraining import demo_corpus
   from configs import demo
-  task_dir = os.path.join(w, "topic")
+  task_dir = files.join(w, "topic")
   task = demo_corpus.write_topic_task(task_dir)
   labels = task["labels"]
   print(f"[6/6] fine-tuning on a real task: which of {len(labels)} standard-library packages ({', '.join(labels)}) "
@@ -114,7 +114,7 @@ def finetune_both(w: str, vocab_size: int) -> None:
   accuracy = {}
   for name, pretrained in (("pre-trained", True), ("random weights", False)):
     report = finetune.report_of(demo.finetune_config(w, labels, vocab_size, pretrained),
-                                os.path.join(w, "finetune", "pretrained" if pretrained else "random"))
+                                files.join(w, "finetune", "pretrained" if pretrained else "random"))
     accuracy[name] = [e["validation"]["accuracy"] for e in report["epochs"]]
   print("held-out accuracy by epoch:", flush=True)
   for name, acc in accuracy.items():

@@ -2,6 +2,7 @@
 `gcs_server` and `bucket` fixtures): what a TPU VM's run does with gs:// paths."""
 import json
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -81,7 +82,7 @@ def test_a_claim_refuses_a_live_run_and_takes_over_a_stale_one(bucket, monkeypat
   # A dead process of this host (kill -9 here) is not waited for.
   dead = subprocess.Popen([sys.executable, "-c", "pass"])
   dead.wait()
-  files.write_whole(files.join(w, ".claim.json"), json.dumps({**other, "host": checkpoint_lib.socket.gethostname(),
+  files.write_whole(files.join(w, ".claim.json"), json.dumps({**other, "host": socket.gethostname(),
                                                               "pid": dead.pid}))
   checkpoint_lib.Claim(w).take().release()
 
@@ -223,3 +224,74 @@ def test_finetuning_from_and_into_a_bucket_equals_the_local_run(bucket, tmp_path
   assert predict_cli.main(["--workdir", ft, "alpha good river"]) == 0
   assert '"label"' in capsys.readouterr().out
   assert os.listdir(here) == []
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")  # orbax's abandoned reads
+def test_a_checkpoint_cut_short_in_the_bucket_falls_back_and_is_set_aside(bucket, data_dir, tmp_path):
+  """An object of the newest step cut short (an upload someone replaced, a copy that stopped): the step before
+  restores, and the damaged step is moved to damaged_checkpoints/ in the bucket, so the run saves it again."""
+  local = tmp_path / "w"
+  c = tt.small_config(data_dir)
+  c.train.num_steps = 6
+  train.train_and_evaluate(c, str(local))  # checkpoints at 3 and 6
+  w = files.join(bucket, "w")
+  files.copy(str(local), w)
+  state = files.join(w, "checkpoints", "6", "state")
+  shards = [rel for rel in files.walk_files(state) if "/d/" in f"/{rel}"]
+  assert shards
+  for rel in shards:
+    raw = files.read_bytes(files.join(state, rel))
+    files.write_whole(files.join(state, rel), raw[:len(raw) // 3])
+  want = checkpoint_lib.Checkpointer(str(local), read_only=True).restore_params(step=3)
+  ckpt = checkpoint_lib.Checkpointer(w)
+  notes = []
+  from bertjax import model as model_lib
+  abstract = train.build(c, model_lib.BertConfig.from_dict(c.model.to_dict())).abstract
+  restored, data_state, step = ckpt.restore(abstract, announce=notes.append)
+  assert step == 3 and data_state["step"] == 3
+  assert len(notes) == 1 and "moved to gs://" in notes[0] and "damaged_checkpoints/6" in notes[0]
+  for a, b in zip(jax.tree_util.tree_leaves(restored.params), jax.tree_util.tree_leaves(want)):
+    np.testing.assert_array_equal(np.asarray(a), b)
+  assert files.isdir(files.join(w, "damaged_checkpoints", "6")) and not files.exists(files.join(w, "checkpoints", "6"))
+  ckpt.close()
+  import gc
+  gc.collect()
+
+
+def test_a_config_cut_short_in_the_bucket_is_no_run_to_resume(bucket, data_dir):
+  w = files.join(bucket, "w")
+  files.write_whole(files.join(w, "config.json"), '{"mode": "pretr')
+  run_lib.check_workdir_mode(w, "finetune")  # unreadable: no mode to refuse by, as on local disk
+  with pytest.raises(errors.CheckpointError, match="no checkpoint"):
+    checkpoint_lib.Checkpointer(w, read_only=True).restore_params()
+
+
+def test_a_store_that_refuses_the_credentials_is_one_line(tmp_path):
+  """A GCS endpoint answering 401 to every request (a private bucket without credentials): one line naming the
+  bucket and the credentials, not a traceback."""
+  import http.server
+  import threading
+
+  class Refuse(http.server.BaseHTTPRequestHandler):
+    def _refuse(self):
+      body = b'{"error": {"code": 401, "message": "Anonymous caller does not have storage.objects.list access"}}'
+      self.send_response(401)
+      self.send_header("Content-Type", "application/json")
+      self.send_header("Content-Length", str(len(body)))
+      self.end_headers()
+      self.wfile.write(body)
+    do_GET = do_POST = do_PUT = do_DELETE = _refuse
+
+    def log_message(self, *args):
+      pass
+  server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Refuse)
+  threading.Thread(target=server.serve_forever, daemon=True).start()
+  try:
+    env = dict(tt.env(), STORAGE_EMULATOR_HOST=f"http://127.0.0.1:{server.server_address[1]}",
+               BERTJAX_REMOTE_TIMEOUT_S="20")
+    out = subprocess.run([sys.executable, "-m", "bertjax", "plot", "gs://private/w"], capture_output=True, text=True,
+                         env=env, cwd=tmp_path, timeout=120)
+  finally:
+    server.shutdown()
+  tt.assert_one_line_error(out, r"gs://private: the store refused these credentials")
+  assert os.listdir(tmp_path) == []

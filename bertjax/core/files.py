@@ -18,34 +18,19 @@ from __future__ import annotations
 
 import builtins
 import contextlib
-import functools
 import hashlib
 import json
 import os
-import re
 import shutil
 import tempfile
-import threading
 from typing import IO, Iterator
 
-from bertjax import errors
+from bertjax.core import storage
 
-_SCHEME = re.compile(r"^([a-zA-Z][a-zA-Z0-9+.-]*)://")
-# gcsfs probes each bucket's type over gRPC (zonal and hierarchical buckets) and waits a minute when that channel
-# cannot be reached (emulators, restricted networks); bertjax uses plain object semantics and needs neither.
-os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
-
-
-def scheme(path) -> str | None:
-  """'gs', 's3', ... for a remote path; None for a local one (file:// included)."""
-  m = _SCHEME.match(os.fspath(path))
-  if m is None or m.group(1).lower() == "file":
-    return None
-  return m.group(1).lower()
-
-
-def is_remote(path) -> bool:
-  return scheme(path) is not None
+# What the layer offers of the stores themselves: which paths are remote, their buckets, a bounded first contact.
+scheme, is_remote, bucket, reach, filesystem = (storage.scheme, storage.is_remote, storage.bucket, storage.reach,
+                                                storage.filesystem)
+_fs, _remote = storage.store_of, storage.translated
 
 
 def _local(path) -> str:
@@ -81,93 +66,6 @@ def absolute(path) -> str:
   """A local path made absolute; a remote one as it is (without a trailing slash)."""
   path = os.fspath(path)
   return path.rstrip("/") if is_remote(path) else os.path.abspath(_local(path))
-
-
-def bucket(path) -> str:
-  """'gs://bkt' of 'gs://bkt/a/b'."""
-  path = os.fspath(path)
-  s = scheme(path)
-  return f"{s}://{path.split('://', 1)[1].split('/', 1)[0]}"
-
-
-# ----------------------------------------------------------------------------- remote stores
-@functools.lru_cache(maxsize=None)
-def filesystem(name: str):
-  """The fsspec file system of a scheme, listings uncached (another host's writes are seen at once)."""
-  try:
-    import fsspec
-    options = {"use_listings_cache": False}
-    if name in ("gs", "gcs") and os.environ.get("STORAGE_EMULATOR_HOST"):
-      options["token"] = "anon"  # an emulator takes no credentials
-    return fsspec.filesystem(name, **options)
-  except (ImportError, ValueError) as e:
-    extra = {"gs": "gcsfs", "gcs": "gcsfs", "s3": "s3fs"}.get(name)
-    hint = f" (pip install {extra}, or bash launch/setup.sh tpu)" if extra else ""
-    raise errors.DataPathError(f"{name}:// paths need a filesystem driver{hint}: {errors.one_line(e)}") from None
-
-
-def _fs(path):
-  return filesystem(scheme(path))
-
-
-_reached: set[str] = set()
-
-
-def reach(path) -> None:
-  """Checks, within BERTJAX_REMOTE_TIMEOUT_S, that the store of a remote path answers and its bucket exists; a
-  local path passes. Every tool calls it before its first remote read or write, so that a wrong endpoint, a
-  missing bucket or missing credentials are one line, not minutes of retries."""
-  if not is_remote(path):
-    return
-  root = bucket(path)
-  if root in _reached:
-    return
-  timeout = float(os.environ.get("BERTJAX_REMOTE_TIMEOUT_S", "30"))
-  box: dict = {}
-
-  def probe():
-    try:
-      box["found"] = _fs(root).exists(root)
-    except BaseException as e:  # handed to the caller's thread
-      box["error"] = e
-
-  worker = threading.Thread(target=probe, daemon=True)  # a daemon: never holds up the exit
-  worker.start()
-  worker.join(timeout)
-  if worker.is_alive():
-    raise errors.DataPathError(f"{root}: no answer within {timeout:.0f}s (BERTJAX_REMOTE_TIMEOUT_S); check the "
-                               "endpoint, the network and the credentials")
-  if "error" in box:
-    raise _remote_error(box["error"], root) from None
-  if not box["found"]:
-    raise errors.DataPathError(f"{root}: the bucket does not exist (or these credentials cannot see it)")
-  _reached.add(root)
-
-
-def _remote_error(e: BaseException, path: str) -> OSError:
-  """A store's failure as one line naming the path."""
-  if isinstance(e, errors.Error):
-    return e
-  if isinstance(e, FileNotFoundError):
-    return FileNotFoundError(f"{path}: not found")
-  text = errors.one_line(e)
-  low = text.lower()
-  if any(w in low for w in ("401", "403", "credential", "unauthori", "forbidden", "access denied", "token")):
-    return errors.DataPathError(f"{path}: the store refused these credentials ({text[:200]})")
-  if any(w in low for w in ("connect", "timeout", "timed out", "name or service", "unreachable", "refused")):
-    return errors.DataPathError(f"{path}: cannot reach the store ({text[:200]}); check the endpoint and the network")
-  return errors.DataPathError(f"{path}: {type(e).__name__}: {text[:200]}")
-
-
-@contextlib.contextmanager
-def _remote(path):
-  """Translates a store's exceptions into one-line errors naming `path`."""
-  try:
-    yield
-  except (errors.Error, FileExistsError, IsADirectoryError, NotADirectoryError):
-    raise
-  except Exception as e:
-    raise _remote_error(e, os.fspath(path)) from None
 
 
 # ----------------------------------------------------------------------------- queries
