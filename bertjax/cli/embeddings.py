@@ -10,6 +10,7 @@ bucket is one line before anything is read.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 
 from bertjax import errors
@@ -43,13 +44,15 @@ def parser() -> common.ArgumentParser:
                                                           "vocabulary; 1024 for a multi-vector one)")
   p.add_argument("--score", default=None, choices=["cos", "dot"],
                  help="--beir: cosine or dot product (default cos; dot, the only one, for a sparse encoder)")
-  p.add_argument("--query_prefix", default="", help="--beir: text put before each query (e.g. 'query: ')")
-  p.add_argument("--doc_prefix", default="", help="--beir, --corpus: text put before each document (e.g. 'passage: ')")
+  p.add_argument("--query_prefix", default=None, help="--beir: text put before each query (e.g. 'query: '; "
+                                                       "default: the model's own query prompt, if any)")
+  p.add_argument("--doc_prefix", default=None, help="--beir, --corpus: text put before each document (e.g. "
+                                                     "'passage: '; default: the model's own document prompt, if any)")
   p.add_argument("--columns", default="sentence1,sentence2,score", help="--sts: the text, text and score columns")
   p.add_argument("--pooling", default="", choices=["", *POOLINGS], help="default: the model's own, else mean")
   p.add_argument("--rerank", default="", help="--beir: rerank this TREC run's top --depth documents per query "
                                              "with --model, a cross-encoder")
-  p.add_argument("--depth", type=int, default=100, help="--rerank: documents re-scored per query")
+  p.add_argument("--depth", type=int, default=None, help="--rerank: documents re-scored per query (default 100)")
   p.add_argument("--max_active_dims", type=int, default=0,
                  help="--beir with a sparse encoder: keep each vector's largest terms (0: all)")
   p.add_argument("--batch_size", type=int, default=32)
@@ -71,10 +74,30 @@ def main(argv=None) -> int:
     raise errors.ConfigError(f"--max_active_dims {args.max_active_dims}: a count of terms >= 0 (0: all)")
   if args.rerank and not args.beir:
     raise errors.ConfigError("--rerank needs --beir, the folder whose queries, corpus and judgements the run is of")
+  if args.query_prefix is not None and not args.beir:
+    raise errors.ConfigError("--query_prefix is for --beir (the queries' text)")
+  if args.doc_prefix is not None and args.sts:
+    raise errors.ConfigError("--doc_prefix is for --beir and --corpus (the documents' text), not --sts")
+  if args.rerank:
+    _refuse(args, "--rerank (a cross-encoder re-scoring a run)", "cache_dir", "block", "score", "pooling",
+            "max_active_dims")
+    return _rerank(args)
+  if args.depth is not None:
+    raise errors.ConfigError("--depth is for --rerank (documents re-scored per query)")
   is_sparse = sparse.SparseEncoder.is_model(args.model)
-  is_multi = multivector.is_folder(args.model)
+  is_multi = multivector.is_model(args.model)
+  if not is_sparse and not is_multi and rerank.CrossEncoder.is_reranker(args.model):
+    raise errors.ConfigError(f"{args.model} is a cross-encoder: it re-scores a run (--beir FOLDER --rerank RUN), it "
+                             "does not embed texts")
   if is_multi and args.score:
     raise errors.ConfigError("a multi-vector encoder scores by MaxSim (its folder's similarity): leave out --score")
+  if is_multi:
+    _refuse(args, f"a multi-vector encoder ({args.model})", "cache_dir", "pooling", "max_active_dims")
+  elif is_sparse:
+    _refuse(args, f"a sparse encoder ({args.model}), which pools by its own SpladePooling", "pooling")
+  else:
+    _refuse(args, f"a dense embedding model ({args.model}); it prunes a sparse encoder's term vectors",
+            "max_active_dims")
   args.block = args.block or (2048 if is_sparse else 1024 if is_multi else 65536)
   args.score = args.score or ("dot" if is_sparse else "cos")
   if is_sparse and not args.beir:
@@ -82,7 +105,7 @@ def main(argv=None) -> int:
                              "embedding models)")
   if is_sparse and args.score != "dot":
     raise errors.ConfigError("a sparse encoder scores by dot product: --score dot")
-  if is_multi and not args.rerank:
+  if is_multi:
     return _late_interaction(args)
   # The data and every output are checked before the model is loaded.
   if args.corpus:
@@ -94,8 +117,6 @@ def main(argv=None) -> int:
     print(json.dumps(embed_corpus(enc, ids, texts, args.out, args.block, args.batch_size, args.doc_prefix,
                                   overwrite=args.overwrite)))
     return 0
-  if args.rerank:
-    return _rerank(args)
   if args.beir:
     if args.run:
       retrieval.check_run_file(args.run, args.overwrite)
@@ -116,9 +137,19 @@ def main(argv=None) -> int:
   return 0
 
 
+def _refuse(args, kind: str, *names: str) -> None:
+  """A one-line error naming the first of these options given (not left at its default) and the model kind or
+  mode that takes no such option."""
+  for name in names:
+    if getattr(args, name) not in (None, "", 0):
+      raise errors.ConfigError(f"--{name}: not an option for {kind}; leave it out")
+
+
 def _rerank(args) -> int:
-  """--beir F --rerank RUN: the run's top --depth documents per judged query re-scored by the cross-encoder; the
-  metrics of the run before and after, the new run written to --run."""
+  """--beir F --rerank RUN: the run's top --depth documents per judged query re-scored by the cross-encoder (each
+  query with --query_prefix, each document with --doc_prefix before it); the metrics of the run before and after,
+  the new run (its top --top_k per query) written to --run."""
+  args.depth = 100 if args.depth is None else args.depth
   check_sizes(depth=args.depth)
   if args.run:
     retrieval.check_run_file(args.run, args.overwrite)
@@ -131,8 +162,11 @@ def _rerank(args) -> int:
     raise errors.ConfigError(f"{args.model}: not a cross-encoder (a CrossEncoder folder, an HF "
                              "*ForSequenceClassification folder or a bertjax classification workdir)")
   ce = rerank.CrossEncoder.load(args.model)
-  new = rerank.rerank(ce, judged, dict(zip(data.query_ids, data.queries)), dict(zip(data.doc_ids, data.docs)),
-                      args.depth, args.batch_size)
+  rerank.check_ranker(ce, args.model)
+  qp, dp = args.query_prefix or "", args.doc_prefix or ""
+  new = rerank.rerank(ce, judged, {q: qp + t for q, t in zip(data.query_ids, data.queries)},
+                      {d: dp + t for d, t in zip(data.doc_ids, data.docs)}, args.depth, args.batch_size)
+  new = {q: dict(sorted(docs.items(), key=lambda kv: (-kv[1], kv[0]))[:args.top_k]) for q, docs in new.items()}
   if args.run:
     retrieval.write_trec(new, args.run)
   before = retrieval.evaluate_run(judged, data.qrels)
@@ -151,6 +185,9 @@ def _late_interaction(args) -> int:
     retrieval.check_run_file(args.run, args.overwrite)
   data = retrieval.read_beir(args.beir, args.split)
   enc = multivector.MultiVectorEncoder.load(args.model)
+  prompts = {k: v for k, v in (("query_prompt", args.query_prefix), ("document_prompt", args.doc_prefix))
+             if v is not None}  # given: they replace the model's own prompts
+  enc = dataclasses.replace(enc, settings=dataclasses.replace(enc.settings, **prompts)) if prompts else enc
   s, rows = multivector.search(enc, data.queries, data.docs, args.top_k, args.block, args.batch_size)
   run = retrieval.make_run(data, s, rows)
   if args.run:

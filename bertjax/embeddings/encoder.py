@@ -64,15 +64,34 @@ def _max_seq_length(path: str, folder: str) -> int:
   return 0
 
 
+# The embedding models that are not a dense encoder: their fine-tuning kind, their sentence-transformers folder's
+# model_type, and the reader that takes them.
+OTHER_KINDS = {"sparse": ("SparseEncoder", "a sparse encoder", "bertjax.embeddings.sparse.SparseEncoder"),
+               "multivector": ("MultiVectorEncoder", "a multi-vector encoder",
+                               "bertjax.embeddings.multivector.MultiVectorEncoder"),
+               "rerank": ("CrossEncoder", "a cross-encoder", "bertjax.embeddings.rerank.CrossEncoder")}
+
+
 def _embedding_run(path: str) -> dict | None:
-  """finetune.json of an embedding model's fine-tuned workdir (a contrastive task's), else None."""
+  """finetune.json of an embedding model's fine-tuned workdir (a contrastive task's), else None; a sparse,
+  multi-vector or rerank run is a one-line error naming its reader."""
   if not files.isfile(files.join(path, "finetune.json")):
     return None
   meta = weights.finetune_meta(path)
-  if meta["kind"] == "sparse":
-    raise convert.ConversionError(f"{path}: a sparse encoder's run (task=sparse); read it with "
-                                  "bertjax.embeddings.sparse.SparseEncoder (the embeddings command does)")
+  if meta["kind"] in OTHER_KINDS:
+    _, what, reader = OTHER_KINDS[meta["kind"]]
+    raise convert.ConversionError(f"{path}: {what}'s run (task={meta['task']}), not a dense embedding model's; "
+                                  f"read it with {reader} (the embeddings command does)")
   return meta if meta["kind"] == "contrastive" else None
+
+
+def _check_dense_folder(path: str, conf: dict) -> None:
+  """A sentence-transformers folder of another model type (SparseEncoder, MultiVectorEncoder, CrossEncoder) is a
+  one-line error naming its reader, not a dense model of its Transformer."""
+  for _, (model_type, what, reader) in OTHER_KINDS.items():
+    if conf.get("model_type") == model_type:
+      raise convert.ConversionError(f"{path}: {what} ({model_type} folder), not a dense embedding model; read it "
+                                    f"with {reader} (the embeddings command does)")
 
 
 def model_path(path: str) -> str:
@@ -103,6 +122,7 @@ class Encoder:
   params: dict
   tok: tokenizer_lib.Tokenizer
   max_seq_length: int
+  prompts: st_lib.Prompts = st_lib.Prompts()  # a sentence-transformers folder's query / document / default prompts
 
   @classmethod
   def load(cls, path: str, pooling: Pooling | None = None, max_seq_length: int = 0, **overrides) -> "Encoder":
@@ -113,7 +133,14 @@ class Encoder:
     copy (`files.local_copy`)."""
     path = model_path(path)
     meta = _embedding_run(path)
+    prompts = st_lib.Prompts()
     if st_lib.is_folder(path):
+      conf = st_lib.st_config(path)
+      _check_dense_folder(path, conf)
+      prompts = st_lib.read_prompts(path, conf)
+      if any(dataclasses.astuple(prompts)) and not st_lib.pools_prompt(path):
+        raise convert.ConversionError(f"{path}: its Pooling leaves the prompt's tokens out (include_prompt false); "
+                                      "bertjax pools every token")
       cfg, params, found, folder = st_lib.read(path, **overrides)
       tok_path, lower = weights.hf_tokenizer(folder)
       pooling = pooling or found
@@ -134,7 +161,7 @@ class Encoder:
                                     "sentencepiece model)")
     tok = tokenizer_lib.load(tok_path, do_lower_case=lower)
     limit = cfg.max_length
-    return cls(EmbeddingModel(cfg, pooling), params, tok, min(max_seq_length or limit, limit))
+    return cls(EmbeddingModel(cfg, pooling), params, tok, min(max_seq_length or limit, limit), prompts)
 
   @functools.cached_property
   def _apply(self):
@@ -165,8 +192,18 @@ class Encoder:
     mesh = self._local_mesh
     return NamedSharding(mesh, P("batch")) if mesh and batch_size % mesh.size == 0 else None
 
-  def encode(self, texts: Sequence[str], batch_size: int = 32, multiple: int = 0) -> np.ndarray:
-    """Embeddings [len(texts), D] in the order given. Texts run longest first by token count, in batches of
+  def encode_query(self, texts: Sequence[str], batch_size: int = 32, prompt: str | None = None) -> np.ndarray:
+    """`encode` with the folder's query prompt (sentence-transformers' encode_query), or `prompt` when given."""
+    return self.encode(texts, batch_size, 0, self.prompts.query if prompt is None else prompt)
+
+  def encode_document(self, texts: Sequence[str], batch_size: int = 32, prompt: str | None = None) -> np.ndarray:
+    """`encode` with the folder's document prompt (sentence-transformers' encode_document), or `prompt`."""
+    return self.encode(texts, batch_size, 0, self.prompts.document if prompt is None else prompt)
+
+  def encode(self, texts: Sequence[str], batch_size: int = 32, multiple: int = 0, prompt: str | None = None
+             ) -> np.ndarray:
+    """Embeddings [len(texts), D] in the order given, `prompt` (else the folder's default prompt) put before each
+    text. Texts run longest first by token count, in batches of
     `batch_size` rows padded to their longest row rounded up to `multiple` tokens: little compute goes to padding,
     and a long list compiles at most max_seq_length / multiple shapes. `multiple` 0: 8 on CPU, where compiling
     is cheap and every padded token costs; on accelerators the fine-tuning buckets' (8 lengths up to
@@ -175,7 +212,8 @@ class Encoder:
       return np.zeros((0, 0), np.float32)
     if not multiple:
       multiple = 8 if jax.default_backend() == "cpu" else bucket_multiple(self.max_seq_length, 8)
-    rows = token_rows(self.tok, texts, self.max_seq_length)
+    prompt = self.prompts.default if prompt is None else prompt
+    rows = token_rows(self.tok, [prompt + t for t in texts] if prompt else texts, self.max_seq_length)
     order = np.argsort([-len(r) for r in rows], kind="stable")
     sharding = self._row_sharding(batch_size)
     params = self._device_params
@@ -215,11 +253,13 @@ def sts_scores(encoder: Encoder, pairs: Sequence[tuple[str, str, float]], batch_
 
 def beir_scores(encoder: Encoder, folder: str | retrieval.Beir, split: str = "test", top_k: int = 1000,
                 run_file: str = "", cache_dir: str = "", block: int = 65536, batch_size: int = 32,
-                query_prefix: str = "", doc_prefix: str = "", score: str = "cos", overwrite: bool = False) -> dict:
+                query_prefix: str | None = None, doc_prefix: str | None = None, score: str = "cos",
+                overwrite: bool = False) -> dict:
   """nDCG@10, MRR@10, Recall@100 and MAP of exact search (cosine or dot product) over a BEIR folder's corpus,
   the run (top `top_k` per query) written to `run_file` in TREC format; `cache_dir` keeps the corpus embeddings
   block by block so an interrupted run resumes (`blocks.BlockStore`). Neither is written over when it holds what
-  this command did not write, unless `overwrite`."""
+  this command did not write, unless `overwrite`. Queries take `query_prefix` and documents `doc_prefix` before
+  their text; None: the model's own query / document prompts (a sentence-transformers folder's)."""
   if score not in ("cos", "dot"):
     raise errors.ConfigError(f"--score {score!r}: cos or dot")
   check_sizes(top_k=top_k, block=block, batch_size=batch_size)
@@ -236,14 +276,14 @@ def beir_scores(encoder: Encoder, folder: str | retrieval.Beir, split: str = "te
     if sparse:
       counts[side].append(np.count_nonzero(vectors, axis=1))
     return vectors
+  doc_prompt = encoder.prompts.document if doc_prefix is None else doc_prefix
   store = None
   if cache_dir:
-    store = blocks_lib.BlockStore(cache_dir, blocks_lib.corpus_key(f"{encoder.fingerprint}|{doc_prefix}|{score}",
+    store = blocks_lib.BlockStore(cache_dir, blocks_lib.corpus_key(f"{encoder.fingerprint}|{doc_prompt}|{score}",
                                                                    beir.docs, block), "--cache_dir", overwrite)
-  encode_query = getattr(encoder, "encode_query", encoder.encode)  # an inference-free sparse encoder's own
-  queries = counted("query", prep(encode_query([query_prefix + t for t in beir.queries], batch_size)))
-  blocks = retrieval.corpus_blocks(lambda texts: prep(encoder.encode([doc_prefix + t for t in texts], batch_size)),
-                                   beir.docs, block, store)
+  queries = counted("query", prep(encoder.encode_query(beir.queries, batch_size, prompt=query_prefix)))
+  blocks = retrieval.corpus_blocks(
+      lambda texts: prep(encoder.encode_document(texts, batch_size, prompt=doc_prompt)), beir.docs, block, store)
   s, rows = retrieval.search(queries, (counted("document", b) for b in blocks), top_k)
   run = retrieval.make_run(beir, s, rows)
   if run_file:
@@ -256,7 +296,7 @@ def beir_scores(encoder: Encoder, folder: str | retrieval.Beir, split: str = "te
 
 
 def embed_corpus(encoder: Encoder, ids: Sequence[str], texts: Sequence[str], out: str, block: int = 65536,
-                 batch_size: int = 32, prefix: str = "", log=print, overwrite: bool = False) -> dict:
+                 batch_size: int = 32, prefix: str | None = None, log=print, overwrite: bool = False) -> dict:
   """Embeds a corpus into `out`: `block-NNNNN.npy` ([rows, width] float32) with its record, and `ids.json`
   (every id, in row order), `manifest.json` binding the folder to the model, prefix, ids and texts
   (`blocks.BlockStore`). A killed run resumes at its first missing block (none embedded twice); each host embeds
@@ -264,6 +304,7 @@ def embed_corpus(encoder: Encoder, ids: Sequence[str], texts: Sequence[str], out
   check_sizes(block=block, batch_size=batch_size)
   if not len(texts):
     raise errors.DataError("the corpus holds no documents")
+  prefix = encoder.prompts.document if prefix is None else prefix  # None: the folder's document prompt
   store = blocks_lib.BlockStore(out, blocks_lib.corpus_key(f"{encoder.fingerprint}|{prefix}|corpus", texts, block,
                                                            ids), "--out", overwrite)
   if jax.process_index() == 0 and not files.isfile(files.join(out, "ids.json")):
@@ -276,7 +317,7 @@ def embed_corpus(encoder: Encoder, ids: Sequence[str], texts: Sequence[str], out
   state = {"done": 0, "docs": 0, "t0": time.time()}
 
   def embed(chunk):
-    vectors = encoder.encode([prefix + t for t in chunk], batch_size)
+    vectors = encoder.encode_document(chunk, batch_size, prompt=prefix)
     state["done"] += 1
     state["docs"] += len(chunk)
     rate = state["docs"] / max(time.time() - state["t0"], 1e-9)

@@ -9,6 +9,7 @@ copy, written into a local folder that is uploaded when complete.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 
@@ -140,3 +141,51 @@ def _write(cfg, params, pooling: Pooling, out: str, max_seq_length: int, family:
     json.dump(stack, f, indent=2)
   with files.open(os.path.join(out, "sentence_bert_config.json"), "w") as f:
     json.dump({"max_seq_length": max_seq_length, "do_lower_case": False}, f, indent=2)
+
+
+@dataclasses.dataclass(frozen=True)
+class Prompts:
+  """The texts put before a query, a document and any other text (sentence-transformers' encode_query,
+  encode_document and encode)."""
+  query: str = ""
+  document: str = ""
+  default: str = ""
+
+
+def st_config(path: str) -> dict:
+  """The folder's config_sentence_transformers.json ({} when it has none)."""
+  name = files.join(path, "config_sentence_transformers.json")
+  if not files.isfile(name):
+    return {}
+  conf = _json(name)
+  if not isinstance(conf, dict):
+    raise ConversionError(f"{name}: not a JSON object")
+  return conf
+
+
+def read_prompts(path: str, conf: dict | None = None) -> Prompts:
+  """The folder's prompts as sentence-transformers applies them: `default_prompt_name`'s prompt for `encode`; for
+  encode_query the prompt named "query" (else the default); for encode_document the first of "document",
+  "passage", "corpus" (else the default)."""
+  conf = st_config(path) if conf is None else conf
+  prompts = conf.get("prompts") or {}
+  where = files.join(path, "config_sentence_transformers.json")
+  if not isinstance(prompts, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in prompts.items()):
+    raise ConversionError(f"{where}: prompts {prompts!r} is not a map of names to texts")
+  name = conf.get("default_prompt_name")
+  if name is not None and name not in prompts:
+    raise ConversionError(f"{where}: default_prompt_name {name!r} is not one of the prompts {sorted(prompts)}")
+  default = prompts[name] if name is not None else ""
+  document = next((prompts[n] for n in ("document", "passage", "corpus") if n in prompts), default)
+  return Prompts(prompts.get("query", default), document, default)
+
+
+def pools_prompt(path: str) -> bool:
+  """Whether the folder's Pooling averages the prompt's tokens with the text's (its `include_prompt`, default
+  true); bertjax pools every token, so a folder that leaves the prompt out is refused when it has one."""
+  stack = _json(files.join(path, "modules.json"))
+  for m in stack if isinstance(stack, list) else []:
+    if str(m.get("type", "")).rsplit(".", 1)[-1] == "Pooling":
+      conf = _json(files.join(files.join(path, m.get("path", "")), "config.json"))
+      return bool(conf.get("include_prompt", True))
+  return True

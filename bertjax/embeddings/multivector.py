@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 import os
 from typing import Sequence
 
@@ -32,7 +33,7 @@ from bertjax.convert import weights
 from bertjax.convert.table import ConversionError
 from bertjax.core import files
 from bertjax.data import tokenizer as tokenizer_lib
-from bertjax.embeddings.encoder import _max_seq_length, model_path
+from bertjax.embeddings.encoder import _max_seq_length, finetune_kind, model_path
 from bertjax.embeddings.model import normalize
 
 _DENSE_ACTIVATIONS = ("torch.nn.modules.linear.Identity",)
@@ -52,6 +53,11 @@ def is_folder(path: str) -> bool:
   return _json(files.join(path, "config_sentence_transformers.json")).get("model_type") == "MultiVectorEncoder"
 
 
+def is_model(path: str) -> bool:
+  """Whether `path` is a MultiVectorEncoder folder or a bertjax `task=multivector` workdir."""
+  return is_folder(path) or finetune_kind(path) == "multivector"
+
+
 @dataclasses.dataclass(frozen=True)
 class Settings:
   """What decides a text's vectors besides the weights (the folder's configs)."""
@@ -65,6 +71,22 @@ class Settings:
   skiplist_tasks: tuple[str, ...] = ("document",)
   normalize: bool = True
   similarity: str = "maxsim"
+
+
+def settings_from_json(text: str) -> Settings:
+  """Settings from the JSON of their fields (a task=multivector run's `settings` option)."""
+  raw = json.loads(text)
+  raw["expansion"] = tuple(raw["expansion"]) if raw.get("expansion") else None
+  return Settings(**{k: tuple(v) if isinstance(v, list) else v for k, v in raw.items()})
+
+
+def model_settings(path: str) -> tuple[Settings, int]:
+  """(Settings, projection width) of a MultiVectorEncoder folder or a task=multivector workdir (its options)."""
+  if finetune_kind(path) == "multivector":
+    opts = weights.finetune_meta(path).get("task_options") or {}
+    return settings_from_json(opts["settings"]), int(opts.get("dim", 128))
+  _, dense, settings = read_folder(path)
+  return settings, int(dense["kernel"].shape[1])
 
 
 def read_folder(path: str) -> tuple[str, dict, Settings]:
@@ -167,8 +189,11 @@ class MultiVectorEncoder:
 
   @classmethod
   def load(cls, path: str, **overrides) -> "MultiVectorEncoder":
-    """A MultiVectorEncoder folder; a gs:// or s3:// one is read from a local copy (`files.local_copy`)."""
+    """A MultiVectorEncoder folder or a bertjax `task=multivector` workdir (its best parameters and settings); a
+    gs:// or s3:// one is read from a local copy (`files.local_copy`)."""
     path = model_path(path)
+    if finetune_kind(path) is not None:
+      return cls._load_run(path, **overrides)
     if not is_folder(path):
       raise ConversionError(f"{path}: not a sentence-transformers MultiVectorEncoder folder "
                             "(config_sentence_transformers.json model_type)")
@@ -183,6 +208,24 @@ class MultiVectorEncoder:
     limit = cfg.max_length
     settings = dataclasses.replace(settings, max_seq_length=min(settings.max_seq_length, limit))
     return cls(cfg, {"bert": params.get("bert", params), "dense": dense}, tok, settings)
+
+  @classmethod
+  def _load_run(cls, path: str, **overrides) -> "MultiVectorEncoder":
+    meta = weights.finetune_meta(path)
+    if meta["kind"] != "multivector":
+      raise ConversionError(f"{path}: a {meta['kind']!r} fine-tuning run, not a multi-vector encoder's "
+                            "(task=multivector)")
+    opts = meta.get("task_options") or {}
+    if "settings" not in opts:
+      raise ConversionError(f"{path}/finetune.json: no multi-vector settings in task_options")
+    settings = settings_from_json(opts["settings"])
+    w = weights.load(path, overrides=overrides, head="all")
+    if "dense" not in w.params:
+      raise ConversionError(f"{path}: no token projection (dense) in the run's parameters")
+    tok = tokenizer_lib.load(w.tokenizer, do_lower_case=w.do_lower_case)
+    limit = w.cfg.max_length
+    settings = dataclasses.replace(settings, max_seq_length=min(settings.max_seq_length or limit, limit))
+    return cls(w.cfg, {"bert": w.params["bert"], "dense": dict(w.params["dense"])}, tok, settings)
 
   @functools.cached_property
   def _skip_ids(self) -> frozenset:

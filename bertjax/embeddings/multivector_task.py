@@ -17,6 +17,7 @@ import numpy as np
 from safetensors.numpy import save_file
 
 from bertjax import convert, errors
+from bertjax.convert import weights as weights_lib
 from bertjax.convert.table import host_params
 from bertjax.core import files
 from bertjax.data import packing
@@ -33,9 +34,10 @@ METRICS = ("ndcg@10", "mrr@10", "recall@1", "recall@10")
 
 
 def settings_of(config) -> multivector.Settings:
-  """The run's Settings: a MultiVectorEncoder init's own, else the config's `multivector` section."""
-  if config.init and multivector.is_folder(config.init):
-    return multivector.read_folder(config.init)[2]
+  """The run's Settings: a MultiVectorEncoder init's own (a folder's or a task=multivector workdir's), else the
+  config's `multivector` section."""
+  if config.init and multivector.is_model(config.init):
+    return multivector.model_settings(config.init)[0]
   m = config.multivector
   if m.dim < 1 or m.scale <= 0 or m.query_length < 0 or m.document_length < 0:
     raise errors.ConfigError(f"multivector.dim {m.dim}, scale {m.scale} must be > 0 and query_length "
@@ -58,17 +60,15 @@ def task(name, labels, regression, config) -> Task | None:
   options = ()
   if config is not None:
     s = settings_of(config)
-    dim = (multivector.read_folder(config.init)[1]["kernel"].shape[1] if config.init and
-           multivector.is_folder(config.init) else int(config.multivector.dim))
+    dim = (multivector.model_settings(config.init)[1] if config.init and multivector.is_model(config.init)
+           else int(config.multivector.dim))
     options = (("settings", json.dumps(dataclasses.asdict(s))), ("dim", dim),
                ("scale", float(config.multivector.scale)))
   return Task(name, "multivector", ("text_a", "text_b"), (), METRICS, "ndcg@10", options=options)
 
 
 def _settings(task: Task) -> multivector.Settings:
-  raw = json.loads(task.option("settings"))
-  raw["expansion"] = tuple(raw["expansion"]) if raw["expansion"] else None
-  return multivector.Settings(**{k: tuple(v) if isinstance(v, list) else v for k, v in raw.items()})
+  return multivector.settings_from_json(task.option("settings"))
 
 
 class LateInteractionModel(nn.Module):
@@ -195,12 +195,14 @@ class MultiVector(Contrastive):
     return pack(feats, row_length, max_per_row)
 
   def weights(self, task, path, overrides):
-    """A MultiVectorEncoder folder's encoder and projection, or any encoder (the projection starts fresh)."""
-    if not multivector.is_folder(path):
+    """A MultiVectorEncoder folder's or task=multivector workdir's encoder and projection, or any encoder (the
+    projection starts fresh)."""
+    if not multivector.is_model(path):
       return super().weights(task, path, overrides)
     enc = multivector.MultiVectorEncoder.load(path, **overrides)
+    lower = True if multivector.is_folder(path) else weights_lib.finetune_meta(path)["do_lower_case"]
     return enc.cfg, {"bert": enc.params["bert"], "dense": {"kernel": enc.params["dense"]["kernel"]}}, \
-        enc.tok.path, True
+        enc.tok.path, lower
 
   def head(self, task, cfg):
     return LateInteractionModel(cfg, int(task.option("dim", 128)), _settings(task).normalize if task.options else True)

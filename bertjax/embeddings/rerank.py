@@ -119,6 +119,14 @@ class CrossEncoder:
   activation: str
 
   @staticmethod
+  def is_reranker(path: str) -> bool:
+    """Whether `path` is a cross-encoder and nothing else: a CrossEncoder folder or a bertjax task=rerank workdir
+    (an HF classification folder or workdir may also be read as a text encoder)."""
+    if files.isfile(files.join(path, "finetune.json")):
+      return finetune_kind(path) == "rerank"
+    return _json(files.join(path, "config_sentence_transformers.json")).get("model_type") == "CrossEncoder"
+
+  @staticmethod
   def is_model(path: str) -> bool:
     """Whether `path` is a CrossEncoder folder, an HF *ForSequenceClassification folder or a bertjax
     classification / regression workdir."""
@@ -195,18 +203,26 @@ class CrossEncoder:
     return out[:, 0] if self.num_labels == 1 else out
 
 
+def check_ranker(ce: CrossEncoder, name: str = "") -> None:
+  """One score per pair or a one-line error (sentence-transformers' CrossEncoder.rank takes num_labels 1 only)."""
+  if ce.num_labels != 1:
+    raise errors.ConfigError(f"{name or 'the cross-encoder'}: {ce.num_labels} labels; ranking needs a cross-encoder "
+                             "with one score per pair (num_labels 1), as sentence-transformers' CrossEncoder.rank")
+
+
 def rerank(ce: CrossEncoder, run: dict[str, dict[str, float]], queries: dict[str, str], docs: dict[str, str],
          depth: int = 100, batch_size: int = 32) -> dict[str, dict[str, float]]:
-  """Each query's top `depth` documents of `run` scored by the cross-encoder (its first label's score for a
-  multi-label model); the documents below `depth` are left out, as BEIR's reranking evaluation keeps them."""
+  """Each query's top `depth` documents of `run` scored by the cross-encoder; the documents below `depth` are left
+  out, as BEIR's reranking evaluation keeps them. A model with more than one label is refused, as
+  sentence-transformers' CrossEncoder.rank refuses it: which label ranks is not the model's to say."""
   if depth < 1:
     raise errors.ConfigError(f"--depth {depth}: rerank at least the top 1 document")
+  check_ranker(ce)
   jobs = []
   for q, scored in run.items():
     top = sorted(scored.items(), key=lambda kv: (-kv[1], kv[0]))[:depth]
     jobs += [(q, d) for d, _ in top]
   scores = ce.predict([(queries[q], docs[d]) for q, d in jobs], batch_size) if jobs else np.zeros((0,))
-  scores = scores if scores.ndim == 1 else scores[:, 0]
   out: dict[str, dict[str, float]] = {q: {} for q in run}
   for (q, d), s in zip(jobs, scores):
     out[q][d] = float(s)

@@ -24,11 +24,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from bertjax import convert
 from bertjax import model as model_lib
 from bertjax.convert import weights
 from bertjax.convert.table import ConversionError
 from bertjax.core import files
 from bertjax.data import tokenizer as tokenizer_lib
+from bertjax.embeddings import folders as st_lib
 from bertjax.embeddings import losses
 from bertjax.embeddings.encoder import _max_seq_length, batch_of, finetune_kind, model_path, token_rows
 from bertjax.embeddings.model import pool_segments
@@ -171,6 +173,28 @@ def top_k(vectors: np.ndarray, k: int | None) -> np.ndarray:
   return out
 
 
+def _active_dims(path: str, value) -> int | None:
+  """A model's own max_active_dims (config_sentence_transformers.json, a task=sparse run's option): a positive
+  integer or None."""
+  if value is None:
+    return None
+  if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+    raise ConversionError(f"{path}: max_active_dims {value!r} is not a positive integer")
+  return value
+
+
+def _mlm_weights(folder: str, overrides: dict) -> weights.Weights:
+  """`weights.load(folder, head="pretraining")` of the HF MLM model in a SparseEncoder folder's transformer
+  sub-folder (which may be the folder itself, with its modules.json): read as an HF folder whatever the stack's
+  first module is called (Transformer, MLMTransformer)."""
+  meta, state = convert.read_hf_dir(folder)
+  cfg = convert.config_from_hf(meta, **overrides)
+  params = weights._hf_params(folder, meta, state, cfg, "pretraining", 0)
+  params["bert"] = weights.to_layout(params["bert"], cfg, False)
+  tok, lower = weights.hf_tokenizer(folder)
+  return weights.Weights("hf", cfg, params, tok, lower, meta)
+
+
 def active_dims(vectors: np.ndarray) -> np.ndarray:
   """Non-zero terms per vector."""
   return np.count_nonzero(vectors, axis=1)
@@ -189,21 +213,26 @@ class SparseEncoder:
   # SparseStaticEmbedding), cut at `query_max_length` tokens (None: whole); None: queries encode as documents.
   query_weights: np.ndarray | None = None
   query_max_length: int | None = None
+  prompts: st_lib.Prompts = st_lib.Prompts()  # the folder's query / document / default prompts
 
   @classmethod
   def load(cls, path: str, max_seq_length: int = 0, pooling: str = "max", activation: str = "relu",
            max_active_dims: int | None = None, **overrides) -> "SparseEncoder":
-    """A SparseEncoder folder (its pooling, activation and max_seq_length), a bertjax `task=sparse` workdir (its
-    best parameters and settings), or any folder holding an MLM model (HF, bertjax pre-training workdir) with the
-    `pooling` and `activation` given. A gs:// or s3:// folder is read from a local copy (`files.local_copy`)."""
+    """A SparseEncoder folder (its pooling, activation, max_seq_length, max_active_dims and prompts), a bertjax
+    `task=sparse` workdir (its best parameters and settings), or any folder holding an MLM model (HF, bertjax
+    pre-training workdir) with the `pooling` and `activation` given. `max_active_dims` given replaces the model's
+    own. A gs:// or s3:// folder is read from a local copy (`files.local_copy`)."""
     path = model_path(path)
-    folder, static, query_limit = path, None, None
-    if files.isfile(files.join(path, "modules.json")):
+    folder, static, query_limit, own_dims, prompts = path, None, None, None, st_lib.Prompts()
+    st_folder = files.isfile(files.join(path, "modules.json"))
+    if st_folder:
       folder, pooling, activation = read_folder(path)
       max_seq_length = max_seq_length or _max_seq_length(path, folder)
       found = read_static_query(path)
       if found is not None:
         static, query_limit = found
+      conf = st_lib.st_config(path)
+      own_dims, prompts = _active_dims(path, conf.get("max_active_dims")), st_lib.read_prompts(path, conf)
     elif weights.source_of(path) == "finetuned":
       meta = weights.finetune_meta(path)
       if meta.get("kind") != "sparse":
@@ -211,7 +240,9 @@ class SparseEncoder:
       opts = meta.get("task_options", {})
       pooling, activation = opts.get("pooling", pooling), opts.get("activation", activation)
       max_seq_length = max_seq_length or int(meta.get("max_seq_length", 0))
-    w = weights.load(folder, overrides=overrides, head="pretraining")
+    # A folder's MLM model is read from its own sub-folder: weights.load takes a folder with modules.json for a
+    # stack whose first module is a Transformer, and a SparseEncoder's may be the older MLMTransformer.
+    w = _mlm_weights(folder, overrides) if st_folder else weights.load(folder, overrides=overrides, head="pretraining")
     if "static_query" in w.params:  # a task=sparse run with inference-free queries: the weights stored scaled
       ratio = float(weights.finetune_meta(path).get("task_options", {}).get("static_query") or 1.0)
       static = np.asarray(w.params["static_query"], np.float32) * ratio
@@ -229,7 +260,7 @@ class SparseEncoder:
         raise ConversionError(f"{path}: {len(static)} static query weights for a vocabulary of {w.cfg.vocab_size}")
       static = np.pad(static, (0, w.cfg.vocab_size - len(static)))
     return cls(w.cfg.replace(nsp_head=False), params, tok, min(max_seq_length or limit, limit), pooling, activation,
-               max_active_dims, static, query_limit)
+               max_active_dims or own_dims, static, query_limit, prompts)
 
   @classmethod
   def is_model(cls, path: str) -> bool:
@@ -259,12 +290,15 @@ class SparseEncoder:
     module = SparseModel(self.cfg, pooling=self.pooling, activation=self.activation)
     return jax.jit(lambda params, batch: module.apply({"params": params}, batch, method=SparseModel.terms))
 
-  def encode(self, texts: Sequence[str], batch_size: int = 32, max_active_dims: int | None = None) -> np.ndarray:
+  def encode(self, texts: Sequence[str], batch_size: int = 32, max_active_dims: int | None = None,
+             prompt: str | None = None) -> np.ndarray:
     """[len(texts), dims] term weights, longest texts batched together, in the order given; at most
-    `max_active_dims` (else the encoder's own) non-zero terms each."""
+    `max_active_dims` (else the encoder's own) non-zero terms each; `prompt` (else the folder's default prompt)
+    put before each text."""
     if not len(texts):
       return np.zeros((0, self.dims), np.float32)
-    rows = token_rows(self.tok, texts, self.max_seq_length)
+    prompt = self.prompts.default if prompt is None else prompt
+    rows = token_rows(self.tok, [prompt + t for t in texts] if prompt else texts, self.max_seq_length)
     order = np.argsort([-len(r) for r in rows], kind="stable")
     out = np.zeros((len(texts), self.dims), np.float32)
     for i in range(0, len(texts), batch_size):
@@ -273,14 +307,21 @@ class SparseEncoder:
       out[idx] = np.asarray(self._apply(self.params, batch))[:len(idx)]
     return top_k(out, max_active_dims or self.max_active_dims)
 
-  def encode_query(self, texts: Sequence[str], batch_size: int = 32, max_active_dims: int | None = None
-                   ) -> np.ndarray:
-    """Queries' term weights: an inference-free encoder's static weights at the terms each query's tokens hold
-    (no special tokens, as its SparseStaticEmbedding tokenises), else `encode`."""
+  def encode_document(self, texts: Sequence[str], batch_size: int = 32, max_active_dims: int | None = None,
+                      prompt: str | None = None) -> np.ndarray:
+    """`encode` with the folder's document prompt (sentence-transformers' encode_document), or `prompt`."""
+    return self.encode(texts, batch_size, max_active_dims, self.prompts.document if prompt is None else prompt)
+
+  def encode_query(self, texts: Sequence[str], batch_size: int = 32, max_active_dims: int | None = None,
+                   prompt: str | None = None) -> np.ndarray:
+    """Queries' term weights, the folder's query prompt (or `prompt`) before each: an inference-free encoder's
+    static weights at the terms each query's tokens hold (no special tokens, as its SparseStaticEmbedding
+    tokenises), else `encode`."""
+    prompt = self.prompts.query if prompt is None else prompt
     if self.query_weights is None:
-      return self.encode(texts, batch_size, max_active_dims)
+      return self.encode(texts, batch_size, max_active_dims, prompt)
     out = np.zeros((len(texts), self.dims), np.float32)
     for i, text in enumerate(texts):
-      ids = np.asarray(self.tok.encode(text)[:self.query_max_length], np.int64)
+      ids = np.asarray(self.tok.encode(prompt + text)[:self.query_max_length], np.int64)
       out[i, ids] = self.query_weights[ids]
     return top_k(out, max_active_dims or self.max_active_dims)

@@ -18,6 +18,9 @@ from bertjax.core import files
 
 POOLINGS = ("max", "sum")
 ACTIVATIONS = ("relu", "log1p_relu")
+# The stack's first module: sentence-transformers >= 5.4's fill-mask Transformer, or the MLMTransformer that 5.0-5.3
+# saved (sentence_transformers.sparse_encoder.models.MLMTransformer, since
+# sentence_transformers.sparse_encoder.modules.mlm_transformer.MLMTransformer): a fill-mask Transformer alike.
 _TRANSFORMERS = ("Transformer", "MLMTransformer")
 
 
@@ -31,18 +34,19 @@ POOLING_DIR = "document_1_SpladePooling"
 
 
 def write_folder(cfg: model_lib.BertConfig, params, out: str, max_seq_length: int, pooling: str = "max",
-                 activation: str = "relu", query_weights: np.ndarray | None = None) -> tuple[str, ...]:
+                 activation: str = "relu", query_weights: np.ndarray | None = None,
+                 max_active_dims: int | None = None) -> tuple[str, ...]:
   """A sentence-transformers SparseEncoder folder: the family's MLM model (a fill-mask Transformer) and its
   SpladePooling; with `query_weights` an inference-free one, a Router whose query route is a
   SparseStaticEmbedding of those weights and whose document route is the MLM model and pooling. Returns the
   sub-folders that take the tokenizer's files (the caller's). A gs:// or s3:// `out` is written locally and
-  uploaded when complete (`files.local_target`)."""
+  uploaded when complete (`files.local_target`). `max_active_dims`: the terms each vector keeps (None: all)."""
   with files.local_target(out) as local:
-    return _write_folder(cfg, params, local, max_seq_length, pooling, activation, query_weights)
+    return _write_folder(cfg, params, local, max_seq_length, pooling, activation, query_weights, max_active_dims)
 
 
 def _write_folder(cfg, params, out: str, max_seq_length: int, pooling: str, activation: str,
-                  query_weights: np.ndarray | None) -> tuple[str, ...]:
+                  query_weights: np.ndarray | None, max_active_dims: int | None = None) -> tuple[str, ...]:
   doc = out if query_weights is None else os.path.join(out, DOCUMENT_DIR)
   pool_dir = "1_SpladePooling" if query_weights is None else POOLING_DIR
   files.makedirs(doc)
@@ -56,7 +60,8 @@ def _write_folder(cfg, params, out: str, max_seq_length: int, pooling: str, acti
       "sentence_bert_config.json" if query_weights is None else f"{DOCUMENT_DIR}/sentence_bert_config.json":
           transformer,
       "config_sentence_transformers.json": {"model_type": "SparseEncoder", "prompts": {"query": "", "document": ""},
-                                            "default_prompt_name": None, "similarity_fn_name": "dot"},
+                                            "default_prompt_name": None, "similarity_fn_name": "dot",
+                                            "max_active_dims": max_active_dims or None},
       f"{pool_dir}/config.json": {"pooling_strategy": pooling, "activation_function": activation,
                                   "embedding_dimension": None}}
   if query_weights is None:
