@@ -23,7 +23,7 @@ def parser() -> common.ArgumentParser:
   p.add_argument("--out", required=True, help="a new folder (an earlier merge's, with --overwrite)")
   p.add_argument("--method", default="linear", choices=merge_lib.METHODS)
   p.add_argument("--weights", default="", help="one number > 0 per input, comma-separated (default: equal)")
-  p.add_argument("--last", type=int, default=0, help="with one workdir: average its newest K checkpoints")
+  p.add_argument("--last", type=int, default=None, help="with one workdir: average its newest K checkpoints")
   p.add_argument("--base", default="", help="ties: the checkpoint the task vectors are taken from")
   p.add_argument("--density", type=float, default=0.2, help="ties: the fraction of each task vector kept")
   p.add_argument("--lam", type=float, default=1.0, help="ties: the merged task vector's scale")
@@ -47,7 +47,7 @@ def main(argv=None) -> int:
   for path in (*specs, args.base, args.out):  # a wrong endpoint or a missing bucket: one line, before any work
     if path:
       files.reach(path)
-  if args.last:
+  if args.last is not None:
     if len(specs) != 1:
       raise errors.ConfigError(f"--last {args.last} averages the checkpoints of one workdir; got {len(specs)} inputs")
     specs = merge_lib.last_steps(specs[0], args.last)

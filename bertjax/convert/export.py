@@ -6,6 +6,7 @@ uploaded.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import tempfile
@@ -43,7 +44,8 @@ def pretraining(workdir: str, out: str) -> str:
 
 def pretraining_params(run: dict, params: dict, out: str) -> tuple[str, tuple[str, ...]]:
   """A pre-training run's params (its config.json `run`) as HF folders in `out`: (architectures, the folders
-  written, relative to `out`)."""
+  written, relative to `out`). Params of the MLM model export as it (BERT: BertForPreTraining with the NSP head,
+  BertForMaskedLM without, as `cfg.nsp_head` says); an encoder alone (`{"bert": ...}`) as the family's encoder."""
   cfg = model_lib.BertConfig.from_dict(run["model"])
   if objectives.get(run).name == "electra":
     gen_cfg = electra.generator_config(cfg, run["electra"]["generator_hidden"], run["electra"]["generator_layers"])
@@ -54,8 +56,23 @@ def pretraining_params(run: dict, params: dict, out: str) -> tuple[str, tuple[st
       return "DebertaV2Model + DebertaV2ForMaskedLM", ("discriminator", "generator")
     convert.electra_to_hf(cfg, gen_cfg, params, out)
     return "ElectraForPreTraining + ElectraForMaskedLM", ("discriminator", "generator")
-  convert.to_hf(cfg, params, out)
+  if set(params) == {"bert"}:  # an encoder without heads (a merge of HF BertModel folders): the family's encoder
+    encoder_to_hf(cfg, params["bert"], out)
+  else:
+    convert.to_hf(cfg, params, out)
   return architecture(out), ("",)
+
+
+def encoder_to_hf(cfg: model_lib.BertConfig, bert: dict, out: str) -> None:
+  """The encoder params `bert` as the family's encoder model (BertModel, ...) in `out`, with its pooler where
+  `bert` holds one (HF's BertModel has one; `convert.to_hf` leaves it out, as an embedding model's export)."""
+  name = convert.family_of(cfg, bert)
+  fam = convert.FAMILIES[name]
+
+  def rows(c, head):
+    return [r[:3] if r[0][:1] == ("pooler",) and "pooler" in bert else r for r in fam.rows(c, head)]
+  state = convert.table.dump(dataclasses.replace(fam, rows=rows), cfg, bert, "encoder")
+  convert.write_hf_dir(out, state, fam.config_to_hf(cfg, fam.architectures["encoder"]))
 
 
 def architecture(folder: str) -> str:
@@ -102,10 +119,12 @@ def copy_tokenizer(tok_path: str, lower: bool, out: str) -> None:
     elif not files.isfile(files.join(out, "tokenizer_config.json")):
       _write_json(files.join(out, "tokenizer_config.json"), {"tokenizer_class": "RobertaTokenizer"})
   else:  # a sentencepiece model: the model file, and tokenizer.json with bertjax's ids for AutoTokenizer
-    files.copy(tok_path, files.join(out, "spiece.model"))
+    plain = tok.spm_ids is None or list(tok.spm_ids) == list(range(len(tok.pieces)))
+    # DeBERTa's and XLM-R's models keep their names: their ids are HF's tokenizers' over them (`tokenizer.load`)
+    files.copy(tok_path, files.join(out, "spiece.model" if plain else os.path.basename(tok_path)))
     with files.local_target(files.join(out, "tokenizer.json")) as target:
       sentencepiece_as_hf(tok_path).save(target)
-    names = dict(zip(("pad_token", "unk_token", "cls_token", "sep_token", "mask_token"), tokenizer_lib.SPECIAL_TOKENS))
+    names = dict(zip(("pad_token", "unk_token", "cls_token", "sep_token", "mask_token"), tok.specials))
     _write_json(files.join(out, "tokenizer_config.json"), {"tokenizer_class": "PreTrainedTokenizerFast", **names,
                                                            "model_input_names": _input_names(out)})
 
@@ -236,20 +255,23 @@ def sentencepiece_as_hf(path: str):
   tok = tokenizer_lib.load(local)
   import sentencepiece as spm
   sp = spm.SentencePieceProcessor(model_file=local)
-  pieces = [(sp.IdToPiece(i), sp.GetScore(i)) for i in range(sp.GetPieceSize())]
-  special = [i for i in range(len(pieces)) if sp.IsControl(i) or sp.IsUnknown(i)]
+  # bertjax's ids (`tokenizer.load`: the model's own, XLM-R's fairseq order, special tokens appended) over the
+  # model's pieces: each id's piece and score, -1 where the id has no piece in the model (an added token).
+  src = list(tok.spm_ids) if tok.spm_ids is not None else list(range(sp.GetPieceSize()))
+  pieces = [(p, sp.GetScore(s) if s >= 0 else 0.0) for p, s in zip(tok.pieces, src)]
+  special = [i for i, s in enumerate(src) if s < 0 or sp.IsControl(s) or sp.IsUnknown(s)]
   if model_type == 1:
-    model = models.Unigram(pieces, unk_id=sp.unk_id(), byte_fallback=byte_fallback)
+    model = models.Unigram(pieces, unk_id=tok.unk_id, byte_fallback=byte_fallback)
   elif model_type == 2:
     vocab = {p: i for i, (p, _) in enumerate(pieces)}
-    plain = {p for i, (p, _) in enumerate(pieces) if i not in special and not sp.IsByte(i)}
+    plain = {p for i, (p, _) in enumerate(pieces) if i not in special and not sp.IsByte(src[i])}
     merges = []  # every split of a piece into two pieces, applied in the order of the merged piece's score
     for piece, score in pieces:
       if piece in plain:
         merges += [(score, vocab[piece[:k]], vocab[piece[k:]], piece[:k], piece[k:]) for k in range(1, len(piece))
                    if piece[:k] in plain and piece[k:] in plain]
     merges.sort(key=lambda m: (-m[0], m[1], m[2]))
-    model = models.BPE(vocab, [(a, b) for *_, a, b in merges], unk_token=pieces[sp.unk_id()][0], fuse_unk=True,
+    model = models.BPE(vocab, [(a, b) for *_, a, b in merges], unk_token=pieces[tok.unk_id][0], fuse_unk=True,
                        byte_fallback=byte_fallback)
   else:
     raise errors.TokenizerError(f"{path}: a sentencepiece {'word' if model_type == 3 else 'char'} model has no HF "

@@ -100,8 +100,29 @@ def write_hf_dir(out_dir: str, state: dict, hf_cfg: dict) -> None:
   files.write_whole(files.join(out_dir, "config.json"), json.dumps(hf_cfg, indent=2))
 
 
-TOKENIZER_FILES = ("vocab.txt", "spiece.model", "spm.model", "vocab.json", "merges.txt", "tokenizer.json",
-                   "tokenizer_config.json", "special_tokens_map.json")
+TOKENIZER_FILES = ("vocab.txt", "spiece.model", "spm.model", "sentencepiece.bpe.model", "vocab.json", "merges.txt",
+                   "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+# The file an HF folder's tokenizer is read from, first found first: BERT's vocab.txt, a sentencepiece model as
+# bertjax exports one, a byte-level BPE's vocab.json (merges.txt beside), a saved tokenizer.json, then the
+# sentencepiece models as DeBERTa-v2/v3 (spm.model) and XLM-R (sentencepiece.bpe.model) publish them.
+HF_TOKENIZER_FILES = ("vocab.txt", "spiece.model", "vocab.json", "tokenizer.json", "spm.model",
+                      "sentencepiece.bpe.model")
+
+
+def hf_tokenizer(path: str) -> tuple[str, bool]:
+  """(the tokenizer file of the HF folder `path`, do_lower_case): the first of HF_TOKENIZER_FILES it holds (a
+  local copy for a remote folder, `local_tokenizer`); do_lower_case from tokenizer_config.json for vocab.txt (a
+  sentencepiece model keeps its casing in its normaliser or its tokenizer_config.json; byte-level BPE keeps case).
+  A folder with none of them gives its vocab.txt path, which `tokenizer.load` reports as not found."""
+  present = set(files.listdir(path)) if files.isdir(path) else set()
+  name = next((n for n in HF_TOKENIZER_FILES if n in present and files.isfile(files.join(path, n))), None)
+  if name is not None and name != "vocab.txt":
+    return local_tokenizer(files.join(path, name)), False
+  lower = True
+  if "tokenizer_config.json" in present:
+    lower = files.read_json(files.join(path, "tokenizer_config.json")).get("do_lower_case", lower)
+  vocab = files.join(path, "vocab.txt")
+  return (local_tokenizer(vocab) if name else vocab), lower
 
 
 def local_tokenizer(path: str) -> str:

@@ -4,11 +4,16 @@ Inputs are bertjax pre-training workdirs (their newest checkpoint; `W@STEP` a gi
 average of the weights a run with train.ema_decay keeps) and HF folders. Methods:
 
   linear   Σ w_i θ_i / Σ w_i (model soups; averaging the last k checkpoints of one run, `last`).
-  ties     TIES-merging (Yadav et al. 2023) of task vectors τ_i = θ_i − θ_base: trim each τ_i to its `density`
-           fraction of largest magnitudes (per tensor; magnitudes tied with the last one kept stay, as the
-           authors' code keeps |τ| >= the k-th), elect each entry's sign as the sign of Σ_i τ̂_i, take the
-           mean of the τ̂_i that agree with it (the disjoint mean), θ = θ_base + λ·τ_m. mmBERT merges its
-           decay-phase variants this way, with the pre-decay checkpoint as the base.
+  ties     TIES-merging (Yadav et al. 2023) of task vectors τ_i = θ_i − θ_base, as the authors' code does it
+           (`topk_values_mask`, `resolve_sign`, `disjoint_merge` over each model flattened into one vector):
+           trim each τ_i over the whole model, keeping |τ| >= its k-th smallest magnitude, k = d − int(d·density)
+           (d: the model's parameter count; density 1 keeps all); elect each entry's sign as the sign of
+           Σ_i τ̂_i, an entry whose sum is 0 taking the majority sign (that of the sum of all elected signs);
+           take the mean of the nonzero τ̂_i that agree with it (the disjoint mean), θ = θ_base + λ·τ_m. mmBERT
+           merges its decay-phase variants this way, with the pre-decay checkpoint as the base.
+
+Each input is merged in the form it holds (an HF BertForPreTraining, BertForMaskedLM or BertModel folder, a
+workdir's MLM model, ...) and written in that form; inputs of different forms or families are refused.
 
 The result is written as a workdir (a params-only checkpoint with the first input's run config, tokenizer
 copied: `init_checkpoint=OUT` continues from it and every bertjax tool reads it) and, beside it, OUT/hf, the HF
@@ -47,6 +52,20 @@ class Input:
   params: dict  # unscanned layout, host arrays
   run: dict  # the workdir's run config, or a minimal one for an HF folder
   tokenizer: tuple[str, bool]
+  family: str = ""  # the HF model type of its architecture ("" where none has it)
+
+
+def form(inp: Input) -> str:
+  """What an input's parameters hold beside the encoder, in words: inputs are merged only with their like."""
+  objective = inp.run.get("objective", "mlm")
+  if objective != "mlm":
+    return f"a {objective} run's model"
+  p = inp.params
+  if "head_dense" in p:
+    return "a replaced-token discriminator"
+  if "mlm_bias" in p:
+    return "MLM + NSP heads" if "nsp" in p else "an MLM head"
+  return "an encoder without heads" if set(p) <= {"bert"} else "heads " + ", ".join(sorted(set(p) - {"bert"}))
 
 
 def split_spec(spec: str) -> tuple[str, str]:
@@ -69,9 +88,14 @@ def read(spec: str) -> Input:
     if sel:
       raise errors.ConfigError(f"{spec}: an HF folder holds one checkpoint; @{sel} selects a workdir's step or its ema")
     w = weights.load(path, overrides={"scan_layers": False}, head="all")
-    run = {"mode": "pretrain", "objective": "mlm", "model": dataclasses.asdict(w.cfg),
+    cfg = w.cfg
+    if cfg.nsp_head and "nsp" not in w.params:  # an MLM model without NSP (BertForMaskedLM): exported as one
+      cfg = cfg.replace(nsp_head=False)
+    run = {"mode": "pretrain", "objective": "mlm", "model": dataclasses.asdict(cfg),
            "train": {"use_nsp": "nsp" in w.params}, "data": {"data_dir": "", "do_lower_case": w.do_lower_case}}
-    return Input(spec, path, w.cfg, _host(w.params), run, (w.tokenizer, w.do_lower_case))
+    tok = w.tokenizer if w.tokenizer and files.exists(w.tokenizer) else ""  # a folder may hold no tokenizer
+    return Input(spec, path, cfg, _host(w.params), run, (tok, w.do_lower_case),
+                 str(w.meta.get("model_type", "bert")))
   run = files.read_json(files.join(path, "config.json"))
   step, item = None, "params"
   if sel == "ema":
@@ -88,7 +112,16 @@ def read(spec: str) -> Input:
   cfg = model_lib.BertConfig.from_dict({**run["model"], "scan_layers": False})  # compared and merged unstacked
   if "bert" in params:
     params = {**params, "bert": weights.to_layout(params["bert"], cfg)}
-  return Input(spec, path, cfg, _host(params), run, weights.run_tokenizer(path, ml_collections.ConfigDict(run)))
+  return Input(spec, path, cfg, _host(params), run, weights.run_tokenizer(path, ml_collections.ConfigDict(run)),
+               _family(cfg, params))
+
+
+def _family(cfg: model_lib.BertConfig, params: dict) -> str:
+  from bertjax import convert
+  try:
+    return convert.family_of(cfg, params)
+  except errors.ConversionError:
+    return ""
 
 
 def _host(tree):
@@ -115,6 +148,12 @@ def check_alike(inputs: list[Input]) -> None:
                                                                       else "") + ")")
     if first.run.get("objective", "mlm") != other.run.get("objective", "mlm"):
       raise errors.ConfigError(f"cannot merge {first.label} and {other.label}: different objectives")
+    if first.family and other.family and first.family != other.family:
+      raise errors.ConfigError(f"cannot merge {first.label} and {other.label}: different model families "
+                               f"({first.family} vs {other.family})")
+    if form(first) != form(other):
+      raise errors.ConfigError(f"cannot merge {first.label} and {other.label}: different forms ({form(first)} vs "
+                               f"{form(other)}); merge checkpoints that hold the same heads")
     a, b = _leaves(first.params), _leaves(other.params)
     if set(a) != set(b):
       only = sorted(set(a) ^ set(b))[0]
@@ -137,38 +176,59 @@ def linear(trees: list[dict], weights_: list[float]) -> dict:
   return jax.tree_util.tree_map(mean, *trees)
 
 
-def trim(tau: np.ndarray, density: float) -> np.ndarray:
-  """τ with all but its ceil(density·n) largest magnitudes zeroed (TIES's trim, per tensor); magnitudes equal to
-  the k-th largest are kept with it."""
-  if density >= 1:
-    return tau
-  flat = np.abs(tau).ravel()
-  k = max(1, int(np.ceil(density * flat.size)))
-  threshold = np.partition(flat, flat.size - k)[flat.size - k]
-  return np.where(np.abs(tau) >= threshold, tau, 0)
+def threshold(magnitudes: np.ndarray, density: float) -> float:
+  """The trim threshold of one task vector's magnitudes (all of a model's parameters), as the authors'
+  `topk_values_mask`: its k-th smallest magnitude, k = d − int(d·density); |τ| >= it is kept (ties with it too).
+  density 1 keeps everything (-inf)."""
+  d = magnitudes.size
+  k = d - int(d * density)
+  if density >= 1 or k < 1:
+    return -np.inf
+  return float(np.partition(magnitudes, k - 1)[k - 1])
 
 
 def ties(trees: list[dict], base: dict, density: float, lam: float, weights_: list[float] | None = None) -> dict:
-  """TIES-merging of `trees` onto `base` (module docstring); `weights_` scale each task vector before the
-  election (1 each by default)."""
+  """TIES-merging of `trees` onto `base` (module docstring): one trim threshold per task over every parameter
+  (the authors flatten a model into one vector), the sign election's zeros resolved to the majority sign, the
+  disjoint mean. `weights_` scale each trimmed task vector before the election (1 each by default). Accumulated
+  in float64, cast back to each parameter's dtype; one tensor at a time (the magnitudes of one task at once)."""
   import jax
   w = [1.0] * len(trees) if weights_ is None else list(weights_)
+  base_leaves, treedef = jax.tree_util.tree_flatten(base)
+  task_leaves = [treedef.flatten_up_to(t) for t in trees]
+  b64 = lambda j: np.asarray(base_leaves[j]).astype(np.float64)  # noqa: E731
+  tau = lambda t, j: np.asarray(task_leaves[t][j]).astype(np.float64) - b64(j)  # noqa: E731
+  n = len(base_leaves)
+  cut = [threshold(np.concatenate([np.abs(tau(t, j)).ravel() for j in range(n)]) if n else np.zeros(0), density)
+         for t in range(len(trees))]
 
-  def merge(b, *xs):
-    b64 = b.astype(np.float64)
-    taus = np.stack([wi * trim(x.astype(np.float64) - b64, density) for wi, x in zip(w, xs)])
-    sign = np.sign(taus.sum(axis=0))
-    agree = (np.sign(taus) == sign) & (taus != 0)
-    count = agree.sum(axis=0)
-    merged = np.where(count > 0, (taus * agree).sum(axis=0) / np.maximum(count, 1), 0.0)
-    return (b64 + lam * merged).astype(b.dtype)
-  return jax.tree_util.tree_map(merge, base, *trees)
+  def trimmed(j):
+    return np.stack([w[t] * np.where(np.abs(x) >= cut[t], x, 0.0) for t, x in ((t, tau(t, j))
+                                                                                 for t in range(len(trees)))])
+  signs = [np.sign(trimmed(j).sum(axis=0)).astype(np.int8) for j in range(n)]
+  majority = np.sign(sum(int(s.sum(dtype=np.int64)) for s in signs))  # resolve_zero_signs(..., "majority")
+  out = []
+  for j in range(n):
+    taus = trimmed(j)
+    sign = np.where(signs[j] == 0, majority, signs[j])
+    keep = np.where(sign > 0, taus > 0, taus < 0)
+    selected = taus * keep
+    count = (selected != 0).sum(axis=0)
+    merged = selected.sum(axis=0) / np.maximum(count, 1)
+    out.append((b64(j) + lam * merged).astype(np.asarray(base_leaves[j]).dtype))
+  return jax.tree_util.tree_unflatten(treedef, out)
 
 
 def last_steps(workdir: str, k: int) -> list[str]:
   """The specs of a workdir's newest k checkpoints (`W@STEP`), oldest first."""
+  if k < 1:
+    raise errors.ConfigError(f"--last {k}: --last must be >= 1 (the number of newest checkpoints to average)")
+  sel = split_spec(workdir)[1]
+  if sel:
+    raise errors.ConfigError(f"--last {k} averages a workdir's newest checkpoints; {workdir} selects one (@{sel}): "
+                             f"@{sel} and --last do not combine")
   steps = checkpoint_lib.Checkpointer(workdir, read_only=True).steps()
-  if k < 1 or len(steps) < k:
+  if len(steps) < k:
     raise errors.ConfigError(f"--last {k}: {workdir} holds {len(steps)} checkpoint(s) {steps}; raise "
                              "keep_checkpoints in the run to keep more")
   return [f"{workdir}@{s}" for s in steps[-k:]]

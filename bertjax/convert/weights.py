@@ -113,8 +113,12 @@ def config_of(path: str) -> model_lib.BertConfig:
   return model_lib.BertConfig.from_dict(meta["model"])
 
 
-def load(path: str, *, overrides: Mapping[str, Any] | None = None, head: str = "all", num_labels: int = 0) -> Weights:
+def load(path: str, *, overrides: Mapping[str, Any] | None = None, head: str = "all", num_labels: int = 0,
+         step: int | None = None) -> Weights:
   """The weights at `path`.
+
+  step: a pre-training workdir's checkpoint to read (default: its newest); a step it does not hold, or a step
+  asked of a source without steps (a fine-tuned workdir, an HF folder), is one CheckpointError line.
 
   head: "all" (everything the source holds), "encoder" (only `bert`), "pretraining" (the MLM/NSP heads too; an
   HF folder must hold them), or an HF task head (`convert.TASK_HEADS`): an HF folder whose architecture is that
@@ -122,6 +126,9 @@ def load(path: str, *, overrides: Mapping[str, Any] | None = None, head: str = "
   """
   overrides = dict(overrides or {})
   kind = source_of(path)
+  if step is not None and kind != "pretraining":
+    raise errors.CheckpointError(f"{path} is {'an HF folder' if kind == 'hf' else 'a fine-tuned workdir'}: it has "
+                                 f"no steps to choose from (step {step} asks for a bertjax pre-training workdir's)")
   if kind == "finetuned":
     meta = finetune_meta(path)
     cfg = model_lib.BertConfig.from_dict({**meta["model"], **overrides})
@@ -132,7 +139,10 @@ def load(path: str, *, overrides: Mapping[str, Any] | None = None, head: str = "
     meta = files.read_json(files.join(path, "config.json"))
     run = ml_collections.ConfigDict(meta)
     cfg = model_lib.BertConfig.from_dict({**run.model.to_dict(), **overrides})
-    params = checkpoint_lib.Checkpointer(path, read_only=True).restore_params()
+    ckpt = checkpoint_lib.Checkpointer(path, read_only=True)
+    if step is not None and step not in ckpt.steps():
+      raise errors.CheckpointError(f"{path} holds no checkpoint at step {step}; it holds steps {ckpt.steps()}")
+    params = ckpt.restore_params(step)
     objective = objectives.get(run)
     if head == "pretraining" and not objective.has_mlm_head:
       raise errors.ConfigError(f"{path} is a {objective.name!r} run: its model has no MLM head to pre-train from; "
@@ -235,25 +245,5 @@ def run_tokenizer(workdir: str, run) -> tuple[str, bool]:
 
 
 def hf_tokenizer(path: str) -> tuple[str, bool]:
-  """The folder's tokenizer file: BERT's vocab.txt, else a sentencepiece model (spiece.model, as bertjax exports
-  one; its casing is in its normaliser), else a byte-level BPE's vocab.json or tokenizer.json. A remote folder's
-  tokenizer is a local copy (`convert.files.local_tokenizer`)."""
-  if files.is_remote(path):
-    present = set(files.listdir(path))
-    vocab = files.join(path, "vocab.txt")
-    for name in ("spiece.model", "vocab.json", "tokenizer.json"):
-      if "vocab.txt" not in present and name in present:
-        return convert_files.local_tokenizer(files.join(path, name)), False
-    lower = True
-    if "tokenizer_config.json" in present:
-      lower = files.read_json(files.join(path, "tokenizer_config.json")).get("do_lower_case", lower)
-    return (convert_files.local_tokenizer(vocab) if "vocab.txt" in present else vocab), lower
-  vocab = os.path.join(path, "vocab.txt")
-  for name in ("spiece.model", "vocab.json", "tokenizer.json"):
-    if not files.isfile(vocab) and files.isfile(os.path.join(path, name)):
-      return os.path.join(path, name), False
-  lower = True
-  tc = os.path.join(path, "tokenizer_config.json")
-  if files.isfile(tc):
-    lower = files.read_json(tc).get("do_lower_case", lower)
-  return vocab, lower
+  """(the HF folder's tokenizer file, do_lower_case): `convert.files.hf_tokenizer`."""
+  return convert_files.hf_tokenizer(path)

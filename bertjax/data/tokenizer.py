@@ -23,10 +23,8 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import io
 import json
 import os
-import tempfile
 from typing import Sequence
 
 import numpy as np
@@ -34,10 +32,9 @@ import numpy as np
 from bertjax import errors
 from bertjax.core import files as store  # (named so: `train` takes a parameter called files)
 from bertjax.data import vocab_files
-from bertjax.data.pretraining import corpus
+from bertjax.data.tokenizer_training import OUTPUTS, SPECIAL_TOKENS, train  # noqa: F401  (tokenizer.train)
 from bertjax.data.vocab_files import MAIN_FILES, copy_into, find_in, fingerprint  # noqa: F401
 
-SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 BYTE_BPE_SPECIAL_TOKENS = ("<pad>", "<unk>", "<s>", "</s>", "<mask>")  # the same roles, RoBERTa's names
 GEMMA_SPECIAL_TOKENS = ("<pad>", "<unk>", "<bos>", "<eos>", "<mask>")  # Gemma's names (mmBERT's tokenizer)
 
@@ -57,6 +54,7 @@ class Tokenizer:
   pieces: list[str]
   continues_word: np.ndarray  # bool [vocab_size]
   specials: tuple = SPECIAL_TOKENS  # the tokens playing pad, unk, cls, sep, mask
+  spm_ids: tuple | None = None  # sentencepiece: each id's piece id in the .model, -1 for a token added beyond it
 
   @property
   def vocab_size(self) -> int:
@@ -151,7 +149,67 @@ def _load_wordpiece(path: str, do_lower_case: bool, reference: str = "hf") -> To
                    lambda ids: tok.decode(ids, skip_special_tokens=False), offsets, pieces, continues)
 
 
+FAIRSEQ_TOKENS = ("<s>", "<pad>", "</s>", "<unk>")  # XLM-R's ids 0-3 (fairseq's dictionary), before its pieces
+# The order in which HF's tokenizers append special tokens their vocabulary lacks (SPECIAL_TOKENS_ATTRIBUTES).
+HF_SPECIAL_ORDER = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
+
+
+def hf_tokenizer_config(path: str) -> dict:
+  """The tokenizer_config.json beside a tokenizer file (special_tokens_map.json's entries under it), with each
+  special token as its text (a saved AddedToken is a {"content": ...} object); {} where there is none."""
+  folder = os.path.dirname(path)
+  out = {}
+  for name in ("special_tokens_map.json", "tokenizer_config.json"):
+    f = os.path.join(folder, name)
+    if store.isfile(f):
+      try:
+        got = store.read_json(f)
+      except (OSError, ValueError) as e:
+        raise TokenizerError(f"{f}: not readable JSON ({str(e).splitlines()[0][:200]})") from None
+      out.update(got if isinstance(got, dict) else {})
+  for k in HF_SPECIAL_ORDER:
+    if isinstance(out.get(k), dict):
+      out[k] = out[k].get("content")
+  return out
+
+
+def _sentencepiece_ids(path: str, own: list[str], config: dict) -> tuple[list[str], tuple, tuple]:
+  """(our pieces, the model's id of each of ours or -1 for a token the model lacks, the special tokens in
+  SPECIAL_TOKENS' roles) of a sentencepiece model whose pieces are `own`, by its form (`_load_sentencepiece`)."""
+  n = len(own)
+  fairseq = os.path.basename(path) == "sentencepiece.bpe.model" or (
+      own[:3] == ["<unk>", "<s>", "</s>"] and config.get("tokenizer_class", "").startswith("XLMRoberta"))
+  if fairseq:
+    if own[:3] != ["<unk>", "<s>", "</s>"]:
+      raise TokenizerError(f"{path}: an XLM-R sentencepiece model starts <unk> <s> </s>, this one "
+                           f"{own[:3]}")
+    mask = config.get("mask_token") or "<mask>"
+    pieces = list(FAIRSEQ_TOKENS) + own[3:] + [mask]
+    spm_ids = (1, -1, 2, 0, *range(3, n), -1)
+    specials = ("<pad>", "<unk>", "<s>", "</s>", mask)
+  else:
+    names = {**dict(zip(("pad_token", "unk_token", "cls_token", "sep_token", "mask_token"), SPECIAL_TOKENS)),
+             **{k: v for k, v in config.items() if k in HF_SPECIAL_ORDER and isinstance(v, str)}}
+    names.setdefault("bos_token", names["cls_token"])
+    names.setdefault("eos_token", names["sep_token"])
+    specials = tuple(names[k] for k in ("pad_token", "unk_token", "cls_token", "sep_token", "mask_token"))
+    index = set(own)
+    deberta = all(t in index for t in specials[:4]) and specials[4] not in index
+    added = []
+    if config or deberta:  # as HF's tokenizer does: the special tokens the model lacks, after its pieces
+      added = list(dict.fromkeys(names[k] for k in HF_SPECIAL_ORDER if names[k] not in index))
+    pieces = own + added
+    spm_ids = (*range(n), *[-1] * len(added))
+  return pieces, tuple(spm_ids), specials
+
+
 def _load_sentencepiece(path: str) -> Tokenizer:
+  """A sentencepiece model in one of three forms. bertjax's own (and any model holding [PAD] [UNK] [CLS] [SEP]
+  [MASK]): the model's ids. DeBERTa-v2/v3 as published (`spm.model`: [PAD]=0 [CLS]=1 [SEP]=2 [UNK]=3, no
+  [MASK]): HF's DebertaV2Tokenizer's ids, the model's own and the special tokens it lacks appended after them
+  ([MASK] = the piece count, 128000 for DeBERTa-v3); the names and `do_lower_case` from a tokenizer_config.json
+  beside it. XLM-R's `sentencepiece.bpe.model` (<unk>=0 <s>=1 </s>=2): HF's XLMRobertaTokenizer's ids, fairseq's
+  <s>=0 <pad>=1 </s>=2 <unk>=3, each other piece one above its id in the model, <mask> last."""
   import sentencepiece as spm
   if not store.isfile(path):
     raise FileNotFoundError(f"{path}: tokenizer file not found")
@@ -168,20 +226,52 @@ def _load_sentencepiece(path: str) -> Tokenizer:
     # them (the trainer's and the normaliser's, which every trained model has).
     raise TokenizerError(f"{path}: truncated sentencepiece model (it parses but lacks its trainer and normaliser "
                          f"specs; {sp.GetPieceSize()} pieces survive); copy or train it again")
-  pieces = [sp.IdToPiece(i) for i in range(sp.GetPieceSize())]
-  specials = set(SPECIAL_TOKENS)
-  # A piece continues a word unless it starts one ("▁...") or stands alone (special, control, byte).
-  continues = np.array([not (p.startswith("\u2581") or p in specials or sp.IsControl(i) or sp.IsUnknown(i))
-                        for i, p in enumerate(pieces)], bool)
+  n = sp.GetPieceSize()
+  own = [sp.IdToPiece(i) for i in range(n)]
+  config = hf_tokenizer_config(path)
+  lower = bool(config.get("do_lower_case", False))
+  if config.get("split_by_punct"):
+    raise TokenizerError(f"{path}: its tokenizer_config.json sets split_by_punct, which bertjax does not "
+                         "implement; use a model without it")
+  pieces, spm_ids, specials = _sentencepiece_ids(path, own, config)
+  ours = {s: i for i, s in enumerate(spm_ids) if s >= 0}  # piece id in the model -> ours
+  identity = all(i == s for i, s in enumerate(spm_ids) if s >= 0)
+  unk = pieces.index(specials[1]) if specials[1] in pieces else ours.get(sp.unk_id(), 0)
+
+  def to_ours(ids):
+    return list(ids) if identity else [ours.get(i, unk) for i in ids]
+
+  def prepare(s):
+    return s.lower() if lower else s
+
+  def decode(ids):
+    out, run = [], []
+    for i in ids:
+      if 0 <= i < len(spm_ids) and spm_ids[i] >= 0:
+        run.append(spm_ids[i])
+        continue
+      if run:
+        out.append(sp.DecodeIds(run))
+        run = []
+      out.append(pieces[i] if 0 <= i < len(pieces) else "")
+    if run:
+      out.append(sp.DecodeIds(run))
+    return " ".join(x for x in out if x)
+  special = set(specials)
+  # A piece continues a word unless it starts one ("▁...") or stands alone (special, control, byte, added).
+  continues = np.array([not (p.startswith("\u2581") or p in special or s < 0 or sp.IsControl(s) or sp.IsUnknown(s))
+                        for p, s in zip(pieces, spm_ids)], bool)
+
   def offsets(s):
-    proto = sp.encode(s, return_type="proto")
+    proto = sp.encode(prepare(s), return_type="proto")
     char_of_byte = []  # byte offset in UTF-8 -> character offset
-    for i, ch in enumerate(s):
+    for i, ch in enumerate(prepare(s)):
       char_of_byte += [i] * len(ch.encode("utf-8"))
     char_of_byte.append(len(s))
-    return [p.id for p in proto.pieces], [(char_of_byte[p.begin], char_of_byte[p.end]) for p in proto.pieces]
-  return Tokenizer("sentencepiece", path, lambda s: sp.EncodeAsIds(s), lambda ids: sp.DecodeIds(ids), offsets,
-                   pieces, continues)
+    return (to_ours(p.id for p in proto.pieces),
+            [(char_of_byte[p.begin], char_of_byte[p.end]) for p in proto.pieces])
+  return Tokenizer("sentencepiece", path, lambda s: to_ours(sp.EncodeAsIds(prepare(s))), decode, offsets, pieces,
+                   continues, specials, tuple(spm_ids))
 
 
 def _load_byte_bpe(path: str) -> Tokenizer:
@@ -279,114 +369,3 @@ def local_copy(path: str) -> str:
   for f in vocab_files.files(path):
     store.copy(f, os.path.join(folder, store.basename(f)))
   return os.path.join(folder, store.basename(path))
-
-
-# ----------------------------------------------------------------------------- training
-OUTPUTS = {"wordpiece": ("vocab.txt",), "byte_bpe": ("vocab.json", "merges.txt"), "unigram": ("spm.model", "spm.vocab"),
-           "bpe": ("spm.model", "spm.vocab")}
-
-
-def train(files: Sequence[str], out_dir: str, kind: str = "wordpiece", vocab_size: int = 8000,
-          do_lower_case: bool = True, seed: int = 0, reader=None, overwrite: bool = True, progress=None) -> str:
-  """Train a tokenizer on a corpus (files, glob patterns, JSONL / Parquet / compressed shards, tfds: specs, read
-  as `bertjax.data.corpus.ReadOptions` `reader` says); returns the path to load (`vocab.txt`, `spm.model` or, for
-  kind "byte_bpe", RoBERTa-style `vocab.json` with `merges.txt`).
-
-  The same input and arguments give the same files, byte for byte. The files are written in a temporary folder and
-  moved into `out_dir` at the end; with `overwrite` False, tokenizer files already there are an error.
-  `progress(lines)`, when given, is called as the corpus is read."""
-  if kind not in OUTPUTS:
-    raise errors.ConfigError(f"unknown tokenizer kind {kind!r}; choose wordpiece, unigram, bpe or byte_bpe")
-  files = corpus.expand(files)
-  out_dir = os.fspath(out_dir)
-  store.reach(out_dir)
-  for f in files:
-    if not f.startswith("tfds:") and not store.isfile(f):
-      raise FileNotFoundError(f"{f}: training text not found")
-  if all(not f.startswith("tfds:") and not store.size(f) for f in files):
-    raise errors.DataError(f"cannot train a tokenizer on empty input {files}")
-  if vocab_size < len(SPECIAL_TOKENS) + 10:
-    raise errors.ConfigError(f"vocab_size {vocab_size} is too small")
-  existing = [n for n in OUTPUTS[kind] if store.exists(store.join(out_dir, n))]
-  if existing and not overwrite:
-    raise FileExistsError(f"{out_dir}: already holds {existing}; pass --overwrite to replace them (data dirs and "
-                          "workdirs made with them refuse a changed tokenizer)")
-  texts = _Texts(files, reader, progress)
-  if not any(True for _ in _clean_texts(files, reader)):
-    raise errors.DataError(f"no text in {files}: every line is blank; a tokenizer needs text to train on")
-  store.makedirs(out_dir)
-  # The trainers write local files: a local temporary folder (inside out_dir when that is local, so that the
-  # moves are renames), each file then moved (uploaded) into out_dir.
-  tmp = tempfile.mkdtemp(prefix=".tokenizer-", dir=None if store.is_remote(out_dir) else out_dir)
-  try:
-    name = _train_into(texts, tmp, kind, vocab_size, do_lower_case, seed)
-    for n in OUTPUTS[kind]:
-      if os.path.exists(os.path.join(tmp, n)):
-        store.rename(os.path.join(tmp, n), store.join(out_dir, n))
-  finally:
-    store.rmtree(tmp)
-  return store.join(out_dir, name)
-
-
-def _train_into(texts, out_dir: str, kind: str, vocab_size: int, do_lower_case: bool, seed: int) -> str:
-  if kind == "wordpiece":
-    from tokenizers import BertWordPieceTokenizer
-
-    def run(size, extra=()):
-      tok = BertWordPieceTokenizer(lowercase=do_lower_case, strip_accents=None, clean_text=True,
-                                   handle_chinese_chars=True)
-      tok.train_from_iterator(texts(), vocab_size=size, special_tokens=list(SPECIAL_TOKENS) + list(extra),
-                              show_progress=False, limit_alphabet=1000, wordpieces_prefix="##")
-      return tok
-    # HF's trainer numbers the word-continuing pieces ("##x") in the order it meets them in a hash map, and breaks
-    # ties between equally frequent merges by those numbers: the same corpus gives other vocabularies from run to
-    # run. Numbering them up front, in sorted order, makes every run give the same file.
-    alphabet = run(len(SPECIAL_TOKENS)).get_vocab()
-    run(vocab_size, sorted(p for p in alphabet if p.startswith("##"))).save_model(out_dir)
-    return "vocab.txt"
-  if kind == "byte_bpe":
-    from tokenizers import ByteLevelBPETokenizer
-    tok = ByteLevelBPETokenizer(add_prefix_space=False, trim_offsets=True)
-    tok.train_from_iterator(texts(), vocab_size=vocab_size, min_frequency=2, show_progress=False,
-                            special_tokens=["<s>", "<pad>", "</s>", "<unk>", "<mask>"])  # RoBERTa's ids 0-4
-    tok.save_model(out_dir)
-    return "vocab.json"
-  import sentencepiece as spm
-  spm.set_random_generator_seed(seed)
-  model = io.BytesIO()  # written by us: with a model_prefix the model records the (temporary) path it was given
-  spm.SentencePieceTrainer.Train(
-      sentence_iterator=texts(), model_writer=model, vocab_size=vocab_size, model_type=kind,
-      pad_id=0, pad_piece="[PAD]", unk_id=1, unk_piece="[UNK]", bos_id=-1, eos_id=-1,
-      control_symbols="[CLS],[SEP],[MASK]", normalization_rule_name="nmt_nfkc_cf" if do_lower_case else "nmt_nfkc",
-      character_coverage=0.9995, input_sentence_size=2_000_000, shuffle_input_sentence=True,
-      seed_sentencepiece_size=1_000_000, minloglevel=2, num_threads=1, hard_vocab_limit=False)
-  with open(os.path.join(out_dir, "spm.model"), "wb") as f:
-    f.write(model.getvalue())
-  sp = spm.SentencePieceProcessor(model_proto=model.getvalue())
-  with open(os.path.join(out_dir, "spm.vocab"), "w", encoding="utf-8") as f:
-    f.writelines(f"{sp.IdToPiece(i)}\t{sp.GetScore(i):g}\n" for i in range(sp.GetPieceSize()))
-  return "spm.model"
-
-
-class _Texts:
-  """A re-iterable view of the corpus' sentences that reports how many lines each pass has read."""
-
-  def __init__(self, files, reader, progress):
-    self.files, self.reader, self.progress = files, reader, progress
-
-  def __call__(self):
-    n = 0
-    for n, line in enumerate(_clean_texts(self.files, self.reader), 1):
-      if self.progress is not None and n % 100_000 == 0:
-        self.progress(n)
-      yield line
-    if self.progress is not None:
-      self.progress(n)
-
-
-def _clean_texts(files, reader=None):
-  """Sentences decoded robustly (bad bytes replaced, NULs dropped), as the data pipeline reads them."""
-  for line in corpus.iter_texts(files, reader):
-    line = line.strip()
-    if line:
-      yield line
