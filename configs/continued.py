@@ -7,7 +7,8 @@
 INIT: an HF folder of any family bertjax reads (bert, roberta, modernbert; with its MLM head or without: a missing
 head starts fresh, as the log says) or a bertjax pre-training workdir; `python -m bertjax extend_vocab` makes
 one with domain words added. The model section is INIT's architecture, read from its config; the recipe is MLM
-only with dynamic masking on FULL-SENTENCES data, AdamW with bias correction (as HF checkpoints were trained),
+only with dynamic masking on FULL-SENTENCES data (the masks drawn anew at seq x 15% positions, whatever cap the data
+was made with, so any `seq` reads data made as above), AdamW with bias correction (as HF checkpoints were trained),
 peak learning rate 1e-4 after a 6% warmup, linear decay, weight decay 0.01. A stopped run resumes from its
 workdir exactly as any run.
 

@@ -15,8 +15,9 @@ checkpoint others anneal from). Usage, with data made at each length by `python 
       --workdir=W
 
 Argument keys: variant (tiny|base|large), data, long_data, decay_data (default long_data), seq, long_seq, batch,
-batch_from, tokens, long_tokens, decay_tokens, batch_warmup_tokens, warmup_tokens, lr, long_lr, theta, long_theta.
-Token counts are token slots (sequences x length); phase lengths in steps follow from them.
+batch_from, tokens, long_tokens, decay_tokens, batch_warmup_tokens, warmup_tokens, lr, long_lr, theta, long_theta,
+vocab (the data's tokenizer vocabulary; default ModernBERT's 50,368). Token counts are token slots (sequences x
+length); phase lengths in steps follow from them.
 """
 import math
 
@@ -29,8 +30,9 @@ def get_config(arg=None):
   a = common.parse_arg(arg, variant="base", data="", long_data="", decay_data="", seq=1024, long_seq=8192, batch=4608,
                        batch_from=768, tokens=1_700_000_000_000, long_tokens=250_000_000_000,
                        decay_tokens=50_000_000_000, batch_warmup_tokens=50_000_000_000, warmup_tokens=3_000_000_000,
-                       lr=0.0, long_lr=3e-4, theta=10_000.0, long_theta=160_000.0, shard="fsdp")
-  c = modernbert.get_config(f"variant={a.variant},seq={a.seq},batch={a.batch},steps=1,theta={a.theta},shard={a.shard}")
+                       lr=0.0, long_lr=3e-4, theta=10_000.0, long_theta=160_000.0, vocab=50368, shard="fsdp")
+  c = modernbert.get_config(f"variant={a.variant},seq={a.seq},batch={a.batch},steps=1,theta={a.theta},shard={a.shard},"
+                            f"vocab={a.vocab}")
   lr = a.lr or c.train.learning_rate
   c.model.max_position_embeddings = max(a.long_seq, a.seq)
   c.data.data_dir = ""

@@ -115,10 +115,16 @@ def _data_errors(config, mcfg, creation: dict | None) -> list[str]:
                "every layer would attend globally")
   if creation is not None:
     made = creation["options"]
-    for key in ("max_seq_length", "max_predictions_per_seq"):
-      if made[key] != config.data[key]:
-        out.append(f"data.{key} is {config.data[key]} but the data in {config.data.data_dir} was made with "
-                   f"{made[key]}")
+    if made["max_seq_length"] != config.data.max_seq_length:
+      out.append(f"data.max_seq_length is {config.data.max_seq_length} but the data in {config.data.data_dir} was "
+                 f"made with {made['max_seq_length']}")
+    # Static masks are the data's own: the run reads them at the width they were made with. Dynamic masking draws
+    # every mask anew at the run's rate and cap (the data's masks are only undone), so any cap serves.
+    preds = config.data.max_predictions_per_seq
+    if made["max_predictions_per_seq"] != preds and not config.data.dynamic_masking:
+      out.append(f"data.max_predictions_per_seq is {preds} but the data in {config.data.data_dir} was made with "
+                 f"{made['max_predictions_per_seq']}: set --config.data.max_predictions_per_seq="
+                 f"{made['max_predictions_per_seq']}, or data.dynamic_masking=True to mask anew at the run's cap")
     if mcfg is not None and creation.get("vocab_size") not in (None, mcfg.vocab_size):
       fix = ("make the data with the init's own tokenizer, or extend its vocabulary first (python -m bertjax "
              "extend_vocab)" if config.init_checkpoint else

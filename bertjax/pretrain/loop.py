@@ -16,6 +16,7 @@ from bertjax import errors, objectives
 from bertjax import model as model_lib
 from bertjax import run as run_lib
 from bertjax.core import accounting, files, optim, trainer, writers
+from bertjax.core import checkpoint as checkpoint_lib
 from bertjax.core import phases as phases_lib
 from bertjax.data import packing
 from bertjax.data import tokenizer as tokenizer_lib
@@ -73,14 +74,16 @@ init_state = trainer.init_state
 
 
 def train_source(config, creation: dict, tok, batch_sharding):
-  """The plain run's training batches: the data's train split (packed, or re-masked each read, as the config
-  says), in the seed's order."""
+  """The plain run's training batches: the data's train split (packed, or re-masked each read at the run's rate
+  and data.max_predictions_per_seq, as the config says), in the seed's order."""
   seq = config.data.max_seq_length
   transform = None
   if config.data.dynamic_masking:
     opts = pretraining.CreationOptions(**{**creation["options"], "masked_lm_prob": config.data.masked_lm_prob,
+                                          "max_predictions_per_seq": config.data.max_predictions_per_seq,
                                           "whole_word_mask": config.data.whole_word_mask})
-    transform = input_pipeline.dynamic_masking(pretraining.Vocab.of(tok()), opts, config.seed)
+    transform = fit_predictions(input_pipeline.dynamic_masking(pretraining.Vocab.of(tok()), opts, config.seed),
+                                config.data.max_predictions_per_seq)
   source = dataset.load_source(config.data.data_dir, config.data.train_split)
   if config.data.packing:
     # The row plan is cached beside local data; a bucket's data may be shared and read-only, so it is planned anew.
@@ -93,6 +96,26 @@ def train_source(config, creation: dict, tok, batch_sharding):
             f"({n_examples / max(len(source), 1):.2f} per row)", flush=True)
   return input_pipeline.Pipeline(source, config.train.global_batch_size, seed=config.seed, sharding=batch_sharding,
                                  transform=transform, prefetch=config.data.prefetch)
+
+
+PREDICTION_KEYS = ("masked_lm_positions", "masked_lm_ids", "masked_lm_weights")
+
+
+def fit_predictions(remask, cap: int):
+  """`remask` (example, g) -> example drawing at most `cap` masks, on examples whose prediction arrays hold the
+  data's cap: widened with empty slots first (a run's cap above the data's), cut to `cap` after (below it)."""
+  def fn(example: dict, g: int) -> dict:
+    width = len(example["masked_lm_positions"])
+    if width < cap:
+      example = dict(example)
+      for k in PREDICTION_KEYS:
+        v = np.asarray(example[k])
+        example[k] = np.concatenate([v, np.zeros(cap - width, v.dtype)])
+    out = remask(example, g)
+    if width > cap:
+      out = {**out, **{k: np.asarray(out[k])[:cap] for k in PREDICTION_KEYS}}
+    return out
+  return fn
 
 
 def eval_source(config, creation: dict, tok, data_dir: str | None = None):
@@ -143,6 +166,7 @@ def _train_and_evaluate(config, workdir: str) -> dict:
   mcfg = checks.validate(config, jax.device_count(), creation if plan.is_plain(config) else None,
                          creations=creations)
   run_lib.raise_if(start.init_errors(config))
+  _check_resume(config, workdir)
   tok_path, tok_lower = run_lib.keep_tokenizer(workdir, tok_path, tok_lower)
   tok = lambda: tokenizer_lib.load(tok_path, do_lower_case=tok_lower)  # noqa: E731  (read when needed)
   if jax.process_index() == 0 and plan.is_plain(config) and config.train.warmup_steps >= config.train.num_steps:
@@ -179,9 +203,12 @@ def _train_and_evaluate(config, workdir: str) -> dict:
                                        config.data.get("when_exhausted", "repeat"), say)
 
   def init(abstract):
-    path = config.init_checkpoint
-    return start.fit_init_params(start.load_init_params(path, mcfg, config.data.max_seq_length), abstract, path,
-                                 announce=print if jax.process_index() == 0 else lambda _: None)
+    path, step = config.init_checkpoint, start.init_step(config)
+    say = print if jax.process_index() == 0 else lambda _: None
+    if step is not None:  # reset reads the params of init_step, as keep does (not the newest)
+      say(f"init_checkpoint {path}: step {step}, parameters (init_optimizer=reset)")
+    return start.fit_init_params(start.load_init_params(path, mcfg, config.data.max_seq_length, step), abstract, path,
+                                 announce=say)
   keep_state = config.init_checkpoint and config.get("init_optimizer", "reset") == "keep"
   run = run_lib.start(config, workdir, first_t, init=init if config.init_checkpoint and not keep_state else None,
                       init_state=(lambda: start.restore_full(config, first_t)) if keep_state else None,
@@ -192,7 +219,9 @@ def _train_and_evaluate(config, workdir: str) -> dict:
   run_lib.write_config(workdir, config)
   eval_dir = config.data.get("eval_dir", "") or config.data.data_dir or phases[0].mixture[0][1]
   evals = eval_source(config, creations.get("data") or dataset.read_creation(eval_dir), tok, eval_dir)
-  summary = _run(run, mcfg, phases, trainers, pipeline, evals, lr_fn, stop_at)
+  static_rate = (creation["options"]["masked_lm_prob"] if plan.is_plain(config) and not config.data.dynamic_masking
+                 else None)
+  summary = _run(run, mcfg, phases, trainers, pipeline, evals, lr_fn, stop_at, static_rate)
   pipeline.close()
   if run.is_main:
     try:
@@ -200,6 +229,20 @@ def _train_and_evaluate(config, workdir: str) -> dict:
     except FileNotFoundError:
       summary["plots"] = []
   return summary
+
+
+def _check_resume(config, workdir: str) -> None:
+  """A workdir holding checkpoints resumes only with the phase plan its config.json holds (`plan.resume_keys`):
+  another length, masking rate or mixture of a phase would carry on from the checkpoint as if nothing changed."""
+  if not files.isdir(files.join(workdir, "checkpoints")):
+    return
+  ckpt = checkpoint_lib.Checkpointer(workdir, read_only=True)
+  try:
+    held = ckpt.steps()
+  finally:
+    ckpt.manager.close()
+  if held:
+    run_lib.check_same_settings(workdir, config, plan.resume_keys(config), "pre-training")
 
 
 def _trainers(phases, mcfg, special, lr_fn) -> dict:
@@ -214,9 +257,10 @@ def _trainers(phases, mcfg, special, lr_fn) -> dict:
   return out
 
 
-def _run(run: run_lib.Run, mcfg, phases, trainers, pipeline, evals, lr_fn, stop_at) -> dict:
-  """The loop: phase after phase, a progress line every `log_every` steps, evaluation every `eval_every` (and
-  at step 0 of a fresh run), checkpoints every `checkpoint_every`, at each phase's end and at a stop."""
+def _run(run: run_lib.Run, mcfg, phases, trainers, pipeline, evals, lr_fn, stop_at, static_rate=None) -> dict:
+  """The loop: phase after phase, a progress line every `log_every` steps (its metrics row also names the phase,
+  its masking rate and mixture: `plan.scalars`), evaluation every `eval_every` (and at step 0 of a fresh run),
+  checkpoints every `checkpoint_every`, at each phase's end and at a stop."""
   config = run.config
   total, begin_step = phases[-1].steps.end, run.start
   if stop_at is not None:
@@ -239,7 +283,7 @@ def _run(run: run_lib.Run, mcfg, phases, trainers, pipeline, evals, lr_fn, stop_
     mean = {k: float(np.mean([h[k] for h in host])) for k in host[-1]}
     mean.update(learning_rate=float(host[-1]["learning_rate"]), step_time_s=dt, tokens_per_s=mean.pop("tokens") / dt,
                 mfu=accounting.mfu(current["flops"], dt, peak, jax.device_count()))
-    writer.write(step, mean)
+    writer.write(step, {**mean, **plan.scalars(phases, current["phase"], step, plan.is_plain(config), static_rate)})
     progress.log(step, mean)
     summary["train"] = mean
     last_log[:] = [now, step]

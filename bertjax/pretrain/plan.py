@@ -90,7 +90,7 @@ def errors_of(config, mcfg, creations: dict[str, dict], granularity: int) -> lis
   if not is_plain(config) and config.data.packing:
     out.append("data.packing with phases, sources or moving batch/masking is not supported: use unpacked data")
   known = list(sources(config))
-  tok_of = {}
+  tok_of, vocab_of = {}, {}
   for name, p in phases_lib.resolved(config):
     where = f"phases.{name}" if names else "the run"
     entries, problems = parse_mixture(p.mixture, known)
@@ -109,8 +109,7 @@ def errors_of(config, mcfg, creations: dict[str, dict], granularity: int) -> lis
         out.append(f"{where}: source {src!r} ({sources(config)[src]}) was made at max_seq_length "
                    f"{o['max_seq_length']}, the phase runs at {p.seq}")
       if mcfg is not None and c.get("vocab_size") not in (None, mcfg.vocab_size):
-        out.append(f"{where}: source {src!r} was made with a vocabulary of {c['vocab_size']}, the model has "
-                   f"{mcfg.vocab_size}: a phase cannot change the vocabulary")
+        vocab_of[src] = c["vocab_size"]
       if o.get("example_mode", "nsp_pairs") != config.data.example_mode:
         out.append(f"{where}: source {src!r} was made as {o.get('example_mode', 'nsp_pairs')!r}, the run reads "
                    f"{config.data.example_mode!r}")
@@ -128,7 +127,27 @@ def errors_of(config, mcfg, creations: dict[str, dict], granularity: int) -> lis
                  f"({ {s: o['max_predictions_per_seq'] for s, o in made} }): make them alike")
   if len(set(tok_of.values())) > 1:
     out.append(f"the sources were made with different tokenizers ({sorted(tok_of)}): a run reads one vocabulary")
+  out += _vocab_errors(config, mcfg, vocab_of)
   return out
+
+
+def _vocab_errors(config, mcfg, vocab_of: dict[str, int]) -> list[str]:
+  """One line for the sources whose vocabulary is not the model's (not one per phase that reads them), with the fix:
+  the model's vocab_size set to the data's (the recipe's vocab= argument), or for an init checkpoint, data made
+  with its tokenizer."""
+  if not vocab_of:
+    return []
+  made = sorted(set(vocab_of.values()))
+  listed = ", ".join(f"{s!r} ({sources(config)[s]}) {v}" for s, v in vocab_of.items())
+  if config.init_checkpoint:
+    fix = ("make the data with the init's own tokenizer, or extend its vocabulary first (python -m bertjax "
+           "extend_vocab)")
+  elif len(made) == 1:
+    fix = f"pass vocab={made[0]} in --config=...:ARGS or --config.model.vocab_size={made[0]}"
+  else:
+    fix = "make every source with one tokenizer, then set --config.model.vocab_size to its vocabulary"
+  return [f"the sources were made with a vocabulary the model does not have ({listed}; model.vocab_size "
+          f"{mcfg.vocab_size}): {fix} (a phase cannot change the vocabulary)"]
 
 
 def _model_errors(where: str, p, mcfg) -> list[str]:
@@ -250,6 +269,32 @@ def announce_exhaustion(segs: list[mixture.Segment], names: dict[str, str], when
         say(f"source {label!r} ({folder}) runs out at step {step} in phase {seg.name!r}: it is read again in a "
             "new order (data.when_exhausted=repeat)")
   return stop
+
+
+# The run-level settings a phase falls back on (`phases.resolved`): a phased run resumed with another of them runs
+# another plan, as with another phase field.
+DEFERRED_KEYS = ("data.max_seq_length", "data.masked_lm_prob", "train.global_batch_size", "train.learning_rate",
+                 "train.batch_warmup_tokens", "train.batch_warmup_from", "train.batch_warmup_levels")
+
+
+def resume_keys(config) -> tuple[str, ...]:
+  """The dotted keys of the phase plan a resumed run must hold as its workdir's config.json does
+  (`run.check_same_settings`): the phase order and every field of every phase, and for a run of phases the
+  run-level settings they fall back on. (A run without phases may go on for more train.num_steps.)"""
+  names = phases_lib.names(config)
+  keys = ["phase_order"] + [f"phases.{n}.{f}" for n in names for f in phases_lib.FIELDS]
+  return tuple(keys + (list(DEFERRED_KEYS) if names else []))
+
+
+def scalars(phases: list[Phase], phase: Phase, step: int, plain: bool, data_rate: float | None = None) -> dict:
+  """What a metrics row says of the phase its steps ran in: the phase's index, the masking rate of the row's last
+  update (step - 1; `data_rate`: the rate a run without dynamic masking reads its data's static masks at) and,
+  for a run of sources, the mixture's weights as `mixture/<source>`."""
+  rate = data_rate if data_rate is not None else phase.steps.mask_rate(max(step - 1, phase.steps.start))
+  out = {"phase": phases.index(phase), "masked_lm_prob": rate}
+  if not plain:
+    out.update({f"mixture/{name}": w for name, _, w in phase.mixture})
+  return out
 
 
 def model_config(mcfg: model_lib.BertConfig, phase: Phase) -> model_lib.BertConfig:

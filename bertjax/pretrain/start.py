@@ -17,10 +17,11 @@ from bertjax.core import trainer as trainer_lib
 INIT_OPTIMIZER = ("reset", "keep")
 
 
-def load_init_params(path: str, mcfg: model_lib.BertConfig, seq: int = 0):
-  """Pre-training params (encoder and MLM/NSP heads) from a bertjax workdir or an HF folder, in mcfg's layout.
-  A rotary checkpoint continued at another length or θ (context extension) is announced with both settings."""
-  w = weights.load(path, overrides={"scan_layers": mcfg.scan_layers}, head="pretraining")
+def load_init_params(path: str, mcfg: model_lib.BertConfig, seq: int = 0, step: int | None = None):
+  """Pre-training params (encoder and MLM/NSP heads) from a bertjax workdir (its checkpoint at `step`, default
+  its newest) or an HF folder, in mcfg's layout. A rotary checkpoint continued at another length or θ (context
+  extension) is announced with both settings."""
+  w = weights.load(path, overrides={"scan_layers": mcfg.scan_layers}, head="pretraining", step=step)
   if mcfg.position_embedding == "rotary":
     trained = (w.meta.get("data") or {}).get("max_seq_length")  # a bertjax workdir's run config
 
@@ -68,7 +69,8 @@ def init_step(config) -> int | None:
 
 
 def init_errors(config) -> list[str]:
-  """The init's own settings: keep needs a bertjax pre-training workdir (an HF folder has no optimizer state)."""
+  """The init's own settings: keep needs a bertjax pre-training workdir (an HF folder has no optimizer state);
+  init_step must be a step the init workdir holds (reset and keep alike start from it)."""
   how = config.get("init_optimizer", "reset")
   out = []
   if how not in INIT_OPTIMIZER:
@@ -88,7 +90,31 @@ def init_errors(config) -> list[str]:
                  "init_optimizer=reset")
   elif not path and step:
     out.append("init_step is set but init_checkpoint is empty")
+  if path and isinstance(step, int) and step > 0:
+    out += _step_errors(path, step)
   return out
+
+
+def _step_errors(path: str, step: int) -> list[str]:
+  """init_step against the steps the init holds: an HF folder or a fine-tuned workdir has none."""
+  try:
+    kind = weights.source_of(path)
+  except errors.Error as e:
+    return [str(e)]
+  if kind != "pretraining":
+    return [f"init_step {step}: init_checkpoint {path} is {'an HF folder' if kind == 'hf' else 'a fine-tuned workdir'}"
+            ", which has no steps: set init_step=0"]
+  try:
+    ckpt = checkpoint_lib.Checkpointer(path, read_only=True)
+    try:
+      held = ckpt.steps()
+    finally:
+      ckpt.manager.close()
+  except (OSError, ValueError) as e:
+    return [f"init_step {step}: cannot list the checkpoints of init_checkpoint {path} ({errors.one_line(e)})"]
+  if step not in held:
+    return [f"init_step {step}: init_checkpoint {path} holds no checkpoint at that step; it holds steps {held}"]
+  return []
 
 
 def _run_config(path: str) -> ml_collections.ConfigDict:
