@@ -65,18 +65,21 @@ def time_checkpoints(workdir: str, state, repeats: int) -> dict:
 
 
 def count_logging_requests(bucket: str, steps: int) -> dict:
-  """A tiny pre-training in the bucket, logging every step and checkpointing every 10: the file layer's (gcsfs)
-  requests at the start, on plain steps and on checkpoint steps (orbax lists and reads steps through gcsfs too)."""
+  """A tiny pre-training in the bucket, logging every step and checkpointing every 10: bertjax's file-layer
+  operations (metrics, TensorBoard, config, claim) at the start, on plain steps and on checkpoint steps, and all
+  gcsfs requests (orbax's own step listing, metadata and deletions included, which its background thread makes
+  while the next steps run)."""
   import pathlib
 
   import gcsfs.core
   import helpers
 
   from bertjax import pretrain
-  from bertjax.core import writers
+  from bertjax.core import files, writers
   calls: list = []
-  marks: list = []  # (step, requests so far) at each metrics row
-  real_call, real_write = gcsfs.core.GCSFileSystem._call, writers.Writer.write
+  ops: list = []  # the file layer's remote operations
+  marks: list = []  # (step, requests so far, operations so far) at each metrics row
+  real_call, real_write, real_remote = gcsfs.core.GCSFileSystem._call, writers.Writer.write, files._remote
 
   async def counted(self, method, path, *args, **kwargs):
     calls.append(method)
@@ -84,23 +87,30 @@ def count_logging_requests(bucket: str, steps: int) -> dict:
 
   def marked(self, step, scalars, prefix="train"):
     if prefix == "train":
-      marks.append((int(step), len(calls)))
+      marks.append((int(step), len(calls), len(ops)))
     return real_write(self, step, scalars, prefix)
-  gcsfs.core.GCSFileSystem._call, writers.Writer.write = counted, marked
+
+  def operation(path):
+    ops.append(str(path))
+    return real_remote(path)
+  gcsfs.core.GCSFileSystem._call, writers.Writer.write, files._remote = counted, marked, operation
   data = helpers.make_pretraining_data(pathlib.Path(tempfile.mkdtemp()))
   c = helpers.small_config(data)
   c.train.num_steps, c.log_every, c.checkpoint_every, c.eval_every = steps, 1, 10, 0
   start = len(calls)
   pretrain.train_and_evaluate(c, f"{bucket}/pre")
-  gcsfs.core.GCSFileSystem._call, writers.Writer.write = real_call, real_write
-  # Requests between two rows belong to the later step (its save runs after its row is written).
-  at = {step: n for step, n in marks}
-  per_step = {s: at[s + 1] - at[s] for s in range(1, steps)}
-  plain = [n for s, n in per_step.items() if s % 10]
-  saving = [n for s, n in per_step.items() if s % 10 == 0]
-  return {"steps": steps, "log_every": 1, "checkpoint_every": 10, "total": len(calls) - start,
-          "at_start": at[1] - start, "plain_steps_mean": statistics.mean(plain), "plain_steps_max": max(plain),
-          "checkpoint_steps_mean": statistics.mean(saving),
+  gcsfs.core.GCSFileSystem._call, writers.Writer.write, files._remote = real_call, real_write, real_remote
+  # What happens between two rows belongs to the earlier step (its save runs after its row is written).
+  req = {step: n for step, n, _ in marks}
+  op = {step: n for step, _, n in marks}
+  plain = [s for s in range(1, steps) if s % 10]
+  saving = [s for s in range(1, steps) if s % 10 == 0]
+  return {"steps": steps, "log_every": 1, "checkpoint_every": 10, "requests": len(calls) - start,
+          "requests_at_start": req[1] - start, "layer_ops_at_start": op[1],
+          "layer_ops_plain_step_max": max(op[s + 1] - op[s] for s in plain),
+          "layer_ops_checkpoint_step_mean": statistics.mean(op[s + 1] - op[s] for s in saving),
+          "requests_plain_step_mean": statistics.mean(req[s + 1] - req[s] for s in plain),
+          "requests_checkpoint_step_mean": statistics.mean(req[s + 1] - req[s] for s in saving),
           "by_method": {m: calls[start:].count(m) for m in sorted(set(calls[start:]))}}
 
 
@@ -128,10 +138,12 @@ def main() -> int:
     r["save_mb_s"], r["restore_mb_s"] = size / 1e6 / r["save_s"], size / 1e6 / r["restore_s"]
     print(f"{where:28s} {r['save_s']:8.2f} {r['save_mb_s']:8.0f} {r['restore_s']:10.2f} {r['restore_mb_s']:8.0f}")
   r = requests
-  print(f"file-layer requests over {r['steps']} steps logged every step, a checkpoint every 10: {r['at_start']} at "
-        f"the start, {r['plain_steps_mean']:.2f} a plain step (at most {r['plain_steps_max']}), "
-        f"{r['checkpoint_steps_mean']:.1f} a checkpoint step; {r['total']} in all {r['by_method']} "
-        "(tensorstore's own array reads and writes are not counted)")
+  print(f"{r['steps']} steps logged every step, a checkpoint every 10: bertjax's file-layer operations "
+        f"{r['layer_ops_at_start']} at the start, at most {r['layer_ops_plain_step_max']} on a plain step, "
+        f"{r['layer_ops_checkpoint_step_mean']:.1f} on a checkpoint step; gcsfs requests in all (orbax's step "
+        f"bookkeeping included) {r['requests_at_start']} at the start, {r['requests_plain_step_mean']:.2f} a plain "
+        f"step, {r['requests_checkpoint_step_mean']:.1f} a checkpoint step, {r['requests']} in all "
+        f"{r['by_method']}; tensorstore's array reads and writes are not counted")
   result = {"machine": machine.cpu(), "versions": machine.versions(), "checkpoint_bytes": size, "checkpoints": rows,
             "logging": requests}
   if args.out:

@@ -312,7 +312,7 @@ def _train(run: run_lib.Run, task, mcfg, data: TrainData, report: dict, eval_bat
 
   # Evaluation and a checkpoint close every epoch (a resume starts the next one); checkpoint_every adds some within.
   hooks = trainer.Hooks(
-      log=log, save=lambda step, state: run.ckpt.save(step, state, {"report": report, "total_steps": total}),
+      log=log, save=lambda step, state: run.checkpoint(step, state, {"report": report, "total_steps": total}),
       log_due=lambda step: trainer.every(step, config.log_every, total),
       save_due=lambda step: end_of_epoch(step) or trainer.every(step, config.checkpoint_every),
       evaluate=evaluator, eval_due=end_of_epoch)

@@ -191,11 +191,15 @@ class Run:
     self.writer = writers.Writer(self.workdir, start_step=self.start)
     return self.writer
 
+  def checkpoint(self, step: int, state, data_state: dict) -> None:
+    """A checkpoint of `state` with what the mode keeps beside it, and the metrics logged so far written out with
+    it (a remote workdir's metrics are buffered until then): a resume finds every row up to its checkpoint."""
+    self.ckpt.save(step, state, data_state)
+    if self.writer is not None:
+      self.writer.flush()
+
   def loop(self, batches, total: int, hooks: trainer_lib.Hooks, step_args: tuple = ()):
     """Steps start+1..total (`trainer.loop`); returns (state, last step run, the stop's reason or None)."""
-    if self.writer is not None:  # the metrics reach a remote workdir with each checkpoint
-      saving = hooks.save
-      hooks = dataclasses.replace(hooks, save=lambda step, state: (saving(step, state), self.writer.flush()))
     self.state, step, stopped = trainer_lib.loop(self.trainer, self.state, batches, self.start, total, hooks,
                                                  self.config.train.stop_after_steps, step_args)
     return self.state, step, stopped

@@ -295,3 +295,25 @@ def test_a_store_that_refuses_the_credentials_is_one_line(tmp_path):
     server.shutdown()
   tt.assert_one_line_error(out, r"gs://private: the store refused these credentials")
   assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.slow
+def test_a_run_killed_in_a_bucket_keeps_its_metrics_up_to_its_checkpoint(bucket, data_dir, tmp_path):
+  """Metrics are buffered on the host and reach the bucket with each checkpoint: after kill -9 the bucket holds
+  every row up to the last checkpoint, which is where the next run resumes."""
+  import signal
+  w = files.join(bucket, "w")
+  cmd = tt.main_cmd("variant=tiny,seq=32,preds=5,batch=16,steps=1000,shard=dp", w, data_dir,
+                    "--config.log_every=1", "--config.checkpoint_every=3", "--config.eval_every=0")
+  proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=tt.env(),
+                          cwd=tmp_path)
+  committed = files.join(w, "checkpoints", "3", "commit_success.txt")
+  deadline = time.time() + 300
+  while not files.exists(committed):  # the step-3 checkpoint finishes in the background while steps go on
+    assert time.time() < deadline and proc.poll() is None
+    time.sleep(0.2)
+  proc.send_signal(signal.SIGKILL)
+  proc.wait()
+  steps = [r["step"] for r in metrics.read_jsonl(files.join(w, "metrics.jsonl")) if r["split"] == "train"]
+  assert steps[:3] == [1, 2, 3] and checkpoint_lib.Checkpointer(w, read_only=True).steps()[0] == 3
+  assert os.listdir(tmp_path) == []

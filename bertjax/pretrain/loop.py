@@ -296,7 +296,7 @@ def _run(run: run_lib.Run, mcfg, phases, trainers, pipeline, evals, lr_fn, stop_
 
   def save(step, state):
     # The rate of the last step taken: what a phase annealing from this checkpoint starts from (learning_rate -1).
-    run.ckpt.save(step, state, {**pipeline.get_state(), "learning_rate": float(lr_fn(max(step - 1, 0)))})
+    run.checkpoint(step, state, {**pipeline.get_state(), "learning_rate": float(lr_fn(max(step - 1, 0)))})
 
   state, step, stopping = run.state, begin_step, None
   for ph in phases:
