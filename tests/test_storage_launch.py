@@ -41,6 +41,7 @@ def _report(value: float) -> str:
   return json.dumps({"task": "local", "main_metric": "accuracy", "epochs": [], "best": best})
 
 
+@pytest.mark.slow
 def test_a_sweep_in_a_bucket_runs_tabulates_and_resumes_there(bucket, tmp_path):
   overrides = _inputs(tmp_path)
   root = files.join(bucket, "sweep")
