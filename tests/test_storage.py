@@ -125,16 +125,17 @@ def test_metrics_reach_the_bucket_once_per_flush(bucket, monkeypatch):
 @pytest.mark.ci
 def test_pretraining_in_a_bucket_resumes_bitwise_from_another_directory(bucket, data_dir, tmp_path, monkeypatch):
   full = train.train_and_evaluate(tt.small_config(data_dir), str(tmp_path / "local"))
-  w = files.join(bucket, "pre")
-  monkeypatch.chdir(tmp_path)
+  w, remote_data = files.join(bucket, "pre"), files.join(bucket, "data")
+  files.copy(data_dir, remote_data)  # the data in the bucket too, as on a TPU VM
   (tmp_path / "a").mkdir()
   monkeypatch.chdir(tmp_path / "a")
-  part = train.train_and_evaluate(tt.small_config(data_dir, stop_after_steps=3), w)
+  monkeypatch.setenv("BERTJAX_CACHE", str(tmp_path / "cache-a"))
+  part = train.train_and_evaluate(tt.small_config(remote_data, stop_after_steps=3), w)
   assert part["preempted"] and part["final_step"] == 3
   (tmp_path / "b").mkdir()
   monkeypatch.chdir(tmp_path / "b")  # another working directory and an empty local cache: a fresh host
   monkeypatch.setenv("BERTJAX_CACHE", str(tmp_path / "cache-b"))
-  resumed = train.train_and_evaluate(tt.small_config(data_dir), w)
+  resumed = train.train_and_evaluate(tt.small_config(remote_data), w)
   assert resumed["start_step"] == 3 and resumed["final_step"] == 6
   jax.tree_util.tree_map(lambda x, y: np.testing.assert_array_equal(np.asarray(x), np.asarray(y)),
                          full["state"].params, resumed["state"].params)
