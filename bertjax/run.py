@@ -100,6 +100,9 @@ def check_workdir_mode(workdir: str, mode: str) -> None:
     held = record.get("mode", "pretrain")
   except (OSError, ValueError, AttributeError):
     return
+  if not ("train" in record or "merged" in record):  # every bertjax run's config has its train section
+    raise errors.ConfigError(f"{path} is not a bertjax run's config (another tool's files?); a run there would write "
+                             "over it: choose a new --workdir")
   if "merged" in record:
     raise errors.ConfigError(f"{workdir} holds merged weights (python -m bertjax merge), not a run to resume: "
                              f"start from them with init_checkpoint={workdir} and a new --workdir")

@@ -228,33 +228,34 @@ def test_finetuning_from_and_into_a_bucket_equals_the_local_run(bucket, tmp_path
 
 
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")  # orbax's abandoned reads
-def test_a_checkpoint_cut_short_in_the_bucket_falls_back_and_is_set_aside(bucket, data_dir, tmp_path):
-  """An object of the newest step cut short (an upload someone replaced, a copy that stopped): the step before
-  restores, and the damaged step is moved to damaged_checkpoints/ in the bucket, so the run saves it again."""
+@pytest.mark.parametrize("how", ["cut_short", "half_written"])
+def test_a_damaged_newest_checkpoint_in_the_bucket_is_set_aside_and_the_run_goes_on(bucket, data_dir, tmp_path,
+                                                                                    capsys, how):
+  """The newest step's objects cut short (a copy that stopped), or its commit marker missing (a save killed
+  part-way): the run resumes from the step before, moves the damaged step to damaged_checkpoints/ in the bucket,
+  and saves that step again, as on local disk."""
   local = tmp_path / "w"
   c = tt.small_config(data_dir)
-  c.train.num_steps = 6
-  train.train_and_evaluate(c, str(local))  # checkpoints at 3 and 6
+  full = train.train_and_evaluate(c, str(local))  # checkpoints at 3 and 6
   w = files.join(bucket, "w")
   files.copy(str(local), w)
-  state = files.join(w, "checkpoints", "6", "state")
-  shards = [rel for rel in files.walk_files(state) if "/d/" in f"/{rel}"]
-  assert shards
-  for rel in shards:
-    raw = files.read_bytes(files.join(state, rel))
-    files.write_whole(files.join(state, rel), raw[:len(raw) // 3])
-  want = checkpoint_lib.Checkpointer(str(local), read_only=True).restore_params(step=3)
-  ckpt = checkpoint_lib.Checkpointer(w)
-  notes = []
-  from bertjax import model as model_lib
-  abstract = train.build(c, model_lib.BertConfig.from_dict(c.model.to_dict())).abstract
-  restored, data_state, step = ckpt.restore(abstract, announce=notes.append)
-  assert step == 3 and data_state["step"] == 3
-  assert len(notes) == 1 and "moved to gs://" in notes[0] and "damaged_checkpoints/6" in notes[0]
-  for a, b in zip(jax.tree_util.tree_leaves(restored.params), jax.tree_util.tree_leaves(want)):
-    np.testing.assert_array_equal(np.asarray(a), b)
-  assert files.isdir(files.join(w, "damaged_checkpoints", "6")) and not files.exists(files.join(w, "checkpoints", "6"))
-  ckpt.close()
+  step6 = files.join(w, "checkpoints", "6")
+  if how == "cut_short":
+    for rel in files.walk_files(files.join(step6, "state")):
+      if "/d/" in f"/{rel}":
+        raw = files.read_bytes(files.join(step6, "state", rel))
+        files.write_whole(files.join(step6, "state", rel), raw[:len(raw) // 3])
+  else:
+    files.remove(files.join(step6, "commit_success.txt"))
+  capsys.readouterr()
+  resumed = train.train_and_evaluate(tt.small_config(data_dir), w)
+  out = capsys.readouterr().out
+  assert resumed["start_step"] == 3 and resumed["final_step"] == 6
+  assert ("moved to gs://" in out) if how == "cut_short" else ("ignoring half-written checkpoint(s) ['6']" in out)
+  assert files.isdir(files.join(w, "damaged_checkpoints", "6"))
+  assert checkpoint_lib.Checkpointer(w, read_only=True).steps() == [3, 6]
+  jax.tree_util.tree_map(lambda x, y: np.testing.assert_array_equal(np.asarray(x), np.asarray(y)),
+                         full["state"].params, resumed["state"].params)  # the same steps again, the same result
   import gc
   gc.collect()
 
@@ -318,3 +319,16 @@ def test_a_run_killed_in_a_bucket_keeps_its_metrics_up_to_its_checkpoint(bucket,
   steps = [r["step"] for r in metrics.read_jsonl(files.join(w, "metrics.jsonl")) if r["split"] == "train"]
   assert steps[:3] == [1, 2, 3] and checkpoint_lib.Checkpointer(w, read_only=True).steps()[0] == 3
   assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize("where", ["local", "bucket"])
+def test_a_workdir_holding_another_tools_config_is_refused(bucket, tmp_path, where):
+  """A --workdir whose config.json another tool wrote (an HF folder, say): a run there would write over it."""
+  w = str(tmp_path / "theirs") if where == "local" else files.join(bucket, "theirs")
+  files.makedirs(w)
+  files.write_whole(files.join(w, "config.json"), json.dumps({"model_type": "bert", "hidden_size": 8}))
+  for mode in ("pretrain", "finetune"):
+    with pytest.raises(errors.ConfigError, match=r"config.json is not a bertjax run's config .*choose a new --workdir"):
+      with run_lib.opened(w, mode):
+        pass
+  assert files.read_json(files.join(w, "config.json")) == {"model_type": "bert", "hidden_size": 8}

@@ -13,7 +13,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from bertjax import errors
-from bertjax.core import files, workdir
+from bertjax.core import files, storage, workdir
 
 CheckpointError = errors.CheckpointError
 WorkdirLockedError = errors.WorkdirLockedError
@@ -83,8 +83,12 @@ class Checkpointer:
     """Entries a killed save left behind: temporary directories and steps without their commit marker."""
     if not files.isdir(self.directory):
       return []
-    out = [n for n in files.listdir(self.directory) if _TMP.match(n)]
-    out += [str(s) for s in self.manager.all_steps() if not self._committed(s)]
+    names = files.listdir(self.directory)
+    out = {n for n in names if _TMP.match(n)}
+    # Orbax lists only finalised steps on an object store, where a killed save leaves its step's folder without
+    # the commit marker: such folders are read off the listing itself.
+    out |= {n for n in names if n.isdigit() and not self._committed(int(n))}
+    out |= {str(s) for s in self.manager.all_steps() if not self._committed(s)}
     return sorted(out)
 
   def steps(self) -> list[int]:
@@ -183,6 +187,7 @@ class Checkpointer:
     if jax.process_count() > 1:
       from jax.experimental import multihost_utils
       multihost_utils.sync_global_devices("bertjax_damaged_checkpoints_set_aside")
+    storage.forget_listings()  # orbax lists steps through fsspec, whose listings may predate the move
     self.manager.reload()
 
   def restore_params(self, step: int | None = None, announce=print, item: str = "params"):

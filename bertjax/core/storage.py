@@ -55,6 +55,22 @@ def filesystem(name: str):
     raise errors.DataPathError(f"{name}:// paths need a filesystem driver{hint}: {errors.one_line(e)}") from None
 
 
+def forget_listings() -> None:
+  """Drops the listings every fsspec file system of a remote scheme holds (etils.epath's, which orbax lists
+  checkpoints through, caches them): after bertjax moves or deletes objects, the next listing reads the store."""
+  import sys
+  fsspec = sys.modules.get("fsspec")
+  if fsspec is None:
+    return
+  for name in ("gs", "gcs", "s3"):
+    try:
+      cls = fsspec.get_filesystem_class(name)
+    except (ImportError, ValueError):
+      continue
+    for instance in list(getattr(cls, "_cache", {}).values()):
+      instance.invalidate_cache()
+
+
 def store_of(path):
   """The fsspec file system of a remote path."""
   return filesystem(scheme(path))
