@@ -389,6 +389,12 @@ CASES = [
      "--language and --cased with a corpus that does not exist"),
     ("ds_tfds", "dataset", ["--input", "tfds:no_such_dataset", "--tokenizer", "{vocab}", "--out", "{tmp}/d21",
                             "--tfds_data_dir", "{tmp}"], r"no_such_dataset", "a tfds input that does not exist"),
+    ("ds_tfds_dir", "dataset", ["--input", "tfds:no_such_dataset", "--tokenizer", "{vocab}", "--out", "{tmp}/d21b",
+                                "--tfds_data_dir", "{corpus}"], r"--tfds_data_dir .*is a file, not a folder",
+     "a --tfds_data_dir that is a file"),
+    ("ds_beam_runner", "dataset", ["--input", "{corpus}", "--tokenizer", "{vocab}", "--out", "{tmp}/d21c",
+                                   "--beam_runner", "NoSuchRunner"], r"--beam_runner 'NoSuchRunner'",
+     "an unknown --beam_runner"),
     ("ds_mask_prob", "dataset", ["--input", "{corpus}", "--tokenizer", "{vocab}", "--out", "{tmp}/d22",
                                  "--masked_lm_prob", "1.5"], r"masked_lm_prob must be in \(0, 1\)",
      "--masked_lm_prob 1.5"),
@@ -442,6 +448,8 @@ CASES = [
      "an unknown method"),
     ("mg_no_base", "merge", ["{hf}", "{hf}", "--method", "ties", "--out", "{tmp}/m5"], r"give --base",
      "TIES without a base"),
+    ("mg_base_missing", "merge", ["{hf}", "--method", "ties", "--base", "{tmp}/no_base", "--out", "{tmp}/m5b"],
+     r"no_base", "a --base that does not exist"),
     ("mg_density", "merge", ["{hf}", "--method", "ties", "--base", "{hf}", "--density", "0", "--out", "{tmp}/m6"],
      r"--density must be in \(0, 1\]", "a TIES density of 0"),
     ("mg_lam", "merge", ["{hf}", "--method", "ties", "--base", "{hf}", "--lam", "nan", "--out", "{tmp}/m6b"],
@@ -546,7 +554,7 @@ CASES = [
     ("su_seeds", "suite", ["run", "--tasks", "local", "--seeds", "0,x", "--root", "{tmp}/s3"],
      r"--seeds '0,x': 'x' is not an integer", "--seeds that are not integers"),
     ("su_task", "suite", ["run", "--tasks", "glue/nope", "--root", "{tmp}/s4"], r"unknown task 'glue/nope'",
-     "an unknown task"),
+     "--tasks naming an unknown task"),
     ("su_suite_json", "suite", ["run", "--suite", "{jsonl_bad}", "--root", "{tmp}/s5", "--print"],
      r"--suite .*jsonl_bad.jsonl", "a --suite file that is not JSON (with --print)"),
     ("su_init", "suite", ["run", "--tasks", "local", "--init", "{tmp}/none", "--root", "{tmp}/s6"],
@@ -558,6 +566,9 @@ CASES = [
      r"config file .*no_such.py not found", "a config file that does not exist"),
     ("sw_grid", "sweep", ["run", "--config", "configs/finetune.py:task=local", "--grid", "lr", "--root",
                           "{tmp}/w2", "--print"], r"--grid 'lr': expected key=v1,v2", "a grid without values"),
+    ("sw_print", "sweep", ["run", "--config", "configs/finetune.py:task=local", "--grid", "lr=1e-5", "--root",
+                           "{tmp}/w3", "--print=yes"], r"--print: ignored explicit argument 'yes'",
+     "--print given a value"),
     ("sw_table", "sweep", ["table", "--root", "{tmp}/none"], r"no sweep_runs.json",
      "a table of a root that holds no sweep"),
 ]
@@ -795,11 +806,12 @@ def main() -> None:
   p.add_argument("--group", choices=GROUPS)
   p.add_argument("--json")
   p.add_argument("--markdown", action="store_true")
+  p.add_argument("--only", default="", help="comma-separated case ids (default: every case of the group)")
   args = p.parse_args()
   if args.markdown:
     print(markdown())
     return
-  group = [c for c in CASES if group_of(c[1]) == args.group]
+  group = [c for c in CASES if group_of(c[1]) == args.group and (not args.only or c[0] in args.only.split(","))]
   results = {}
   with tempfile.TemporaryDirectory(prefix="bertjax-hostile-") as tmp:
     f = fixtures(tmp) if args.group == "train" else {"tmp": tmp, "root": ROOT}

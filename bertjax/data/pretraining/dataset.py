@@ -151,6 +151,10 @@ def create(input_files, tokenizer_path: str, out_dir: str, opts: pretraining.Cre
   input_files = corpus_lib.expand(input_files)
   out_dir = os.fspath(out_dir)
   files.reach(out_dir)
+  if tfds_data_dir and files.isfile(tfds_data_dir):
+    raise errors.ConfigError(f"--tfds_data_dir {tfds_data_dir} is a file, not a folder")
+  if beam_runner:
+    _check_runner(beam_runner)
   # Loaded first: a bad tokenizer fails before anything is read or written.
   tok = tokenizer_lib.load(tokenizer_path, do_lower_case=do_lower_case, reference="original")
   if files.is_remote(out_dir):
@@ -165,6 +169,15 @@ def create(input_files, tokenizer_path: str, out_dir: str, opts: pretraining.Cre
     return _create(input_files, tokenizer_path, tok, out_dir, opts, reader, do_lower_case=do_lower_case,
                    heldout_every=heldout_every, workers=workers, overwrite=overwrite, tfds_data_dir=tfds_data_dir,
                    beam_runner=beam_runner, beam_options=beam_options)
+
+
+def _check_runner(name: str) -> None:
+  """An unknown Beam runner is a one-line error before any work (Beam names the runners it knows)."""
+  from apache_beam.runners import runner as beam_runner
+  try:
+    beam_runner.create_runner(name)
+  except (ValueError, ImportError) as e:
+    raise errors.ConfigError(f"--beam_runner '{name}': {str(e).splitlines()[0]}") from None
 
 
 def _lock(out_dir: str):
