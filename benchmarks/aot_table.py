@@ -12,10 +12,14 @@ v5p-8 and v6e-8, each with the largest per-chip batch that compiles within HBM (
 import argparse
 import json
 import os
+import sys
 import time
 
 from bertjax.cli import aot  # noqa: E402  (sets the libtpu environment first)
 from configs import deberta_v3, modernbert, pretrain  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import machine  # noqa: E402
 
 RECIPES = {"pretrain": pretrain, "modernbert": modernbert, "deberta_v3": deberta_v3}
 
@@ -56,7 +60,7 @@ def verify_predicted(rows, args):
     print(f"{r['variant']} seq {r['seq']} {r['preset']} {r['name']}: predicted {r['per_chip_batch']}, "
           f"compiled {v['per_chip_batch']} ({'fits' if v['fits'] else 'no fit'}), {time.time() - t:.0f}s", flush=True)
     with open(args.out, "w") as f:
-      json.dump(rows, f, indent=2)
+      json.dump(machine.stamp(rows), f, indent=2)
 
 
 def make_config(recipe: str, variant: str, seq: int, preset: str, extra: str = ""):
@@ -84,10 +88,11 @@ def main():
   p.add_argument("--verify_predicted", action="store_true",
                  help="compile each row predicted by the two-compile fit at its batch and replace it")
   args = p.parse_args()
-  rows = json.load(open(args.out)) if os.path.exists(args.out) else []
+  rows = machine.rows(json.load(open(args.out))) if os.path.exists(args.out) else []  # old files: a list
   if args.markdown_only:
     print(markdown(rows))
     return
+  print(f"machine: {machine.describe()}")  # the host that compiles; the table's chips are the targets
   if args.verify_predicted:
     verify_predicted(rows, args)
     print(markdown(rows))
@@ -108,7 +113,7 @@ def main():
           print(f"{variant} seq {seq} {preset} {name}: per-chip batch {r['per_chip_batch']} "
                 f"({'fits' if r['fits'] else 'no fit'}), {time.time() - t:.0f}s", flush=True)
           with open(args.out, "w") as f:
-            json.dump(rows, f, indent=2)
+            json.dump(machine.stamp(rows), f, indent=2)
   print(markdown(rows))
 
 

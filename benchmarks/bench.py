@@ -29,10 +29,14 @@ import functools
 import json
 import os
 import statistics
+import sys
 import time
 import types
 
 import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import machine  # noqa: E402
 
 REGIMES = ("fixed", "pretrain", "glue", "glue_finetune")
 FAMILIES = ("bert", "roberta", "modernbert", "electra")
@@ -480,7 +484,8 @@ def main(argv=None):
                  ratio=first["ratio"])
     rows.append(row)
     print(json.dumps(row), flush=True)
-  print(f"\n{'regime':13s} {'tok/s':>9s} {'seq/s':>8s} {'step s':>8s} {'compile s':>9s} {'TFLOP/s':>8s} {'peak':>7s} "
+  print(f"\nmachine: {machine.describe()}")
+  print(f"{'regime':13s} {'tok/s':>9s} {'seq/s':>8s} {'step s':>8s} {'compile s':>9s} {'TFLOP/s':>8s} {'peak':>7s} "
         f"{'MFU':>6s} {'peer tok/s':>10s} {'ratio':>6s}")
   for r in rows:
     peer = f"{r['peer_tokens_per_s']:10.0f}" if r["peer_tokens_per_s"] else f"{'-':>10s}"
@@ -495,7 +500,7 @@ def main(argv=None):
       comp = f"{q['compile_s']:9.1f}" if q["compile_s"] is not None else f"{'-':>9s}"
       print(f"{regime:13s} {q['name']:12s} {q['tokens_per_s']:9.0f} {q['step_time_s']:8.3f} {comp} {q['ratio']:6.2f}")
   with open(args.out, "w", encoding="utf-8") as f:
-    json.dump(rows, f, indent=2)
+    json.dump(machine.stamp(rows), f, indent=2)
 
 
 if __name__ == "__main__":

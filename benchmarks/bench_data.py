@@ -9,6 +9,7 @@ import argparse
 import glob
 import json
 import os
+import sys
 import tempfile
 import time
 
@@ -18,6 +19,9 @@ from bertjax.data import tokenizer
 from bertjax.data.pretraining import dataset, demo_corpus
 from bertjax.data.pretraining import examples as pretraining
 from bertjax.data.pretraining import pipeline as input_pipeline
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import machine  # noqa: E402
 
 
 def main():
@@ -64,6 +68,7 @@ def main():
       pipe.close()
       rows.append({"stage": f"pipeline, {name}, batch {args.batch}", "items": args.steps, "seconds": dt,
                    "rate": args.steps / dt, "unit": "batches/s"})
+  print(f"machine: {machine.describe()}")
   print(f"seq {args.seq}, {args.example_mode}, dupe_factor {args.dupe_factor}")
   print(f"{'stage':42s} {'items':>8s} {'seconds':>8s} {'rate':>10s} {'':10s} {'per core':>9s} {'tokens/ex':>9s} "
         f"{'bytes/ex':>8s}")
@@ -72,7 +77,7 @@ def main():
              if "per_core" in r else "")
     print(f"{r['stage']:42s} {r['items']:8d} {r['seconds']:8.2f} {r['rate']:10.1f} {r['unit']:10s} {extra}")
   with open(args.out, "w", encoding="utf-8") as f:
-    json.dump(rows, f, indent=2)
+    json.dump(machine.stamp(rows), f, indent=2)
 
 
 if __name__ == "__main__":

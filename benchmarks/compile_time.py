@@ -4,7 +4,12 @@
 """
 import argparse
 import json
+import os
+import sys
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import machine  # noqa: E402
 
 
 def main():
@@ -31,7 +36,7 @@ def main():
       rows.append({"variant": variant, "layers": mcfg.num_layers, "scan": scan, "compile_s": time.perf_counter() - t})
       print(json.dumps(rows[-1]), flush=True)
   with open(args.out, "w") as f:
-    json.dump(rows, f, indent=2)
+    json.dump(machine.stamp(rows), f, indent=2)
 
 
 if __name__ == "__main__":

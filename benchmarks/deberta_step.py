@@ -21,6 +21,9 @@ import subprocess
 import sys
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import machine  # noqa: E402
+
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 SHAPES = {"xsmall": (384, 12, 6, 1536), "small": (768, 6, 12, 3072), "base": (768, 12, 12, 3072),
           "large": (1024, 24, 16, 4096)}  # hidden, layers, heads, intermediate (the DeBERTa-v3 releases')
@@ -138,6 +141,7 @@ def main(argv=None):
   args = p.parse_args(argv)
   if args.side:
     return child(args)
+  print(f"machine: {machine.describe()}", flush=True)
   rows = []
   for point in args.points.split(","):
     batch, length = (int(x) for x in point.split("x"))
@@ -161,7 +165,7 @@ def main(argv=None):
   import torch
   import transformers
   summary = {"shape": args.shape, "dims": SHAPES[args.shape], "steps": args.steps, "rows": rows,
-             "machine": os.uname().machine, "cpus": os.cpu_count(), "torch": torch.__version__,
+             "cpus": os.cpu_count(), "torch": torch.__version__,
              "transformers": transformers.__version__}
   for r in rows:
     if r["family"] == "deberta":
@@ -172,7 +176,7 @@ def main(argv=None):
           r[side]["time_over_bert"] = r[side]["seconds"] / bert[side]["seconds"]
   if args.out:
     with open(args.out, "w", encoding="utf-8") as f:
-      json.dump(summary, f, indent=2)
+      json.dump(machine.stamp(summary), f, indent=2)
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+import machine  # noqa: E402
 import numpy as np  # noqa: E402
 from finetune_real import paired  # noqa: E402
 
@@ -68,7 +69,8 @@ def main() -> None:
   seeds = sorted({r["seed"] for r in rows})
   pre, rnd = (np.stack([by[(s, side)] for s in seeds]) for side in ("pretrained", "random"))
   summary = []
-  print(f"\n{len(seeds)} seeds; labels {task['labels']}; always the most frequent: {task['majority']:.3f}")
+  print(f"\nmachine: {machine.describe()}")
+  print(f"{len(seeds)} seeds; labels {task['labels']}; always the most frequent: {task['majority']:.3f}")
   print("| epoch | pre-trained | random weights | difference, 95% interval | pre-trained ahead |")
   print("|---|---|---|---|---|")
   for e in range(pre.shape[1]):
@@ -83,8 +85,8 @@ def main() -> None:
           f"{s['wins']}/{len(seeds)} |")
   if args.out:
     with open(args.out, "w", encoding="utf-8") as f:
-      json.dump({"command": "python " + " ".join(sys.argv), "task": task, "runs": rows, "summary": summary}, f,
-                indent=1)
+      json.dump(machine.stamp({"command": "python " + " ".join(sys.argv), "task": task, "runs": rows,
+                                "summary": summary}), f, indent=1)
 
 
 if __name__ == "__main__":

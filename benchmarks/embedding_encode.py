@@ -25,6 +25,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import machine  # noqa: E402
 
 
 def main(argv=None):
@@ -88,9 +89,8 @@ def main(argv=None):
       rows[-2]["ratio"] = rows[-2]["texts_per_s"] / rows[-1]["texts_per_s"]
   tokens = sum(min(len(ours.tok.encode(t)) + 2, ours.max_seq_length) for t in texts)
   where = (torch.cuda.get_device_name() if args.device == "cuda" else "CPU") + f", {jax.devices()[0].platform} for JAX"
-  result = {"texts": len(texts), "tokens": tokens, "where": where, "rows": rows,
-            "versions": {"sentence_transformers": sentence_transformers.__version__, "torch": torch.__version__,
-                         "jax": jax.__version__}}
+  result = machine.stamp({"texts": len(texts), "tokens": tokens, "where": where, "rows": rows})
+  print(f"machine: {machine.describe()}")
   print(f"{len(texts)} texts, {tokens} tokens, {where}")
   print(f"{'side':22s} {'dtype':9s} {'batch':>5s} {'first s':>8s} {'median s':>9s} {'texts/s':>8s} {'ratio':>6s} "
         f"{'max |diff|':>10s}")

@@ -31,6 +31,8 @@ import zlib
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import machine  # noqa: E402
 
 SKIP = {"antigravity", "this", "idlelib", "tkinter", "turtle", "turtledemo", "lib2to3", "ensurepip", "venv", "test"}
 
@@ -161,7 +163,8 @@ def main(argv=None):
   import sentence_transformers
   summary = {"data": data, "untrained": base, "rows": rows, "settings": vars(args),
              "sentence_transformers": sentence_transformers.__version__}
-  print(f"\n{'seed':>4s} {'bertjax s':>9s} {'ST s':>7s} {'speed':>6s} {'bertjax nDCG@10':>15s} {'ST nDCG@10':>10s}")
+  print(f"\nmachine: {machine.describe()}")
+  print(f"{'seed':>4s} {'bertjax s':>9s} {'ST s':>7s} {'speed':>6s} {'bertjax nDCG@10':>15s} {'ST nDCG@10':>10s}")
   for r in rows:
     b, t = r["bertjax"], r["st"]
     print(f"{r['seed']:4d} {b['seconds']:9.1f} {t['seconds']:7.1f} {t['seconds'] / b['seconds']:6.2f} "
@@ -175,7 +178,7 @@ def main(argv=None):
   summary["speed_ratio"] = ratio
   print(f"time: sentence-transformers' training / bertjax's whole command = {ratio:.2f} (mean over seeds)")
   with open(args.out, "w", encoding="utf-8") as f:
-    json.dump(summary, f, indent=2)
+    json.dump(machine.stamp(summary), f, indent=2)
 
 
 if __name__ == "__main__":

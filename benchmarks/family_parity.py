@@ -12,9 +12,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import sys
 import tempfile
 
 import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import machine  # noqa: E402
 
 
 def hf_models():
@@ -89,12 +94,13 @@ def main(argv=None):
            "import": imported, "export": exported, "transformers": transformers.__version__}
     rows.append(row)
     print(json.dumps(row), flush=True)
-  print(f"\n{'family':11s} {'import hidden':>14s} {'import logits':>14s} {'export hidden':>14s} {'export logits':>14s}")
+  print(f"\nmachine: {machine.describe()}")
+  print(f"{'family':11s} {'import hidden':>14s} {'import logits':>14s} {'export hidden':>14s} {'export logits':>14s}")
   for r in rows:
     print(f"{r['family']:11s} {r['import']['hidden']:14.2e} {r['import']['mlm_logits']:14.2e} "
           f"{r['export']['hidden']:14.2e} {r['export']['mlm_logits']:14.2e}")
   with open(args.out, "w", encoding="utf-8") as f:
-    json.dump(rows, f, indent=2)
+    json.dump(machine.stamp(rows), f, indent=2)
 
 
 if __name__ == "__main__":

@@ -43,7 +43,6 @@ import glob
 import io
 import json
 import os
-import platform
 import random
 import shutil
 import subprocess
@@ -57,6 +56,8 @@ import zlib
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import machine  # noqa: E402
 
 RECIPES = {  # task -> (epochs, batch, seq, lr)
     "ner": (3, 16, 128, 5e-5),
@@ -514,13 +515,11 @@ def main():
   for v in a.variant:
     name, _, args = v.partition("=")
     sides[name] = tuple(args.split())
-  results = {"machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
-                         "platform": os.environ.get("BENCH_PLATFORM", "cpu")},
-             "command": " ".join(sys.argv), "tasks": {}}
+  results = {"platform": os.environ.get("BENCH_PLATFORM", "cpu"), "command": " ".join(sys.argv), "tasks": {}}
 
   def save():
     with open(a.out, "w", encoding="utf-8") as f:
-      json.dump(results, f, indent=2)
+      json.dump(machine.stamp(results), f, indent=2)
 
   for task in a.tasks.split(","):
     files, labels = data(task)
@@ -562,7 +561,8 @@ def main():
         save()
     for side in rows:
       rows[side].sort(key=lambda r: r["seed"])
-  print(f"\n{'task':12s} {'side':12s} {'runs':>4s} {'score mean':>10s} {'std':>7s} {'time s (mean)':>14s} "
+  print(f"\nmachine: {machine.describe()}")
+  print(f"{'task':12s} {'side':12s} {'runs':>4s} {'score mean':>10s} {'std':>7s} {'time s (mean)':>14s} "
         f"{'peak GiB':>9s}")
   for task, r in results["tasks"].items():
     for side, runs in r["runs"].items():

@@ -17,7 +17,10 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import machine  # noqa: E402
 
 
 def main() -> None:
@@ -80,7 +83,8 @@ def main() -> None:
     out["pairs"] = [(r["step"], r["split"], r.get("loss", r.get("ndcg@10"))) for r in
                     metrics.read_jsonl(os.path.join(tmp, "pairs", "metrics.jsonl"))]
   with open(args.out, "w") as f:
-    json.dump(out, f, indent=1)
+    json.dump(machine.stamp(out), f, indent=1)
+  print(f"machine: {machine.describe()}")
   for name, rows in out.items():
     print(name, [round(r[2], 6) for r in rows if r[1] == "train" and r[2] is not None])
 

@@ -26,6 +26,8 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import machine  # noqa: E402
 
 
 def _config(variant, length, impl, dtype, block, unroll=0, remat="none"):
@@ -253,7 +255,8 @@ def main(argv=None):
       rows.append(row)
       print(json.dumps(row), flush=True)
   hf = {r["length"]: r for r in rows if r["side"].startswith("hf-") and "step_s" in r}
-  print(f"\npeak {peak:.1f} TFLOP/s ({peak_source}); ModernBERT-{args.variant}, batch 1, {args.dtype}\n")
+  print(f"\nmachine: {machine.describe()}")
+  print(f"peak {peak:.1f} TFLOP/s ({peak_source}); ModernBERT-{args.variant}, batch 1, {args.dtype}\n")
   print(f"{'length':>6s} {'side':18s} {'step s':>8s} {'tok/s':>8s} {'peak GB':>8s} {'MFU':>6s} {'x2 len':>7s} "
         f"{'vs HF':>6s} {'local s':>8s} {'global s':>8s}")
   for r in rows:
@@ -267,7 +270,7 @@ def main(argv=None):
     print(f"{r['length']:6d} {label:18s} {r['step_s']:8.3f} {r['tokens_per_s']:8.0f} {r['peak_bytes'] / 1e9:8.2f} "
           f"{r['mfu']:6.3f} {growth} {vs}{layer}")
   with open(args.out, "w", encoding="utf-8") as f:
-    json.dump({"peak_tflops": peak, "peak_source": peak_source, "rows": rows}, f, indent=2)
+    json.dump(machine.stamp({"peak_tflops": peak, "peak_source": peak_source, "rows": rows}), f, indent=2)
   if args.png:
     plot(rows, args.png, f"ModernBERT-{args.variant} {args.dtype}, {rows[0].get('where', '')}")
   return 0

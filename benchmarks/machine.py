@@ -45,3 +45,19 @@ def describe() -> str:
   if c["amx"]:
     isa += "+AMX"
   return f"{c['model_name']} ({c['vendor']} family {c['family']} model {c['model']}), {c['cores']} cores, {isa}"
+
+
+def stamp(result):
+  """`result` with the machine it ran on: a dict gains "machine" (cpu() and "describe": describe()) and "versions"
+  (versions()), replacing any it had; a list of rows becomes {"machine": ..., "versions": ..., "rows": the list}."""
+  here = {"machine": {**cpu(), "describe": describe()}, "versions": versions()}
+  if isinstance(result, dict):
+    return {**result, **here}
+  if isinstance(result, list):
+    return {**here, "rows": result}
+  raise TypeError(f"stamp takes a dict or a list of rows, not {type(result).__name__}")
+
+
+def rows(data):
+  """The rows of a results file read back: the plain list older files hold, or the "rows" of a stamped one."""
+  return data["rows"] if isinstance(data, dict) and "machine" in data and "rows" in data else data

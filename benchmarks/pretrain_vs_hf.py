@@ -57,7 +57,10 @@ import numpy as np
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import machine  # noqa: E402
 
 SHAPE = dict(num_layers=2, hidden_size=128, num_heads=2, intermediate_size=512)
 SEQ, BATCH, VOCAB, LR, WARMUP, WD = 128, 32, 8192, 1e-3, 0.1, 0.01
@@ -551,7 +554,8 @@ def main(argv=None):
                            for t in suites[s]["tasks"]}
       row["downstream_average"] = suites[s]["average"]
     rows.append(row)
-  print("\n| side | steps | steps/s | prep s | run s | held-out MLM loss | accuracy | time to HF's final loss |")
+  print(f"\nmachine: {machine.describe()}")
+  print("| side | steps | steps/s | prep s | run s | held-out MLM loss | accuracy | time to HF's final loss |")
   print("|---|---|---|---|---|---|---|---|")
   for r in rows:
     frac = r.get("fraction_of_hf_time")
@@ -565,11 +569,11 @@ def main(argv=None):
   result = {"budget_minutes": args.minutes, "shape": SHAPE, "seq": SEQ, "batch": BATCH, "vocab": VOCAB,
             "learning_rate": LR, "warmup": WARMUP, "weight_decay": WD,
             "corpus_mb": os.path.getsize(train) / 1e6, "heldout_positions": curves[sides[0]][-1]["positions"],
-            "rows": rows, "curves": curves, "machine": os.uname().machine, "cores": os.cpu_count()}
+            "rows": rows, "curves": curves, "cores": os.cpu_count()}
   out = os.path.join(ROOT, args.out) if not os.path.isabs(args.out) else args.out
   os.makedirs(os.path.dirname(out), exist_ok=True)
   with open(out, "w") as f:
-    json.dump(result, f, indent=1)
+    json.dump(machine.stamp(result), f, indent=1)
   plot(curves, os.path.splitext(out)[0] + ".png")
   print(f"-> {out}, {os.path.splitext(out)[0]}.png")
 

@@ -34,6 +34,7 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import machine  # noqa: E402
 import pretrain_vs_hf as bake  # noqa: E402
 
 ROOT = bake.ROOT
@@ -156,14 +157,6 @@ def paired(a: list[float], b: list[float]) -> dict:
           "per_seed": d.tolist()}
 
 
-def _cpu() -> str:
-  try:
-    with open("/proc/cpuinfo") as f:
-      return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-  except (OSError, StopIteration):
-    return os.uname().machine
-
-
 def main(argv=None):
   p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   p.add_argument("--root", required=True, help="the bake-off's folder (its corpus, tokenizer and held-out set)")
@@ -232,10 +225,11 @@ def main(argv=None):
   out = {"budget_minutes": None if args.steps else args.minutes, "equal_steps": args.steps or None, "seeds": seeds,
          "sources": args.sources,
          "command": "python benchmarks/recipe_ablation.py " + " ".join(sys.argv[1:]),
-         "steps_per_s": rates, "rows": rows, "machine": _cpu(), "cores": os.cpu_count(),
+         "steps_per_s": rates, "rows": rows, "cores": os.cpu_count(),
          "date": time.strftime("%Y-%m-%d")}
   with open(args.out, "w") as f:
-    json.dump(out, f, indent=1)
+    json.dump(machine.stamp(out), f, indent=1)
+  print(f"machine: {machine.describe()}")
   print(f"{'arm':<10} {'steps':>6} {'MLM loss':>9} {'Δ vs plain (95% CI)':>26} {'sentiment':>10} {'Δ (95% CI)':>24}")
   for r in rows:
     d = r.get("mlm_loss_minus_plain")

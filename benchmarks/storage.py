@@ -144,8 +144,7 @@ def main() -> int:
         f"bookkeeping included) {r['requests_at_start']} at the start, {r['requests_plain_step_mean']:.2f} a plain "
         f"step, {r['requests_checkpoint_step_mean']:.1f} a checkpoint step, {r['requests']} in all "
         f"{r['by_method']}; tensorstore's array reads and writes are not counted")
-  result = {"machine": machine.cpu(), "versions": machine.versions(), "checkpoint_bytes": size, "checkpoints": rows,
-            "logging": requests}
+  result = machine.stamp({"checkpoint_bytes": size, "checkpoints": rows, "logging": requests})
   if args.out:
     with open(args.out, "w", encoding="utf-8") as f:
       json.dump(result, f, indent=2)

@@ -79,7 +79,9 @@ def test_bench_writes_the_agreed_fields(tmp_path):
                         str(tmp_path / "b.json")], capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
   assert out.returncode == 0, out.stderr[-3000:]
   import json
-  (row,) = json.loads((tmp_path / "b.json").read_text())
+  data = json.loads((tmp_path / "b.json").read_text())
+  (row,) = data["rows"]
+  assert data["machine"]["describe"] and data["versions"]["jax"]  # the CPU and versions it ran with
   for key in ("config", "tokens_per_s", "step_time_s", "compile_s", "model_tflops_per_s", "matmul_peak_tflops_per_s",
               "mfu", "peer", "peer_tokens_per_s", "ratio"):
     assert key in row, key
