@@ -357,3 +357,20 @@ def test_listnet_training_on_8_devices_equals_1_device(bert_cross_encoder, tmp_p
   np.testing.assert_allclose(losses["eight"], losses["one"], rtol=1e-5)
   for a, b in zip(params["eight"], params["one"]):
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=5e-5)
+
+
+def test_reranking_many_lengths_compiles_a_few_programs(bert_cross_encoder):
+  """Pairs of every length up to 64 tokens: the scores are sentence-transformers' and the command compiles at most
+  four programs (jit's cache counts them), not one per multiple of 8."""
+  path, _ = bert_cross_encoder
+  theirs = st.CrossEncoder(path, device="cpu", max_length=64)
+  words = " ".join(WORDS * 4).split()
+  pairs = [(" ".join(words[:1 + i % 7]), " ".join(words[i % 11:i % 11 + 2 + 2 * i])) for i in range(40)]
+  ce = rerank.CrossEncoder.load(path, max_length=64)
+  ours = ce.predict(pairs, batch_size=4)
+  np.testing.assert_allclose(ours, theirs.predict(pairs), atol=1e-5)
+  lengths = {len(r) for r, _, _ in ce.rows(pairs)}
+  assert len({-(-n // 8) for n in lengths}) >= 7  # without buckets: one program per multiple of 8
+  assert 1 <= ce._apply._cache_size() <= 4
+  ce.predict(pairs[::-1][:9], batch_size=4)
+  assert ce._apply._cache_size() <= 4  # a second call reuses them

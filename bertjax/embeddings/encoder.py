@@ -28,10 +28,9 @@ from bertjax.convert import weights
 from bertjax.core import files, scores
 from bertjax.data import tokenizer as tokenizer_lib
 from bertjax.data.tasks import rows as task_data
-from bertjax.data.tasks.batching import bucket_multiple
 from bertjax.embeddings import blocks as blocks_lib
+from bertjax.embeddings import buckets, quantize, retrieval
 from bertjax.embeddings import folders as st_lib
-from bertjax.embeddings import retrieval
 from bertjax.embeddings.model import EmbeddingModel, Pooling
 
 
@@ -40,11 +39,11 @@ def token_rows(tok, texts: Sequence[str], max_len: int) -> list[list[int]]:
   return [[tok.cls_id] + tok.encode_head(t, max_len - 2) + [tok.sep_id] for t in texts]
 
 
-def batch_of(rows_ids: Sequence[Sequence[int]], pad_id: int, max_len: int, rows: int = 0, multiple: int = 1) -> dict:
-  """The encoder's batch of token rows: padded to the longest row (rounded up to `multiple`, at most `max_len`)
-  and with empty rows up to `rows`."""
-  n = max(len(r) for r in rows_ids)
-  n = min(-(-n // multiple) * multiple, max_len)
+def batch_of(rows_ids: Sequence[Sequence[int]], pad_id: int, max_len: int, rows: int = 0, multiple: int = 1,
+             length: int = 0) -> dict:
+  """The encoder's batch of token rows: padded to `length`, else to the longest row (rounded up to `multiple`, at
+  most `max_len`), and with empty rows up to `rows`."""
+  n = length or min(-(-max(len(r) for r in rows_ids) // multiple) * multiple, max_len)
   ids = np.full((max(rows, len(rows_ids)), n), pad_id, np.int32)
   mask = np.zeros_like(ids)
   for i, r in enumerate(rows_ids):
@@ -160,6 +159,8 @@ class Encoder:
       raise convert.ConversionError(f"{path}: no tokenizer files (vocab.txt, vocab.json + merges.txt, or a "
                                     "sentencepiece model)")
     tok = tokenizer_lib.load(tok_path, do_lower_case=lower)
+    if st_lib.is_folder(path) and st_lib.lowercases(path):  # sentence_bert_config.json's do_lower_case
+      tok = st_lib.lowercased(tok)
     limit = cfg.max_length
     return cls(EmbeddingModel(cfg, pooling), params, tok, min(max_seq_length or limit, limit), prompts)
 
@@ -194,33 +195,34 @@ class Encoder:
 
   def encode_query(self, texts: Sequence[str], batch_size: int = 32, prompt: str | None = None) -> np.ndarray:
     """`encode` with the folder's query prompt (sentence-transformers' encode_query), or `prompt` when given."""
-    return self.encode(texts, batch_size, 0, self.prompts.query if prompt is None else prompt)
+    return self.encode(texts, batch_size, self.prompts.query if prompt is None else prompt)
 
   def encode_document(self, texts: Sequence[str], batch_size: int = 32, prompt: str | None = None) -> np.ndarray:
     """`encode` with the folder's document prompt (sentence-transformers' encode_document), or `prompt`."""
-    return self.encode(texts, batch_size, 0, self.prompts.document if prompt is None else prompt)
+    return self.encode(texts, batch_size, self.prompts.document if prompt is None else prompt)
 
-  def encode(self, texts: Sequence[str], batch_size: int = 32, multiple: int = 0, prompt: str | None = None
-             ) -> np.ndarray:
+  @functools.cached_property
+  def lengths(self) -> buckets.Lengths:
+    """The padded lengths compiled so far, shared by every call (queries and documents alike)."""
+    return buckets.Lengths(self.max_seq_length)
+
+  def encode(self, texts: Sequence[str], batch_size: int = 32, prompt: str | None = None) -> np.ndarray:
     """Embeddings [len(texts), D] in the order given, `prompt` (else the folder's default prompt) put before each
-    text. Texts run longest first by token count, in batches of
-    `batch_size` rows padded to their longest row rounded up to `multiple` tokens: little compute goes to padding,
-    and a long list compiles at most max_seq_length / multiple shapes. `multiple` 0: 8 on CPU, where compiling
-    is cheap and every padded token costs; on accelerators the fine-tuning buckets' (8 lengths up to
-    max_seq_length), where one compile (seconds) outweighs the padding's compute."""
+    text. Texts run longest first by token count, in batches of `batch_size` rows, each padded to one of a few
+    lengths (`buckets.Lengths`: at most 4 programs a call, reused by later calls)."""
     if not len(texts):
       return np.zeros((0, 0), np.float32)
-    if not multiple:
-      multiple = 8 if jax.default_backend() == "cpu" else bucket_multiple(self.max_seq_length, 8)
     prompt = self.prompts.default if prompt is None else prompt
     rows = token_rows(self.tok, [prompt + t for t in texts] if prompt else texts, self.max_seq_length)
     order = np.argsort([-len(r) for r in rows], kind="stable")
     sharding = self._row_sharding(batch_size)
     params = self._device_params
+    starts = range(0, len(texts), batch_size)
+    widths = self.lengths.plan([len(rows[order[i]]) for i in starts], batch_size)
     out = []
-    for i in range(0, len(texts), batch_size):
+    for i, width in zip(starts, widths):
       chunk = [rows[j] for j in order[i:i + batch_size]]
-      batch = batch_of(chunk, self.tok.pad_id, self.max_seq_length, rows=batch_size, multiple=multiple)
+      batch = batch_of(chunk, self.tok.pad_id, width, rows=batch_size, length=width)
       if sharding is not None:
         batch = jax.device_put(batch, sharding)
       # Results stay on the device until the end, so the host pads the next batch while the device runs this one.
@@ -254,12 +256,14 @@ def sts_scores(encoder: Encoder, pairs: Sequence[tuple[str, str, float]], batch_
 def beir_scores(encoder: Encoder, folder: str | retrieval.Beir, split: str = "test", top_k: int = 1000,
                 run_file: str = "", cache_dir: str = "", block: int = 65536, batch_size: int = 32,
                 query_prefix: str | None = None, doc_prefix: str | None = None, score: str = "cos",
-                overwrite: bool = False) -> dict:
+                overwrite: bool = False, precision: str = "float32", calibration: np.ndarray | None = None,
+                rescore_multiplier: int = 2) -> dict:
   """nDCG@10, MRR@10, Recall@100 and MAP of exact search (cosine or dot product) over a BEIR folder's corpus,
   the run (top `top_k` per query) written to `run_file` in TREC format; `cache_dir` keeps the corpus embeddings
   block by block so an interrupted run resumes (`blocks.BlockStore`). Neither is written over when it holds what
   this command did not write, unless `overwrite`. Queries take `query_prefix` and documents `doc_prefix` before
-  their text; None: the model's own query / document prompts (a sentence-transformers folder's)."""
+  their text; None: the model's own query / document prompts (a sentence-transformers folder's). A `precision`
+  other than float32 searches the corpus quantized, with rescoring (`quantize.search`)."""
   if score not in ("cos", "dot"):
     raise errors.ConfigError(f"--score {score!r}: cos or dot")
   check_sizes(top_k=top_k, block=block, batch_size=batch_size)
@@ -270,6 +274,8 @@ def beir_scores(encoder: Encoder, folder: str | retrieval.Beir, split: str = "te
   sparse = hasattr(encoder, "max_active_dims")  # a SparseEncoder: dot products of term vectors
   if sparse and score != "dot":
     raise errors.ConfigError("a sparse encoder scores by dot product: --score dot")
+  if sparse and precision != "float32":
+    raise quantize.QuantizeError("a sparse encoder's term vectors cannot be quantized: leave out --precision")
   counts = {"query": [], "document": []}
 
   def counted(side, vectors):
@@ -279,12 +285,16 @@ def beir_scores(encoder: Encoder, folder: str | retrieval.Beir, split: str = "te
   doc_prompt = encoder.prompts.document if doc_prefix is None else doc_prefix
   store = None
   if cache_dir:
-    store = blocks_lib.BlockStore(cache_dir, blocks_lib.corpus_key(f"{encoder.fingerprint}|{doc_prompt}|{score}",
-                                                                   beir.docs, block), "--cache_dir", overwrite)
+    key = blocks_lib.corpus_key(f"{encoder.fingerprint}|{doc_prompt}|{score}", beir.docs, block)
+    store = blocks_lib.BlockStore(cache_dir, quantize.store_key(key, precision, calibration), "--cache_dir", overwrite)
   queries = counted("query", prep(encoder.encode_query(beir.queries, batch_size, prompt=query_prefix)))
-  blocks = retrieval.corpus_blocks(
-      lambda texts: prep(encoder.encode_document(texts, batch_size, prompt=doc_prompt)), beir.docs, block, store)
-  s, rows = retrieval.search(queries, (counted("document", b) for b in blocks), top_k)
+  embed = lambda texts: prep(encoder.encode_document(texts, batch_size, prompt=doc_prompt))  # noqa: E731
+  if precision != "float32":
+    coded = quantize.corpus_blocks(embed, beir.docs, block, precision, calibration, store)
+    s, rows = quantize.search(queries, coded, top_k, precision, rescore_multiplier)
+  else:
+    s, rows = retrieval.search(queries, (counted("document", b) for b in
+                                         retrieval.corpus_blocks(embed, beir.docs, block, store)), top_k)
   run = retrieval.make_run(beir, s, rows)
   if run_file:
     retrieval.write_trec(run, run_file)
@@ -296,17 +306,19 @@ def beir_scores(encoder: Encoder, folder: str | retrieval.Beir, split: str = "te
 
 
 def embed_corpus(encoder: Encoder, ids: Sequence[str], texts: Sequence[str], out: str, block: int = 65536,
-                 batch_size: int = 32, prefix: str | None = None, log=print, overwrite: bool = False) -> dict:
+                 batch_size: int = 32, prefix: str | None = None, log=print, overwrite: bool = False,
+                 precision: str = "float32", calibration: np.ndarray | None = None) -> dict:
   """Embeds a corpus into `out`: `block-NNNNN.npy` ([rows, width] float32) with its record, and `ids.json`
   (every id, in row order), `manifest.json` binding the folder to the model, prefix, ids and texts
   (`blocks.BlockStore`). A killed run resumes at its first missing block (none embedded twice); each host embeds
-  the blocks b with b % hosts == its index, its rows split over its devices, texts longest first."""
+  the blocks b with b % hosts == its index, its rows split over its devices, texts longest first. Another
+  `precision` stores each block quantized (`block-NNNNN.npz`: embeddings, precision, ranges; `quantize`)."""
   check_sizes(block=block, batch_size=batch_size)
   if not len(texts):
     raise errors.DataError("the corpus holds no documents")
   prefix = encoder.prompts.document if prefix is None else prefix  # None: the folder's document prompt
-  store = blocks_lib.BlockStore(out, blocks_lib.corpus_key(f"{encoder.fingerprint}|{prefix}|corpus", texts, block,
-                                                           ids), "--out", overwrite)
+  key = blocks_lib.corpus_key(f"{encoder.fingerprint}|{prefix}|corpus", texts, block, ids)
+  store = blocks_lib.BlockStore(out, quantize.store_key(key, precision, calibration), "--out", overwrite)
   if jax.process_index() == 0 and not files.isfile(files.join(out, "ids.json")):
     files.write_whole(files.join(out, "ids.json"), json.dumps(list(ids)))
   n_blocks = -(-len(texts) // block)
@@ -325,6 +337,8 @@ def embed_corpus(encoder: Encoder, ids: Sequence[str], texts: Sequence[str], out
     log(f"block {state['done']}/{len(todo)}: {rate:.1f} documents/s, ETA {left / max(rate, 1e-9):.0f} s", flush=True)
     return vectors
   wanted = set(todo)
-  for _ in retrieval.corpus_blocks(embed, texts, block, store, select=wanted.__contains__):
+  blocks = (retrieval.corpus_blocks(embed, texts, block, store, select=wanted.__contains__) if precision == "float32"
+            else quantize.corpus_blocks(embed, texts, block, precision, calibration, store, wanted.__contains__))
+  for _ in blocks:
     pass
   return {"documents": len(texts), "blocks": n_blocks, "embedded now": len(todo), "out": out}

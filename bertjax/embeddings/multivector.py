@@ -20,6 +20,7 @@ import dataclasses
 import functools
 import json
 import os
+import string
 from typing import Sequence
 
 import jax
@@ -33,6 +34,8 @@ from bertjax.convert import weights
 from bertjax.convert.table import ConversionError
 from bertjax.core import files
 from bertjax.data import tokenizer as tokenizer_lib
+from bertjax.embeddings import buckets
+from bertjax.embeddings import folders as st_lib
 from bertjax.embeddings.encoder import _max_seq_length, finetune_kind, model_path
 from bertjax.embeddings.model import normalize
 
@@ -50,7 +53,9 @@ def _json(path: str) -> dict:
 
 
 def is_folder(path: str) -> bool:
-  return _json(files.join(path, "config_sentence_transformers.json")).get("model_type") == "MultiVectorEncoder"
+  """A sentence-transformers MultiVectorEncoder folder or a PyLate ColBERT one (model_type ColBERT)."""
+  kind = _json(files.join(path, "config_sentence_transformers.json")).get("model_type")
+  return kind in ("MultiVectorEncoder", "ColBERT")
 
 
 def is_model(path: str) -> bool:
@@ -71,6 +76,8 @@ class Settings:
   skiplist_tasks: tuple[str, ...] = ("document",)
   normalize: bool = True
   similarity: str = "maxsim"
+  prefix_tokens: bool = False  # PyLate: each prompt is one token, put after [CLS] by its id
+  skip_unknown: bool = False  # PyLate: a skiplist word outside the vocabulary skips [UNK]
 
 
 def settings_from_json(text: str) -> Settings:
@@ -117,6 +124,8 @@ def read_folder(path: str) -> tuple[str, dict, Settings]:
         raise ConversionError(f"{path}: more than one Dense module")
       if conf.get("activation_function", _DENSE_ACTIVATIONS[0]) not in _DENSE_ACTIVATIONS:
         raise ConversionError(f"{sub}: activation {conf.get('activation_function')}; bertjax computes Identity")
+      if conf.get("use_residual"):
+        raise ConversionError(f"{sub}: a PyLate Dense with use_residual; bertjax computes the projection alone")
       state = convert_files.read_safetensors(os.path.join(sub, "model.safetensors"))
       dense = {"kernel": np.asarray(state["linear.weight"], np.float32).T}
       if conf.get("bias", True):
@@ -131,6 +140,8 @@ def read_folder(path: str) -> tuple[str, dict, Settings]:
       norm = True
   if not dense:
     raise ConversionError(f"{path}: no Dense projection; a multi-vector encoder projects each token with one")
+  if st_cfg.get("model_type") == "ColBERT":
+    return folder, dense, pylate_settings(path, st_cfg, _max_seq_length(path, folder) or 512)
   exp = bert_cfg.get("query_expansion")
   expansion = None
   if exp:
@@ -148,10 +159,32 @@ def read_folder(path: str) -> tuple[str, dict, Settings]:
   return folder, dense, settings
 
 
+def pylate_settings(path: str, conf: dict, max_seq_length: int) -> Settings:
+  """Settings of a PyLate ColBERT folder (config_sentence_transformers.json, PyLate's defaults where it is
+  silent): the prefix token put after [CLS] ("[Q] " / "[D] ", none when ""), texts cut at query_length /
+  document_length with the prefix, a query padded with [MASK] to query_length (do_query_expansion), attended
+  or not (attend_to_expansion_tokens), the skiplist (punctuation) dropped from documents, unit vectors, MaxSim."""
+  similarity = str(conf.get("similarity_fn_name") or "MaxSim")
+  if similarity.lower() != "maxsim":
+    raise ConversionError(f"{path}: similarity {similarity!r}; a PyLate ColBERT folder scores with MaxSim")
+  q_prefix, d_prefix = conf.get("query_prefix"), conf.get("document_prefix")
+  q_len, d_len = int(conf.get("query_length") or 32), int(conf.get("document_length") or 180)
+  skip = conf.get("skiplist_words")
+  expansion = None
+  if conf.get("do_query_expansion", True):
+    expansion = ("fixed", bool(conf.get("attend_to_expansion_tokens", False)), None, q_len)
+  return Settings(max_seq_length, q_len, d_len, expansion, "[Q] " if q_prefix is None else q_prefix,
+                  "[D] " if d_prefix is None else d_prefix, tuple(string.punctuation if skip is None else skip),
+                  ("document",), True, "maxsim", prefix_tokens=True, skip_unknown=True)
+
+
 def skip_ids(tok: tokenizer_lib.Tokenizer, settings: Settings) -> frozenset:
   """The skiplist's words that are one token of the vocabulary (others would match only [UNK])."""
   index = {p: i for i, p in enumerate(tok.pieces)}
-  return frozenset(index[w] for w in settings.skiplist if w in index and index[w] != tok.unk_id)
+  out = frozenset(index[w] for w in settings.skiplist if w in index and index[w] != tok.unk_id)
+  if settings.skip_unknown and any(w not in index for w in settings.skiplist):
+    out |= {tok.unk_id}  # PyLate's convert_tokens_to_ids gives [UNK]'s id for such a word
+  return out
 
 
 def text_rows(tok: tokenizer_lib.Tokenizer, s: Settings, texts: Sequence[str], task: str
@@ -164,14 +197,25 @@ def text_rows(tok: tokenizer_lib.Tokenizer, s: Settings, texts: Sequence[str], t
   if exp is not None:
     limit = exp[3] if exp[0] == "fixed" else max(limit, exp[3])
   out = []
+  head = [tok.cls_id]
+  if s.prefix_tokens and prompt:  # PyLate: the prefix token's id after [CLS], the text cut one shorter
+    head, prompt = head + [prefix_id(tok, prompt)], ""
   for text in texts:
-    ids = [tok.cls_id] + tok.encode(prompt + text)[:max(limit - 2, 0)] + [tok.sep_id]
+    ids = head + tok.encode(prompt + text)[:max(limit - len(head) - 1, 0)] + [tok.sep_id]
     n = len(ids)
     if exp is not None and n < exp[3]:
       token = tok.token_to_id(exp[2]) if exp[2] else tok.mask_id  # a missing token: KeyError
       ids = ids + [token] * (exp[3] - n)
     out.append((ids, len(ids) if exp is not None and exp[1] else n, len(ids)))
   return out
+
+
+def prefix_id(tok: tokenizer_lib.Tokenizer, prefix: str) -> int:
+  """The id of a PyLate prefix ("[Q] ", "[unused0]"): a token of the vocabulary or an added token."""
+  try:
+    return tok.token_to_id(prefix)
+  except KeyError:
+    raise ConversionError(f"{tok.path}: the PyLate prefix {prefix!r} is not a token of the vocabulary") from None
 
 
 def maxsim(query: np.ndarray, document: np.ndarray, mean: bool = False) -> float:
@@ -195,7 +239,7 @@ class MultiVectorEncoder:
     if finetune_kind(path) is not None:
       return cls._load_run(path, **overrides)
     if not is_folder(path):
-      raise ConversionError(f"{path}: not a sentence-transformers MultiVectorEncoder folder "
+      raise ConversionError(f"{path}: not a sentence-transformers MultiVectorEncoder or PyLate ColBERT folder "
                             "(config_sentence_transformers.json model_type)")
     folder, dense, settings = read_folder(path)
     cfg, params = convert.from_hf(folder, head="encoder", **overrides)
@@ -205,6 +249,10 @@ class MultiVectorEncoder:
     if not tok_path:
       raise ConversionError(f"{folder}: no tokenizer files")
     tok = tokenizer_lib.load(tok_path, do_lower_case=lower)
+    if st_lib.lowercases(path):  # sentence_bert_config.json's do_lower_case: str.lower() before the tokenizer
+      tok = st_lib.lowercased(tok)
+    if settings.prefix_tokens:  # a missing prefix token: refused here, not at the first encode
+      [prefix_id(tok, p) for p in (settings.query_prompt, settings.document_prompt) if p]
     limit = cfg.max_length
     settings = dataclasses.replace(settings, max_seq_length=min(settings.max_seq_length, limit))
     return cls(cfg, {"bert": params.get("bert", params), "dense": dense}, tok, settings)
@@ -235,6 +283,12 @@ class MultiVectorEncoder:
     return text_rows(self.tok, self.settings, texts, task)
 
   @functools.cached_property
+  def lengths(self) -> buckets.Lengths:
+    """The padded lengths compiled so far, shared by queries and documents."""
+    s = self.settings
+    return buckets.Lengths(max(n for n in (s.query_length, s.document_length, s.max_seq_length) if n))
+
+  @functools.cached_property
   def _apply(self):
     module = model_lib.BertModel(self.cfg)
     norm = self.settings.normalize
@@ -256,9 +310,10 @@ class MultiVectorEncoder:
     skip = self._skip_ids if task in self.settings.skiplist_tasks else frozenset()
     out: list[np.ndarray] = [np.zeros((0, 0), np.float32)] * len(rows)
     order = np.argsort([-len(r[0]) for r in rows], kind="stable")
-    for i in range(0, len(rows), batch_size):
+    starts = range(0, len(rows), batch_size)
+    widths = self.lengths.plan([len(rows[order[i]][0]) for i in starts], batch_size)
+    for i, width in zip(starts, widths):
       idx = order[i:i + batch_size]
-      width = -(-max(len(rows[j][0]) for j in idx) // 8) * 8
       ids = np.full((batch_size, width), self.tok.pad_id, np.int32)
       mask = np.zeros_like(ids)
       for r, j in enumerate(idx):
@@ -303,7 +358,8 @@ def search(enc: MultiVectorEncoder, queries: Sequence[str], docs: Sequence[str],
            batch_size: int = 32, budget_bytes: int = 1 << 28) -> tuple[np.ndarray, np.ndarray]:
   """Exact MaxSim top-k of every query over the documents, embedded `block` at a time: (scores, document
   indices), each [Q, k], best first. Each block's documents are split over the devices; queries go in groups
-  whose [queries, documents, query tokens, document tokens] scores fit `budget_bytes`."""
+  whose [queries, documents, query tokens, document tokens] scores fit `budget_bytes`. Every block has the same
+  rows and each is padded to one of a few token counts, so scoring compiles a few programs."""
   from jax.sharding import Mesh, NamedSharding
   from jax.sharding import PartitionSpec as P
 
@@ -311,19 +367,25 @@ def search(enc: MultiVectorEncoder, queries: Sequence[str], docs: Sequence[str],
   mesh = Mesh(np.array(jax.devices()), ("docs",))
   n_dev = mesh.devices.size
   q, qm = _padded(enc.encode(queries, "query", batch_size))
-  f = _block_maxsim(enc.settings.similarity == "meanmaxsim")
+  s_ = enc.settings
+  widths = buckets.Lengths(max(n for n in (s_.document_length, s_.max_seq_length) if n))
+  f = _block_maxsim(s_.similarity == "meanmaxsim")
+  rows = -(-min(block, len(docs)) // n_dev) * n_dev
+  group = max(1, min(len(q), budget_bytes // (4 * rows * q.shape[1] * widths.cap)))
+  pad_q = -(-len(q) // group) * group - len(q)
+  q = np.concatenate([q, np.zeros((pad_q,) + q.shape[1:], np.float32)])
+  qm = np.concatenate([qm, np.zeros((pad_q, qm.shape[1]), bool)])
+  spec = NamedSharding(mesh, P("docs"))
   best_s = np.full((len(queries), 0), -np.inf, np.float32)
   best_i = np.zeros((len(queries), 0), np.int64)
   for start in range(0, len(docs), block):
-    d, dm = _padded(enc.encode(docs[start:start + block], "document", batch_size))
-    rows = -(-len(d) // n_dev) * n_dev
+    vectors = enc.encode(docs[start:start + block], "document", batch_size)
+    d, dm = _padded(vectors, widths.plan([max(1, max(len(v) for v in vectors))], rows)[0])
     d = np.concatenate([d, np.zeros((rows - len(d),) + d.shape[1:], np.float32)])
     dm = np.concatenate([dm, np.zeros((rows - len(dm), dm.shape[1]), bool)])
-    spec = NamedSharding(mesh, P("docs"))
     d, dm = jax.device_put(d, spec), jax.device_put(dm, spec)
-    group = max(1, budget_bytes // (4 * rows * q.shape[1] * d.shape[1]))
     s = np.concatenate([np.asarray(f(q[i:i + group], qm[i:i + group], d, dm)) for i in range(0, len(q), group)])
-    s = s[:, :min(block, len(docs) - start)]
+    s = s[:len(queries), :min(block, len(docs) - start)]
     top = np.argsort(-s, axis=1, kind="stable")[:, :k]
     best_s, best_i = _merge(best_s, best_i, np.take_along_axis(s, top, 1), top + start, k)
   return best_s, best_i

@@ -27,6 +27,7 @@ from bertjax.convert import weights
 from bertjax.convert.table import ConversionError
 from bertjax.core import files
 from bertjax.data import tokenizer as tokenizer_lib
+from bertjax.embeddings import buckets
 from bertjax.embeddings.encoder import _max_seq_length, finetune_kind, model_path
 
 ACTIVATIONS = {"torch.nn.modules.activation.Sigmoid": "sigmoid", "torch.nn.modules.linear.Identity": "identity",
@@ -176,6 +177,11 @@ class CrossEncoder:
     return pair_rows(self.tok, pairs, self.max_length)
 
   @functools.cached_property
+  def lengths(self) -> buckets.Lengths:
+    """The padded lengths compiled so far (a few programs a command)."""
+    return buckets.Lengths(self.max_length)
+
+  @functools.cached_property
   def _apply(self):
     module = model_lib.for_task(self.cfg, "sequence_classification", self.num_labels)
     return jax.jit(lambda params, batch: module.apply({"params": params}, batch)["logits"])
@@ -187,9 +193,10 @@ class CrossEncoder:
     rows = self.rows(pairs)
     out = np.zeros((len(rows), self.num_labels), np.float32)
     order = np.argsort([-len(r) for r, _, _ in rows], kind="stable")
-    for i in range(0, len(rows), batch_size):
+    starts = range(0, len(rows), batch_size)
+    widths = self.lengths.plan([len(rows[order[i]][0]) for i in starts], batch_size)
+    for i, n in zip(starts, widths):
       idx = order[i:i + batch_size]
-      n = min(-(-max(len(rows[j][0]) for j in idx) // 8) * 8, self.max_length)
       ids = np.full((batch_size, n), self.tok.pad_id, np.int32)
       mask, seg = np.zeros_like(ids), np.zeros_like(ids)
       for r, j in enumerate(idx):

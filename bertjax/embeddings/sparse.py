@@ -30,8 +30,8 @@ from bertjax.convert import weights
 from bertjax.convert.table import ConversionError
 from bertjax.core import files
 from bertjax.data import tokenizer as tokenizer_lib
+from bertjax.embeddings import buckets, losses
 from bertjax.embeddings import folders as st_lib
-from bertjax.embeddings import losses
 from bertjax.embeddings.encoder import _max_seq_length, batch_of, finetune_kind, model_path, token_rows
 from bertjax.embeddings.model import pool_segments
 from bertjax.embeddings.sparse_folders import (  # noqa: F401  (the folder layer, read and written here too)
@@ -286,6 +286,11 @@ class SparseEncoder:
     return self.cfg.vocab_size
 
   @functools.cached_property
+  def lengths(self) -> buckets.Lengths:
+    """The padded lengths compiled so far, shared by queries and documents."""
+    return buckets.Lengths(self.max_seq_length)
+
+  @functools.cached_property
   def _apply(self):
     module = SparseModel(self.cfg, pooling=self.pooling, activation=self.activation)
     return jax.jit(lambda params, batch: module.apply({"params": params}, batch, method=SparseModel.terms))
@@ -301,9 +306,11 @@ class SparseEncoder:
     rows = token_rows(self.tok, [prompt + t for t in texts] if prompt else texts, self.max_seq_length)
     order = np.argsort([-len(r) for r in rows], kind="stable")
     out = np.zeros((len(texts), self.dims), np.float32)
-    for i in range(0, len(texts), batch_size):
+    starts = range(0, len(texts), batch_size)
+    widths = self.lengths.plan([len(rows[order[i]]) for i in starts], batch_size)
+    for i, width in zip(starts, widths):
       idx = order[i:i + batch_size]
-      batch = batch_of([rows[j] for j in idx], self.tok.pad_id, self.max_seq_length, rows=batch_size, multiple=8)
+      batch = batch_of([rows[j] for j in idx], self.tok.pad_id, width, rows=batch_size, length=width)
       out[idx] = np.asarray(self._apply(self.params, batch))[:len(idx)]
     return top_k(out, max_active_dims or self.max_active_dims)
 
