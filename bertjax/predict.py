@@ -63,7 +63,8 @@ def load(workdir: str):
   w = weights.load(workdir)
   if not w.tokenizer:
     raise errors.DataError(f"{workdir}: the tokenizer of its data ({w.meta['data']['data_dir']}) cannot be read")
-  return model_lib.BertForPreTraining(w.cfg), w.params, tokenizer_lib.load(w.tokenizer, do_lower_case=w.do_lower_case)
+  cfg = w.cfg if "nsp" in w.params else w.cfg.replace(nsp_head=False)  # an HF *ForMaskedLM folder has no NSP head
+  return model_lib.BertForPreTraining(cfg), w.params, tokenizer_lib.load(w.tokenizer, do_lower_case=w.do_lower_case)
 
 
 def load_finetuned(workdir: str):

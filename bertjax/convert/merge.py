@@ -87,6 +87,7 @@ def read(spec: str) -> Input:
   if kind == "hf":
     if sel:
       raise errors.ConfigError(f"{spec}: an HF folder holds one checkpoint; @{sel} selects a workdir's step or its ema")
+    _check_hf_form(path)
     w = weights.load(path, overrides={"scan_layers": False}, head="all")
     cfg = w.cfg
     if cfg.nsp_head and "nsp" not in w.params:  # an MLM model without NSP (BertForMaskedLM): exported as one
@@ -114,6 +115,21 @@ def read(spec: str) -> Input:
     params = {**params, "bert": weights.to_layout(params["bert"], cfg)}
   return Input(spec, path, cfg, _host(params), run, weights.run_tokenizer(path, ml_collections.ConfigDict(run)),
                _family(cfg, params))
+
+
+def _check_hf_form(path: str, tool: str = "merge") -> None:
+  """An HF folder whose architecture is a task head (sequence / token classification, QA) is refused in one line:
+  merge and extend_vocab write pre-training, MLM and encoder forms."""
+  from bertjax import convert
+  name = files.join(weights.hf_folder(path), "config.json")
+  try:
+    meta = files.read_json(name)
+  except (OSError, ValueError):
+    return  # weights.load names what is wrong with it
+  arch = (meta.get("architectures") or ["?"])[0]
+  if convert.head_of_architecture(meta) in convert.TASK_HEADS:
+    raise errors.ConfigError(f"{path}: {arch} is a fine-tuned task head; {tool} reads pre-training, MLM and "
+                             "encoder forms (*ForPreTraining, *ForMaskedLM, *Model)")
 
 
 def _family(cfg: model_lib.BertConfig, params: dict) -> str:

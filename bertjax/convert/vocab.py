@@ -72,6 +72,9 @@ def plan(tok: tokenizer_lib.Tokenizer, tokens: list[str], do_lower_case: bool) -
 def extend(model: str, tokens: list[str], out: str, overwrite: bool = False) -> dict:
   """Writes the extended HF folder `out`; returns a report (new ids, the pieces each replaces)."""
   export_lib.check_out(model, out, overwrite)
+  if weights.source_of(model) == "hf":
+    from bertjax.convert import merge as merge_lib
+    merge_lib._check_hf_form(model, "extend_vocab")
   w = weights.load(model, head="pretraining")
   if w.cfg.embedding_size:
     raise errors.ConfigError(f"{model}: a factorised embedding (ELECTRA) is not extended here; extend the "
@@ -106,7 +109,10 @@ def extend(model: str, tokens: list[str], out: str, overwrite: bool = False) -> 
                       for i, (t, pieces) in enumerate(todo)]}
 
   def make(tmp: str) -> None:
-    convert.to_hf(cfg, params, tmp)
+    if set(params) == {"bert"}:  # an encoder without heads (an HF *Model folder): written as one
+      export_lib.encoder_to_hf(cfg, params["bert"], tmp)
+    else:
+      convert.to_hf(cfg, params, tmp)
     with tempfile.TemporaryDirectory() as side:
       vocab = os.path.join(side, "vocab.txt")
       files.write_whole(vocab, "".join(p + "\n" for p in [*tok.pieces, *(t for t, _ in todo)]))

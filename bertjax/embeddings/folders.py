@@ -96,7 +96,12 @@ def read(path: str, **overrides):
   params = {"bert": params.get("bert", params)}
   for m, kind in zip(stack[1:], kinds[1:]):
     if kind == "Dense":
-      state = convert_files.read_safetensors(os.path.join(path, m.get("path", ""), "model.safetensors"))
+      sub = os.path.join(path, m.get("path", ""))
+      if not os.path.isfile(os.path.join(sub, "model.safetensors")) and os.path.isfile(
+          os.path.join(sub, "pytorch_model.bin")):  # sentence-transformers < 3 saved its Dense as a pickle
+        raise ConversionError(f"{sub}: the Dense layer is only in pytorch_model.bin, a pickle bertjax does not "
+                              "load; re-save the folder with sentence-transformers >= 3 (model.safetensors)")
+      state = convert_files.read_safetensors(os.path.join(sub, "model.safetensors"))
       params["dense"] = {"kernel": np.asarray(state["linear.weight"], np.float32).T}
       if pooling.dense_bias:
         params["dense"]["bias"] = np.asarray(state["linear.bias"], np.float32)
@@ -141,6 +146,22 @@ def _write(cfg, params, pooling: Pooling, out: str, max_seq_length: int, family:
     json.dump(stack, f, indent=2)
   with files.open(os.path.join(out, "sentence_bert_config.json"), "w") as f:
     json.dump({"max_seq_length": max_seq_length, "do_lower_case": False}, f, indent=2)
+
+
+def lowercases(path: str) -> bool:
+  """Whether the folder's Transformer lowercases each text before its tokenizer (sentence_bert_config.json's
+  do_lower_case: sentence-transformers applies str.lower() to the text, whatever the tokenizer does)."""
+  stack = _json(files.join(path, "modules.json"))
+  first = stack[0] if isinstance(stack, list) and stack and isinstance(stack[0], dict) else {}
+  name = files.join(files.join(path, first.get("path", "")), "sentence_bert_config.json")
+  return files.isfile(name) and _json(name).get("do_lower_case") is True
+
+
+def lowercased(tok):
+  """`tok` encoding each text lower-cased first, as sentence-transformers' Transformer(do_lower_case=True) does."""
+  encode, offsets = tok._encode, tok._offsets
+  tok._encode, tok._offsets = (lambda s: encode(s.lower())), (lambda s: offsets(s.lower()))
+  return tok
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,0 +1,151 @@
+"""Every folder of the zoo (tests/data/zoo, written by the real libraries of each era: `python
+tests/zoo/make_zoo.py`) through every bertjax tool that takes it: the embeddings readers (dense, sparse, cross-
+encoder, multi-vector) against the writing library's own outputs, `convert.from_hf` and the forward against HF's
+logits, the tokenizer's ids against HF's, `merge` and `extend_vocab` on the HF folders, and fine-tuning from a
+couple (`init=`, slow). A folder a tool refuses is refused in one line containing the reason zoo.json records."""
+import sys
+
+import numpy as np
+import pytest
+import zoo_tools as zt
+
+from bertjax import errors
+from bertjax.convert import weights
+from bertjax.convert.table import ConversionError
+
+sys.path.insert(0, str(zt.ZOO.parent.parent / "zoo"))
+import zoo_common  # noqa: E402
+
+CASES = zt.cases()
+ATOL = 1e-5
+REFUSALS = (ConversionError, errors.ConfigError, errors.DataError, errors.CheckpointError, ValueError)
+# The default selection (every other case is marked slow): what each fix and each form needs at least once.
+FAST_CONVERT = {"st6/bert-model", "st6/bert-forpretraining", "st6/roberta-forsequenceclassification",
+                "st6/electra-forpretraining", "st6/xlm-roberta-fortokenclassification", "st3/deberta-v2-model",
+                "st5/modernbert-formaskedlm", "st3/bert-formaskedlm-bin", "st6/bert-formaskedlm-sharded"}
+FAST_MERGE = {"st6/bert-formaskedlm", "st3/bert-forsequenceclassification", "st3/bert-formaskedlm-bin"}
+FAST_VOCAB = {"st3/bert-formaskedlm", "st3/bert-model", "st5/modernbert-forsequenceclassification",
+              "st6/bert-model"}
+
+
+def _select(tool: str, kinds: tuple, fast=None) -> list:
+  out = []
+  for name, meta in CASES:
+    if tool in meta["tools"] and meta["kind"].startswith(kinds):
+      marks = () if fast is None or name in fast else (pytest.mark.slow,)
+      out.append(pytest.param(name, meta, id=name, marks=marks))
+  return out
+
+
+def _refused(meta: dict, tool: str, call) -> bool:
+  """Runs `call`; True when zoo.json says the tool refuses the folder (checked: one line naming the reason)."""
+  want = meta["tools"][tool]
+  if not want.startswith("refused: "):
+    return False
+  with pytest.raises(REFUSALS) as e:
+    call()
+  msg = str(e.value)
+  assert "\n" not in msg and want[len("refused: "):] in msg, msg
+  return True
+
+
+def _cli(main, argv, capsys) -> tuple[int, str]:
+  """(exit code, last stderr line) of a command: a refusal exits 2 after one line."""
+  try:
+    rc = main(argv)
+  except SystemExit as e:
+    rc = e.code
+  err = capsys.readouterr().err.strip().splitlines()
+  return rc, err[-1] if err else ""
+
+
+def _close(got: dict, want: dict, keys) -> None:
+  for k in keys:
+    assert k in got, k
+    np.testing.assert_allclose(np.asarray(got[k], np.float32), want[k], atol=ATOL, rtol=1e-5, err_msg=k)
+
+
+@pytest.mark.parametrize("name,meta", _select("embeddings", ("st-", "pylate")))
+def test_embeddings_reader_equals_the_writing_library(name, meta):
+  path, want = zt.folder(name), zt.expected(name)
+  if _refused(meta, "embeddings", lambda: zt.embed(path, meta, zoo_common.TEXTS, zoo_common.PAIRS, want)):
+    return
+  got = zt.embed(path, meta, zoo_common.TEXTS, zoo_common.PAIRS, want)
+  _close(got, want, want)
+
+
+@pytest.mark.parametrize("name,meta", _select("convert", ("hf-",), fast=FAST_CONVERT))
+def test_convert_from_hf_forward_equals_hf(name, meta):
+  path, want = zt.folder(name), zt.expected(name)
+  if _refused(meta, "convert", lambda: zt.hf_forward(path, meta, want)):
+    return
+  got = zt.hf_forward(path, meta, want)
+  assert got
+  mask = want["attention_mask"].astype(bool)
+  for k, v in got.items():
+    v, w = np.asarray(v, np.float32), want[k]
+    if v.ndim >= 2 and v.shape[:2] == mask.shape:  # per-token outputs: the real tokens
+      v, w = v[mask], w[mask]
+    np.testing.assert_allclose(v, w, atol=ATOL, rtol=1e-5, err_msg=k)
+  if "/" in name:  # weights.load (every command's loader) reads it too
+    assert weights.load(path, head="all").cfg.hidden_size == zoo_common.SIZES["hidden_size"]
+
+
+@pytest.mark.parametrize("name,meta", _select("tokenizer", ("hf-",)))
+def test_tokenizer_ids_equal_hf(name, meta):
+  path, want = zt.folder(name), zt.expected(name)
+  if _refused(meta, "tokenizer", lambda: zt.hf_token_ids(path, zoo_common.TEXTS)):
+    return
+  for i, ids in enumerate(zt.hf_token_ids(path, zoo_common.TEXTS)):
+    assert ids == want[f"tok_{i}"].tolist(), zoo_common.TEXTS[i]
+
+
+@pytest.mark.parametrize("name,meta", _select("merge", ("hf-",), fast=FAST_MERGE))
+def test_merge_of_a_folder_with_itself_gives_it_back(name, meta, tmp_path, capsys):
+  from bertjax.cli import merge as merge_cli
+  path = zt.folder(name)
+  want = meta["tools"]["merge"]
+  rc, err = _cli(merge_cli.main, [path, path, "--out", str(tmp_path / "m")], capsys)
+  if want.startswith("refused: "):
+    assert rc != 0 and want[len("refused: "):] in err, err
+    return
+  assert rc == 0
+  a = weights.load(path, overrides={"scan_layers": False}, head="all").params
+  b = weights.load(str(tmp_path / "m" / "hf"), overrides={"scan_layers": False}, head="all").params
+  import jax
+  for (ka, va), (kb, vb) in zip(jax.tree_util.tree_leaves_with_path(a), jax.tree_util.tree_leaves_with_path(b)):
+    assert ka == kb
+    np.testing.assert_allclose(np.asarray(vb), np.asarray(va), atol=1e-6)
+
+
+@pytest.mark.parametrize("name,meta", _select("extend_vocab", ("hf-",), fast=FAST_VOCAB))
+def test_extend_vocab(name, meta, tmp_path, capsys):
+  from bertjax.cli import extend_vocab as cli
+  path = zt.folder(name)
+  want = meta["tools"]["extend_vocab"]
+  rc, err = _cli(cli.main, ["--model", path, "--tokens", "xylophone,quartz", "--out", str(tmp_path / "x")], capsys)
+  if want.startswith("refused: "):
+    assert rc != 0 and want[len("refused: "):] in err, err
+    return
+  assert rc == 0
+  w = weights.load(str(tmp_path / "x"), head="all")
+  assert w.params["bert"]["embeddings"]["word_embeddings"]["embedding"].shape[0] >= w.cfg.vocab_size
+
+
+def test_zoo_is_complete_and_small():
+  kinds = {meta["kind"] for _, meta in CASES}
+  assert {"st-dense", "st-sparse", "st-cross", "st-multivector", "hf-Model", "hf-ForMaskedLM"} <= kinds, kinds
+  size = sum(p.stat().st_size for p in zt.ZOO.rglob("*") if p.is_file())
+  assert size < 6.5 * 2 ** 20, size
+
+
+@pytest.mark.parametrize("name,meta", [p for p in _select("convert", ("hf-ForMaskedLM", "hf-ForPreTraining"),
+                                                           fast={"st3/bert-formaskedlm"})
+                                       if p.values[1]["family"] == "bert"])
+def test_predict_fills_a_mask_from_an_hf_mlm_folder(name, meta, capsys):
+  from bertjax.cli import predict as predict_cli
+  rc, err = _cli(predict_cli.main, ["--workdir", zt.folder(name), "the [MASK] of the list"], capsys)
+  if meta["tools"]["convert"].startswith("refused: "):
+    assert rc != 0 and meta["tools"]["convert"][len("refused: "):] in err, err
+    return
+  assert rc == 0, err
