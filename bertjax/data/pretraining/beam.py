@@ -20,6 +20,7 @@ import tempfile
 
 import apache_beam as beam
 
+from bertjax import errors
 from bertjax.core import files
 from bertjax.data import vocab_files
 from bertjax.data.pretraining import corpus as corpus_lib
@@ -132,3 +133,14 @@ def metrics(result) -> dict[str, int]:
     value = counter.committed if counter.committed is not None else counter.attempted
     out[counter.key.metric.name] = out.get(counter.key.metric.name, 0) + int(value or 0)
   return out
+
+
+def pipeline_options(runner: str):
+  """Beam's pipeline_options module, once `runner` is a runner Beam knows (its message names them)."""
+  from apache_beam.options import pipeline_options as options
+  from apache_beam.runners import runner as runners
+  try:
+    runners.create_runner(runner)
+  except ValueError as e:
+    raise errors.ConfigError(f"--beam_runner '{runner}': {str(e).splitlines()[0]}") from None
+  return options

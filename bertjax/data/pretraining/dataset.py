@@ -154,7 +154,7 @@ def create(input_files, tokenizer_path: str, out_dir: str, opts: pretraining.Cre
   if tfds_data_dir and files.isfile(tfds_data_dir):
     raise errors.ConfigError(f"--tfds_data_dir {tfds_data_dir} is a file, not a folder")
   if beam_runner:
-    _check_runner(beam_runner)
+    beam_pipeline_options(beam_runner)  # Beam installed and the runner one it knows, before any work
   # Loaded first: a bad tokenizer fails before anything is read or written.
   tok = tokenizer_lib.load(tokenizer_path, do_lower_case=do_lower_case, reference="original")
   if files.is_remote(out_dir):
@@ -171,13 +171,14 @@ def create(input_files, tokenizer_path: str, out_dir: str, opts: pretraining.Cre
                    beam_runner=beam_runner, beam_options=beam_options)
 
 
-def _check_runner(name: str) -> None:
-  """An unknown Beam runner is a one-line error before any work (Beam names the runners it knows)."""
-  from apache_beam.runners import runner as beam_runner
+def beam_pipeline_options(runner: str):
+  """Beam's pipeline_options module, once Beam is known to be installed and to know `runner`."""
   try:
-    beam_runner.create_runner(name)
-  except (ValueError, ImportError) as e:
-    raise errors.ConfigError(f"--beam_runner '{name}': {str(e).splitlines()[0]}") from None
+    from bertjax.data.pretraining import beam as beam_pipeline
+  except ImportError:
+    raise errors.ConfigError("--beam_runner needs Apache Beam: bash launch/setup.sh beam, or pip install "
+                             "'bertjax[beam]'") from None
+  return beam_pipeline.pipeline_options(runner)
 
 
 def _lock(out_dir: str):
@@ -247,11 +248,7 @@ def _build(input_files, tokenizer_path, tok, out_dir, build_dir, opts, reader, *
                  max_predictions_per_seq=opts.max_predictions_per_seq, creation=creation, file_format="array_record")
   download_config = tfds.download.DownloadConfig(download_mode=tfds.download.GenerateMode.REUSE_CACHE_IF_EXISTS)
   if beam_runner:
-    try:
-      from apache_beam.options import pipeline_options
-    except ImportError:
-      raise errors.ConfigError("--beam_runner needs Apache Beam: bash launch/setup.sh beam, or pip install "
-                               "'bertjax[beam]'") from None
+    pipeline_options = beam_pipeline_options(beam_runner)
     flags = list(beam_options)
     if beam_runner == "DirectRunner" and workers > 1 and not any(f.startswith("--direct_") for f in flags):
       flags += [f"--direct_num_workers={workers}", "--direct_running_mode=multi_processing"]
