@@ -73,17 +73,28 @@ def read_hf_dir(path: str) -> tuple[dict, dict[str, np.ndarray]]:
   single = files.join(path, "model.safetensors")
   index = files.join(path, "model.safetensors.index.json")
   if files.isfile(single):
-    return hf_cfg, read_safetensors(single)
+    return hf_cfg, legacy_names(read_safetensors(single))
   if files.isfile(index):
     shards = sorted(set(files.read_json(index)["weight_map"].values()))
     state = {}
     for shard in shards:
       state.update(read_safetensors(files.join(path, os.path.basename(shard))))
-    return hf_cfg, state
+    return hf_cfg, legacy_names(state)
   pickles = [n for n in files.listdir(path) if n.endswith(PICKLE_SUFFIXES)]
   if pickles:
     read_safetensors(files.join(path, pickles[0]))  # raises the refusal with its reason
   raise FileNotFoundError(f"{path}: no model.safetensors or model.safetensors.index.json")
+
+
+def legacy_names(state: dict) -> dict:
+  """LayerNorm.gamma / .beta (as some writers save them, e.g. PyLate 1.6 under transformers 5.3) read as
+  LayerNorm.weight / .bias, transformers' own "legacy" renaming on load."""
+  names = {".LayerNorm.gamma": ".LayerNorm.weight", ".LayerNorm.beta": ".LayerNorm.bias"}
+  out = {}
+  for k, v in state.items():
+    tail = next((t for t in names if k.endswith(t)), None)
+    out[k[:-len(tail)] + names[tail] if tail else k] = v
+  return out
 
 
 def write_hf_dir(out_dir: str, state: dict, hf_cfg: dict) -> None:

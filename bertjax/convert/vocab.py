@@ -69,6 +69,49 @@ def plan(tok: tokenizer_lib.Tokenizer, tokens: list[str], do_lower_case: bool) -
   return out
 
 
+def wordpiece_json(path: str) -> tuple[list[str], bool] | None:
+  """(pieces in id order, lower-cases) of a tokenizer.json whose model is WordPiece (as transformers 5 writes
+  BERT's tokenizer), or None for another model; ids that are not 0..n-1, or added tokens beyond the WordPiece
+  vocabulary, are a one-line error."""
+  try:
+    spec = json.loads(files.read_text(path))
+  except (OSError, ValueError) as e:
+    raise errors.ConfigError(f"{path}: not readable JSON ({str(e).splitlines()[0][:200]})") from None
+  model = spec.get("model") or {}
+  if model.get("type") != "WordPiece" or not isinstance(model.get("vocab"), dict):
+    return None
+  pieces = sorted(model["vocab"], key=model["vocab"].get)
+  if [model["vocab"][p] for p in pieces] != list(range(len(pieces))):
+    raise errors.ConfigError(f"{path}: the WordPiece vocabulary's ids are not 0..{len(pieces) - 1}")
+  beyond = [a.get("content") for a in spec.get("added_tokens") or () if a.get("id", 0) >= len(pieces)]
+  if beyond:
+    raise errors.ConfigError(f"{path}: added tokens {beyond[:5]} beyond the WordPiece vocabulary are not extended "
+                             "here")
+  norm = spec.get("normalizer") or {}
+  parts = norm.get("normalizers", []) if norm.get("type") == "Sequence" else [norm]
+  lower = any(n.get("type") == "Lowercase" or n.get("type") == "BertNormalizer" and n.get("lowercase")
+              for n in parts if isinstance(n, dict))
+  return pieces, lower
+
+
+def _wordpiece(model: str, path: str | None, lower: bool) -> tuple[tokenizer_lib.Tokenizer, bool]:
+  """(WordPiece tokenizer, lower-cases) of the model: its vocab.txt, or the vocabulary of its WordPiece
+  tokenizer.json (read as a vocab.txt would be, with the file's lower-casing)."""
+  found = path and files.isfile(path) and os.path.basename(path)
+  pieces = wordpiece_json(path) if found == "tokenizer.json" else None
+  if found != "vocab.txt" and pieces is None:
+    raise errors.ConfigError(f"{model}: vocabulary extension needs a WordPiece vocab.txt (or a WordPiece "
+                             f"tokenizer.json); this model's tokenizer is {path or 'missing'}")
+  if pieces is None:
+    return tokenizer_lib.load(path, do_lower_case=lower), lower
+  pieces, lower = pieces
+  with tempfile.TemporaryDirectory() as side:
+    vocab = os.path.join(side, "vocab.txt")
+    with open(vocab, "w", encoding="utf-8") as f:
+      f.write("".join(p + "\n" for p in pieces))
+    return tokenizer_lib.load(vocab, do_lower_case=lower), lower
+
+
 def extend(model: str, tokens: list[str], out: str, overwrite: bool = False) -> dict:
   """Writes the extended HF folder `out`; returns a report (new ids, the pieces each replaces)."""
   export_lib.check_out(model, out, overwrite)
@@ -79,11 +122,8 @@ def extend(model: str, tokens: list[str], out: str, overwrite: bool = False) -> 
   if w.cfg.embedding_size:
     raise errors.ConfigError(f"{model}: a factorised embedding (ELECTRA) is not extended here; extend the "
                              "generator and discriminator folders' shared vocabulary with their own tools")
-  if not w.tokenizer or os.path.basename(w.tokenizer) != "vocab.txt" or not files.isfile(w.tokenizer):
-    raise errors.ConfigError(f"{model}: vocabulary extension needs a WordPiece vocab.txt; this model's tokenizer "
-                             f"is {w.tokenizer or 'missing'}")
-  tok = tokenizer_lib.load(w.tokenizer, do_lower_case=w.do_lower_case)
-  todo = plan(tok, tokens, w.do_lower_case)
+  tok, lower = _wordpiece(model, w.tokenizer, w.do_lower_case)
+  todo = plan(tok, tokens, lower)
   old = tok.vocab_size
   params = flax.core.unfreeze(table_lib.host_params(w.params))  # a mutable copy on the host
   emb = params["bert"]["embeddings"]["word_embeddings"]["embedding"]
@@ -116,7 +156,7 @@ def extend(model: str, tokens: list[str], out: str, overwrite: bool = False) -> 
     with tempfile.TemporaryDirectory() as side:
       vocab = os.path.join(side, "vocab.txt")
       files.write_whole(vocab, "".join(p + "\n" for p in [*tok.pieces, *(t for t, _ in todo)]))
-      export_lib.copy_tokenizer(vocab, w.do_lower_case, tmp)
+      export_lib.copy_tokenizer(vocab, lower, tmp)
     files.write_whole(files.join(tmp, "extend_vocab.json"), json.dumps(report, indent=1))
 
   if files.is_remote(out):  # written in a local staging folder, then uploaded (`export.into_place`)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import string
 
 import numpy as np
 from safetensors.numpy import save_file
@@ -151,9 +152,16 @@ def _write(cfg, params, pooling: Pooling, out: str, max_seq_length: int, family:
 def lowercases(path: str) -> bool:
   """Whether the folder's Transformer lowercases each text before its tokenizer (sentence_bert_config.json's
   do_lower_case: sentence-transformers applies str.lower() to the text, whatever the tokenizer does)."""
+  if not files.isfile(files.join(path, "modules.json")):
+    return False
   stack = _json(files.join(path, "modules.json"))
   first = stack[0] if isinstance(stack, list) and stack and isinstance(stack[0], dict) else {}
-  name = files.join(files.join(path, first.get("path", "")), "sentence_bert_config.json")
+  return transformer_lowercases(files.join(path, first.get("path", "")))
+
+
+def transformer_lowercases(folder: str) -> bool:
+  """Whether a Transformer module's own folder has do_lower_case in its sentence_bert_config.json."""
+  name = files.join(folder, "sentence_bert_config.json")
   return files.isfile(name) and _json(name).get("do_lower_case") is True
 
 
@@ -162,6 +170,28 @@ def lowercased(tok):
   encode, offsets = tok._encode, tok._offsets
   tok._encode, tok._offsets = (lambda s: encode(s.lower())), (lambda s: offsets(s.lower()))
   return tok
+
+
+def pylate_settings(path: str, conf: dict) -> dict:
+  """The multi-vector Settings fields (but max_seq_length) of a PyLate ColBERT folder's
+  config_sentence_transformers.json, PyLate's defaults where it is silent: the prefix token put after [CLS] by its
+  id ("[Q] " / "[D] ", none when ""), texts cut at query_length / document_length with it, a query padded with
+  [MASK] to query_length (do_query_expansion), attended or not (attend_to_expansion_tokens), the skiplist
+  (punctuation; a word outside the vocabulary skips [UNK], as PyLate's ids give) dropped from documents, unit
+  vectors, MaxSim."""
+  similarity = str(conf.get("similarity_fn_name") or "MaxSim")
+  if similarity.lower() != "maxsim":
+    raise ConversionError(f"{path}: similarity {similarity!r}; a PyLate ColBERT folder scores with MaxSim")
+  q_prefix, d_prefix, skip = conf.get("query_prefix"), conf.get("document_prefix"), conf.get("skiplist_words")
+  q_len = int(conf.get("query_length") or 32)
+  expansion = None
+  if conf.get("do_query_expansion", True):
+    expansion = ("fixed", bool(conf.get("attend_to_expansion_tokens", False)), None, q_len)
+  return dict(query_length=q_len, document_length=int(conf.get("document_length") or 180), expansion=expansion,
+              query_prompt="[Q] " if q_prefix is None else q_prefix,
+              document_prompt="[D] " if d_prefix is None else d_prefix,
+              skiplist=tuple(string.punctuation if skip is None else skip), skiplist_tasks=("document",),
+              normalize=True, similarity="maxsim", prefix_tokens=True, skip_unknown=True)
 
 
 @dataclasses.dataclass(frozen=True)

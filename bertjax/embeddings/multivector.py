@@ -12,7 +12,8 @@ A MultiVectorEncoder folder (sentence-transformers >= 6) is a Transformer, a Den
 cut at `query_length`, documents at `document_length` (else the folder's max_seq_length); with query expansion
 (ColBERT's query augmentation) a query is padded to `length` tokens with [MASK], which the encoder does not attend
 to (unless `attend`) but which MaxSim scores; the skiplist's tokens (punctuation in ColBERT) are dropped from
-documents; every kept vector has unit length.
+documents; every kept vector has unit length. A PyLate ColBERT folder (model_type ColBERT) is read the same way
+with PyLate's rules (`folders.pylate_settings`): its prefix is one token put after [CLS] by its id.
 """
 from __future__ import annotations
 
@@ -20,7 +21,6 @@ import dataclasses
 import functools
 import json
 import os
-import string
 from typing import Sequence
 
 import jax
@@ -141,7 +141,7 @@ def read_folder(path: str) -> tuple[str, dict, Settings]:
   if not dense:
     raise ConversionError(f"{path}: no Dense projection; a multi-vector encoder projects each token with one")
   if st_cfg.get("model_type") == "ColBERT":
-    return folder, dense, pylate_settings(path, st_cfg, _max_seq_length(path, folder) or 512)
+    return folder, dense, Settings(_max_seq_length(path, folder) or 512, **st_lib.pylate_settings(path, st_cfg))
   exp = bert_cfg.get("query_expansion")
   expansion = None
   if exp:
@@ -157,25 +157,6 @@ def read_folder(path: str) -> tuple[str, dict, Settings]:
                       bert_cfg.get("document_length"), expansion, prompts.get("query") or "",
                       prompts.get("document") or "", skip, skip_tasks, norm, similarity)
   return folder, dense, settings
-
-
-def pylate_settings(path: str, conf: dict, max_seq_length: int) -> Settings:
-  """Settings of a PyLate ColBERT folder (config_sentence_transformers.json, PyLate's defaults where it is
-  silent): the prefix token put after [CLS] ("[Q] " / "[D] ", none when ""), texts cut at query_length /
-  document_length with the prefix, a query padded with [MASK] to query_length (do_query_expansion), attended
-  or not (attend_to_expansion_tokens), the skiplist (punctuation) dropped from documents, unit vectors, MaxSim."""
-  similarity = str(conf.get("similarity_fn_name") or "MaxSim")
-  if similarity.lower() != "maxsim":
-    raise ConversionError(f"{path}: similarity {similarity!r}; a PyLate ColBERT folder scores with MaxSim")
-  q_prefix, d_prefix = conf.get("query_prefix"), conf.get("document_prefix")
-  q_len, d_len = int(conf.get("query_length") or 32), int(conf.get("document_length") or 180)
-  skip = conf.get("skiplist_words")
-  expansion = None
-  if conf.get("do_query_expansion", True):
-    expansion = ("fixed", bool(conf.get("attend_to_expansion_tokens", False)), None, q_len)
-  return Settings(max_seq_length, q_len, d_len, expansion, "[Q] " if q_prefix is None else q_prefix,
-                  "[D] " if d_prefix is None else d_prefix, tuple(string.punctuation if skip is None else skip),
-                  ("document",), True, "maxsim", prefix_tokens=True, skip_unknown=True)
 
 
 def skip_ids(tok: tokenizer_lib.Tokenizer, settings: Settings) -> frozenset:

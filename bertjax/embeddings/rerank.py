@@ -28,6 +28,7 @@ from bertjax.convert.table import ConversionError
 from bertjax.core import files
 from bertjax.data import tokenizer as tokenizer_lib
 from bertjax.embeddings import buckets
+from bertjax.embeddings import folders as st_lib
 from bertjax.embeddings.encoder import _max_seq_length, finetune_kind, model_path
 
 ACTIVATIONS = {"torch.nn.modules.activation.Sigmoid": "sigmoid", "torch.nn.modules.linear.Identity": "identity",
@@ -163,6 +164,8 @@ class CrossEncoder:
     if not w.tokenizer:
       raise ConversionError(f"{path}: no tokenizer files (vocab.txt, vocab.json + merges.txt, tokenizer.json)")
     tok = tokenizer_lib.load(w.tokenizer, do_lower_case=w.do_lower_case)
+    if not finetuned and st_lib.lowercases(path):  # sentence_bert_config.json's do_lower_case
+      tok = st_lib.lowercased(tok)
     limit = w.cfg.max_length
     return cls(w.cfg, w.params, tok, min(max_length or limit, limit), n, activation)
 

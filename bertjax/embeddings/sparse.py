@@ -251,6 +251,8 @@ class SparseEncoder:
     if not w.tokenizer:
       raise ConversionError(f"{folder}: no tokenizer files (vocab.txt, vocab.json + merges.txt, tokenizer.json)")
     tok = tokenizer_lib.load(w.tokenizer, do_lower_case=w.do_lower_case)
+    if st_folder and st_lib.transformer_lowercases(folder):  # sentence_bert_config.json's do_lower_case
+      tok = st_lib.lowercased(tok)
     params = {k: v for k, v in w.params.items() if k != "nsp"}
     params["bert"] = {k: v for k, v in params["bert"].items() if k != "pooler"}  # no NSP head reads it
     params.pop("static_query", None)

@@ -16,7 +16,7 @@ pinned to the CPU build 2.13.0); st6 is the project's own .venv. Versions used (
           sharded safetensors, pytorch_model.bin only, sentence-transformers 6 dense / sparse / cross / multi-vector)
   pylate  pylate 1.6.0 (sentence-transformers 5.3.0, transformers 5.3.0): its fast-plaid requirement conflicts
           with torch 2.13.0 (pip: "ResolutionImpossible"), so pylate is installed with --no-deps beside its other
-          requirements (fast-plaid and fastkmeans, PLAID indexing only, left out); it writes the ColBERT folder.
+          requirements (fast-plaid and fastkmeans, PLAID indexing only, left out); it writes the ColBERT folders.
 
 The writers (write_era.py -> write_hf.py, write_st.py, write_pylate.py) seed every model and take their words
 from Python's own standard-library docstrings, so a rerun with the same versions writes the same folders.

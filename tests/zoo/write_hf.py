@@ -100,7 +100,7 @@ def _refusals(family: str, head: str, names: list) -> dict:
   out = {}
   if family == "electra":
     out["extend_vocab"] = "refused: a factorised embedding (ELECTRA)"
-  elif "vocab.txt" not in names:
+  elif "vocab.txt" not in names and family != "bert":  # BERT's tokenizer.json alone (transformers 5): WordPiece
     out["extend_vocab"] = "refused: needs a WordPiece vocab.txt"
   if head in ("ForSequenceClassification", "ForTokenClassification", "ForQuestionAnswering"):
     out["merge"] = out["extend_vocab"] = "refused: is a fine-tuned task head"

@@ -101,16 +101,13 @@ def sparse(root: str, tmp: str, name: str, pooling: str, activation: str, router
             st_major=MAJOR, max_active_dims=max_active_dims, do_lower_case=lower)
 
 
-def cross(root: str, tmp: str, name: str, num_labels: int, activation=None, tools=None, cased: bool = False,
-          lower: bool = False) -> None:
+def cross(root: str, tmp: str, name: str, num_labels: int, activation=None, tools=None) -> None:
   out = zc.fresh(os.path.join(root, name))
   torch.manual_seed(2)
   kw = {}
   if activation is not None:
     kw["default_activation_function" if MAJOR < 4 else "activation_fn"] = activation
-  model = st.CrossEncoder(hf_base(tmp, cased=cased), num_labels=num_labels, max_length=20, device="cpu", **kw)
-  if lower:  # sentence-transformers >= 6: the Transformer module's do_lower_case, read back on load
-    model[0].do_lower_case = True
+  model = st.CrossEncoder(hf_base(tmp), num_labels=num_labels, max_length=20, device="cpu", **kw)
   model.save(out)
   model = st.CrossEncoder(out, device="cpu")
   scores = np.asarray(model.predict(zc.PAIRS, convert_to_numpy=True), np.float32)
@@ -175,6 +172,7 @@ def write_all(root: str, tmp: str) -> None:
     sparse(root, tmp, "sparse-mlmtransformer-max-relu-active8", "max", "relu", max_active_dims=8)
     sparse(root, tmp, "sparse-mlmtransformer-sum-log1p", "sum", "log1p_relu")
     sparse(root, tmp, "sparse-router-inference-free", "max", "relu", router=True)
+    sparse(root, tmp, "sparse-max-relu-lowercase-cased-vocab", "max", "relu", cased=True, lower=True)
     cross(root, tmp, "cross-1label-tanh", 1, activation=tanh)
   else:
     dense(root, tmp, "dense-cls-dense-norm-prompts", "cls", dense_act=tanh, normalize=True, prompts=zc.PROMPTS,
@@ -183,6 +181,4 @@ def write_all(root: str, tmp: str) -> None:
     sparse(root, tmp, "sparse-max-log1p-active8", "max", "log1p_relu", max_active_dims=8)
     sparse(root, tmp, "sparse-router-inference-free", "max", "relu", router=True)
     cross(root, tmp, "cross-3labels", 3)
-    sparse(root, tmp, "sparse-max-relu-lowercase-cased-vocab", "max", "relu", cased=True, lower=True)
-    cross(root, tmp, "cross-1label-lowercase-cased-vocab", 1, cased=True, lower=True)
     multivector(root, tmp, "multivector-colbert")
