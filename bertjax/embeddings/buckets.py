@@ -29,6 +29,12 @@ class Lengths:
     self.penalty = default_penalty() if penalty is None else penalty
     self.compiled: set[int] = set()
 
+  def reset(self) -> None:
+    """Forget the compiled lengths, so the next call pads as a fresh process would. Blocks that are stored and
+    resumed call it first: XLA's results depend in their last bits on the padded shape, and a resumed block must
+    hold the bytes an uninterrupted run writes."""
+    self.compiled.clear()
+
   def need(self, longest: int) -> int:
     return min(-(-max(longest, 1) // self.multiple) * self.multiple, self.cap)
 

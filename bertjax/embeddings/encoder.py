@@ -288,7 +288,11 @@ def beir_scores(encoder: Encoder, folder: str | retrieval.Beir, split: str = "te
     key = blocks_lib.corpus_key(f"{encoder.fingerprint}|{doc_prompt}|{score}", beir.docs, block)
     store = blocks_lib.BlockStore(cache_dir, quantize.store_key(key, precision, calibration), "--cache_dir", overwrite)
   queries = counted("query", prep(encoder.encode_query(beir.queries, batch_size, prompt=query_prefix)))
-  embed = lambda texts: prep(encoder.encode_document(texts, batch_size, prompt=doc_prompt))  # noqa: E731
+
+  def embed(texts):
+    if store is not None:
+      encoder.lengths.reset()  # a stored block is padded as a fresh run pads it
+    return prep(encoder.encode_document(texts, batch_size, prompt=doc_prompt))
   if precision != "float32":
     coded = quantize.corpus_blocks(embed, beir.docs, block, precision, calibration, store)
     s, rows = quantize.search(queries, coded, top_k, precision, rescore_multiplier)
@@ -329,6 +333,7 @@ def embed_corpus(encoder: Encoder, ids: Sequence[str], texts: Sequence[str], out
   state = {"done": 0, "docs": 0, "t0": time.time()}
 
   def embed(chunk):
+    encoder.lengths.reset()  # each block padded as a fresh run pads it: a resumed store holds the same bytes
     vectors = encoder.encode_document(chunk, batch_size, prompt=prefix)
     state["done"] += 1
     state["docs"] += len(chunk)
