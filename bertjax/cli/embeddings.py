@@ -1,4 +1,5 @@
-"""python -m bertjax embeddings --model MODEL (--sts FILE | --beir FOLDER | --corpus FILES --out DIR) [...]
+"""python -m bertjax embeddings --model MODEL (--sts FILE | --beir FOLDER | --beir_suite FOLDERS | --corpus FILES
+--out DIR) [...]
 
 Evaluates an embedding model (a sentence-transformers folder, an HF folder or a bertjax workdir) on scored
 sentence pairs (STS) or a BEIR folder (exact search, TREC run, trec_eval's measures), or embeds a corpus into
@@ -16,7 +17,7 @@ import json
 from bertjax import errors
 from bertjax.cli import common
 from bertjax.core import files
-from bertjax.embeddings import blocks, multivector, rerank, retrieval, sparse
+from bertjax.embeddings import blocks, multivector, quantize, rerank, retrieval, sparse
 from bertjax.embeddings import task as contrastive_task
 from bertjax.embeddings.encoder import Encoder, beir_scores, check_sizes, embed_corpus, sts_scores
 from bertjax.embeddings.model import POOLINGS, Pooling
@@ -30,9 +31,12 @@ def parser() -> common.ArgumentParser:
   task = p.add_mutually_exclusive_group(required=True)
   task.add_argument("--sts", help=".csv / .tsv / .jsonl with two text columns and a score column")
   task.add_argument("--beir", help="a BEIR folder: corpus.jsonl, queries.jsonl, qrels/SPLIT.tsv")
+  task.add_argument("--beir_suite", nargs="+", metavar="FOLDER",
+                    help="several BEIR folders: each one's metrics and their mean (NanoBEIR style); with --out, a "
+                         "resumable report")
   task.add_argument("--corpus", nargs="+", help="embed these files or globs (JSONL, Parquet, text; compressed) "
                                                 "into --out: block-NNNNN.npy and ids.json, resumable")
-  p.add_argument("--out", default="", help="--corpus: the folder of embeddings")
+  p.add_argument("--out", default="", help="--corpus: the folder of embeddings; --beir_suite: the report (JSON)")
   p.add_argument("--id_field", default="_id", help="--corpus: the JSONL key / Parquet column of a document's id")
   p.add_argument("--text_field", default="text", help="--corpus: ... of its text (a title field goes before it)")
   p.add_argument("--split", default="test", help="--beir: the qrels file qrels/SPLIT.tsv")
@@ -55,6 +59,14 @@ def parser() -> common.ArgumentParser:
   p.add_argument("--depth", type=int, default=None, help="--rerank: documents re-scored per query (default 100)")
   p.add_argument("--max_active_dims", type=int, default=0,
                  help="--beir with a sparse encoder: keep each vector's largest terms (0: all)")
+  p.add_argument("--precision", default="float32", choices=quantize.PRECISIONS,
+                 help="--corpus, --beir: store / search the corpus embeddings quantized as sentence-transformers' "
+                      "quantize_embeddings does (docs/embeddings.md#quantized-embeddings)")
+  p.add_argument("--calibration", default="", help="--precision int8/uint8: a .npy of float embeddings whose "
+                                                   "per-feature min and max are every block's ranges")
+  p.add_argument("--rescore_multiplier", type=int, default=None,
+                 help="--beir with --precision: candidates per result rescored by the float query (default 2; 0: "
+                      "no rescoring)")
   p.add_argument("--batch_size", type=int, default=32)
   p.add_argument("--overwrite", action="store_true", help="replace a --run file or --out / --cache_dir folder "
                                                          "this command did not write")
@@ -64,8 +76,8 @@ def parser() -> common.ArgumentParser:
 @common.guard
 def main(argv=None) -> int:
   args = parser().parse_args(argv)
-  for path in (args.model, args.sts, args.beir, *(args.corpus or ()), args.out, args.run, args.cache_dir,
-               args.rerank):
+  for path in (args.model, args.sts, args.beir, *(args.corpus or ()), *(args.beir_suite or ()), args.out, args.run,
+               args.cache_dir, args.rerank, args.calibration):
     if path:
       files.reach(path)  # once per bucket: a wrong endpoint or a missing bucket is one line, not minutes of retries
   check_sizes(top_k=args.top_k, block=65536 if args.block is None else args.block, batch_size=args.batch_size)
@@ -74,10 +86,11 @@ def main(argv=None) -> int:
     raise errors.ConfigError(f"--max_active_dims {args.max_active_dims}: a count of terms >= 0 (0: all)")
   if args.rerank and not args.beir:
     raise errors.ConfigError("--rerank needs --beir, the folder whose queries, corpus and judgements the run is of")
-  if args.query_prefix is not None and not args.beir:
-    raise errors.ConfigError("--query_prefix is for --beir (the queries' text)")
+  if args.query_prefix is not None and not (args.beir or args.beir_suite):
+    raise errors.ConfigError("--query_prefix is for --beir and --beir_suite (the queries' text)")
   if args.doc_prefix is not None and args.sts:
     raise errors.ConfigError("--doc_prefix is for --beir and --corpus (the documents' text), not --sts")
+  calibration = _quantization(args)
   if args.rerank:
     _refuse(args, "--rerank (a cross-encoder re-scoring a run)", "cache_dir", "block", "score", "pooling",
             "max_active_dims")
@@ -89,6 +102,8 @@ def main(argv=None) -> int:
   if not is_sparse and not is_multi and rerank.CrossEncoder.is_reranker(args.model):
     raise errors.ConfigError(f"{args.model} is a cross-encoder: it re-scores a run (--beir FOLDER --rerank RUN), it "
                              "does not embed texts")
+  if (is_sparse or is_multi) and args.precision != "float32":
+    raise errors.ConfigError(f"--precision {args.precision}: a sparse or multi-vector model cannot be quantized")
   if is_multi and args.score:
     raise errors.ConfigError("a multi-vector encoder scores by MaxSim (its folder's similarity): leave out --score")
   if is_multi:
@@ -100,6 +115,8 @@ def main(argv=None) -> int:
             "max_active_dims")
   args.block = args.block or (2048 if is_sparse else 1024 if is_multi else 65536)
   args.score = args.score or ("dot" if is_sparse else "cos")
+  if args.beir_suite is not None:
+    return _suite(args, pooling)
   if is_sparse and not args.beir:
     raise errors.ConfigError(f"{args.model} is a sparse encoder: it takes --beir (STS and --corpus are for dense "
                              "embedding models)")
@@ -115,7 +132,7 @@ def main(argv=None) -> int:
     ids, texts = retrieval.read_corpus(args.corpus, args.id_field, args.text_field)
     enc = Encoder.load(args.model, pooling)
     print(json.dumps(embed_corpus(enc, ids, texts, args.out, args.block, args.batch_size, args.doc_prefix,
-                                  overwrite=args.overwrite)))
+                                  overwrite=args.overwrite, precision=args.precision, calibration=calibration)))
     return 0
   if args.beir:
     if args.run:
@@ -126,7 +143,8 @@ def main(argv=None) -> int:
     enc = (sparse.SparseEncoder.load(args.model, max_active_dims=args.max_active_dims or None) if is_sparse
            else Encoder.load(args.model, pooling))
     print(json.dumps(beir_scores(enc, data, args.split, args.top_k, args.run, args.cache_dir, args.block,
-                                 args.batch_size, args.query_prefix, args.doc_prefix, args.score, args.overwrite)))
+                                 args.batch_size, args.query_prefix, args.doc_prefix, args.score, args.overwrite,
+                                 args.precision, calibration, args.rescore_multiplier)))
     return 0
   names = [c.strip() for c in args.columns.split(",")]
   if len(names) != 3 or not all(names):
@@ -135,6 +153,25 @@ def main(argv=None) -> int:
   enc = Encoder.load(args.model, pooling)
   print(json.dumps(sts_scores(enc, [(r["anchor"], r["docs"][0], r["score"]) for r in rows], args.batch_size)))
   return 0
+
+
+def _quantization(args):
+  """--precision, --calibration and --rescore_multiplier checked together; the calibration embeddings (or None)."""
+  quantized = args.precision != "float32"
+  if quantized and (args.rerank or not (args.corpus or args.beir)):
+    raise errors.ConfigError(f"--precision {args.precision}: for --corpus and --beir (a corpus of embeddings)")
+  if args.rescore_multiplier is not None:
+    if args.rescore_multiplier < 0:
+      raise errors.ConfigError(f"--rescore_multiplier {args.rescore_multiplier}: an integer >= 1 (0: no rescoring)")
+    if not (quantized and args.beir):
+      raise errors.ConfigError("--rescore_multiplier is for --beir with a quantized --precision")
+  args.rescore_multiplier = 2 if args.rescore_multiplier is None else args.rescore_multiplier  # ST's default
+  if not args.calibration:
+    return None
+  if args.precision not in quantize.SCALAR:
+    raise errors.ConfigError(f"--calibration: only --precision int8 or uint8 has ranges to calibrate, not "
+                             f"{args.precision}")
+  return quantize.load_calibration(args.calibration)
 
 
 def _refuse(args, kind: str, *names: str) -> None:
@@ -195,4 +232,24 @@ def _late_interaction(args) -> int:
   print(json.dumps({**retrieval.evaluate_run(run, data.qrels), "queries": len(data.queries),
                     "documents": len(data.docs), "queries without judgements": data.skipped_queries,
                     "empty documents": data.empty_docs}))
+  return 0
+
+
+def _suite(args, pooling) -> int:
+  """--beir_suite F1 F2 ...: every folder's metrics, their mean (NanoBEIREvaluator's), a resumable --out report."""
+  from bertjax.embeddings import suite
+  _refuse(args, "--beir_suite (no run file or corpus cache per set)", "run", "cache_dir", "calibration")
+  if args.precision != "float32":
+    raise errors.ConfigError(f"--precision {args.precision}: not an option for --beir_suite; leave it out")
+  kind = suite.kind_of(args.model)
+  if kind == "sparse" and args.score != "dot":
+    raise errors.ConfigError("a sparse encoder scores by dot product: --score dot")
+  suite.check_folders(args.beir_suite, args.split)
+  suite.check_report(args.out, args.overwrite)
+  model = suite.load(args.model, kind, pooling, args.max_active_dims)
+  opts = suite.Options(args.split, args.top_k, args.block, args.batch_size, args.score, args.query_prefix,
+                       args.doc_prefix, args.max_active_dims)
+  report = suite.run(model, kind, args.model, args.beir_suite, opts, args.out, args.overwrite)
+  print(suite.table(report))
+  print(json.dumps({k: report[k] for k in ("mean", "primary_metric", report["primary_metric"], "suite")}))
   return 0

@@ -63,6 +63,11 @@ class BlockStore:
       return
     if found is not None and not overwrite:
       held = found if isinstance(found, dict) else {}
+      was, now = held.get("precision", "float32"), key.get("precision", "float32")
+      if was != now or held.get("calibration") != key.get("calibration"):  # quantized blocks (embeddings.quantize)
+        raise BlockStoreError(f"{flag} {folder}: holds {was} embeddings{' of another --calibration' * (was == now)}"
+                              f", and this run asks for {now}; choose another {flag}, or pass --overwrite to "
+                              "replace them")
       raise BlockStoreError(f"{flag} {folder}: holds embeddings of another model, corpus or block size "
                             f"({held.get('documents', '?')} documents, block {held.get('block', '?')}); choose "
                             f"another {flag}, or pass --overwrite to replace them")
