@@ -70,6 +70,9 @@ def get_config(arg=None):
   # unless `packing` says so.
   c.data.auto_packing = True
   c.data.pack_max_per_row = 8  # examples per packed row at most
+  # task=pairs / sparse / multivector with a distillation loss (`*.loss` margin_mse | distill_kl): the folder of a
+  # teacher's scores of data.train_file (python -m bertjax teacher; docs/embeddings.md#distillation-from-a-teacher).
+  c.data.teacher_scores = ""
 
   # task=pairs (embedding training; anchor / positive columns: data.text_a_column / data.text_b_column, scored
   # pairs: data.regression=True with data.label_column)
@@ -85,6 +88,10 @@ def get_config(arg=None):
   # Gradient caching (GradCache): embed the batch in chunks of this many rows without activations, the loss on the
   # whole batch, then each chunk's backward pass. Equal gradients, memory of one chunk. 0: off.
   c.embedding.cache_chunk = 0
+  # mnrl: in-batch negatives (above) | margin_mse: sentence-transformers' MarginMSELoss | distill_kl: its
+  # DistillKLDivLoss at `temperature`; both against data.teacher_scores, on dot products of the embeddings.
+  c.embedding.loss = "mnrl"
+  c.embedding.temperature = 1.0
 
   # task=sparse (SPLADE on the pairs' columns and negatives): sentence-transformers' SpladeLoss over
   # SparseMultipleNegativesRankingLoss, its defaults. Pooling and activation "": a SparseEncoder init's, else max, relu.
@@ -102,6 +109,9 @@ def get_config(arg=None):
   # else the IDF of the training documents) | "": an inference-free SparseEncoder init's static side, else mlm.
   c.sparse.query_side = ""
   c.sparse.static_lr_ratio = 50.0  # static: its weights learn this many times faster (1e-3 against 2e-5)
+  # mnrl | margin_mse: SpladeLoss over SparseMarginMSELoss | distill_kl: over SparseDistillKLDivLoss (temperature 2)
+  c.sparse.loss = "mnrl"
+  c.sparse.temperature = 2.0
 
   # task=rerank (cross-encoder; query, document, relevance columns): bce, sentence-transformers'
   # BinaryCrossEntropyLoss on each pair | listnet, its ListNetLoss over each query's documents (a batch is queries).
@@ -123,6 +133,9 @@ def get_config(arg=None):
   c.multivector.query_prompt = ""  # e.g. "[Q] " when the tokenizer has such a token
   c.multivector.document_prompt = ""
   c.multivector.skip_punctuation = True  # punctuation tokens give no document vectors (ColBERT)
+  # mnrl | margin_mse: MultiVectorMarginMSELoss | distill_kl: MultiVectorDistillKLDivLoss, on MaxSim scores
+  c.multivector.loss = "mnrl"
+  c.multivector.temperature = 1.0
 
   c.train = ml_collections.ConfigDict()
   c.train.learning_rate = a.lr  # 2e-5, 3e-5 or 5e-5

@@ -39,6 +39,9 @@ MBP = ["--config={root}/configs/modernbert_phases.py:variant=tiny,data={data},lo
        "--config.model.vocab_multiple=1", "--config.data.example_mode=nsp_pairs",
        "--config.data.max_predictions_per_seq=5", "--config.data.masked_lm_prob=0.15"]
 
+MINE = ["--model", "{pre}", "--pairs", "{pairs_ok}", "--out", "{tmp}/mined.jsonl"]
+TEACHER = ["--model", "{pre}", "--pairs", "{pairs_ok}", "--out", "{tmp}/teacher_scores", "--columns", "anchor,positive"]
+
 CASES = [
     # ---------------------------------------------------------------- phases (configs/modernbert_phases.py)
     ("ph_weight_zero", "train", MBP + ["--config.phases.stable.mixture=short=0"], r"weight must be a number > 0",
@@ -320,6 +323,71 @@ CASES = [
      r"missing column\(s\) \['score'\]", "an STS file without its score column"),
     ("emb_two_tasks", "embeddings", ["--model", "{pre}", "--sts", "{sts_no_score}", "--beir", "{beir_dup}"],
      r"not allowed with argument", "both --sts and --beir"),
+    # ---------------------------------------------------------------- teacher scores (python -m bertjax teacher)
+    ("teacher_model", "teacher", TEACHER[:1] + ["{tmp}/none"] + TEACHER[2:],
+     r"--model .*none: no such model folder", "a teacher --model that does not exist"),
+    ("teacher_pairs", "teacher", TEACHER[:3] + ["{tmp}/none.csv"] + TEACHER[4:], r"--pairs .*none.csv: no such file",
+     "a --pairs file that does not exist"),
+    ("teacher_columns", "teacher", TEACHER + ["--columns", "anchor"], r"--columns 'anchor': give the query, positive",
+     "one column, no document to score"),
+    ("teacher_out", "teacher", TEACHER[:5] + ["{tmp}"] + TEACHER[6:],
+     r"--out .*: exists and the teacher command did not write it", "an --out folder the command did not write"),
+    ("teacher_block", "teacher", TEACHER + ["--block", "0"], r"--block 0 must be >= 1", "a block of no rows"),
+    ("teacher_batch_size", "teacher", TEACHER + ["--batch_size", "0"], r"--batch_size 0 must be >= 1",
+     "a batch of no rows"),
+    # ---------------------------------------------------------------- hard negatives (python -m bertjax mine)
+    ("mine_model", "mine", ["--model", "{tmp}/none", "--pairs", "{pairs_ok}", "--out", "{tmp}/m.jsonl"],
+     r"--model .*none: no such model folder", "a --model that does not exist"),
+    ("mine_pairs", "mine", ["--model", "{pre}", "--pairs", "{tmp}/none.csv", "--out", "{tmp}/m.jsonl"],
+     r"none.csv", "a --pairs file that does not exist"),
+    ("mine_columns", "mine", MINE + ["--columns", "anchor"], r"--columns 'anchor': give two names",
+     "one pairs column named"),
+    ("mine_corpus_empty", "mine", MINE + ["--corpus", "{blank}"], r"--corpus .*blank.txt: an empty corpus",
+     "an empty corpus"),
+    ("mine_corpus_missing", "mine", MINE + ["--corpus", "{corpus}"],
+     r"--pairs .*: 2 positive\(s\) missing from --corpus", "a pairs file whose positives the corpus lacks"),
+    ("mine_out_kind", "mine", MINE[:4] + ["--out", "{tmp}/m.txt"], r"--out .*m.txt: a .jsonl or .csv file",
+     "an output file neither JSONL nor CSV"),
+    ("mine_out_theirs", "mine", MINE[:4] + ["--out", "{csv_ok}"],
+     r"--out .*csv_ok.csv: exists and this command did not write it; pass --overwrite",
+     "an --out file the command did not write"),
+    ("mine_overwrite", "mine", MINE + ["--overwrite=yes"], r"argument --overwrite: ignored explicit argument",
+     "a value given to the --overwrite switch"),
+    ("mine_num_negatives", "mine", MINE + ["--num_negatives", "-1"], r"--num_negatives must be an integer >= 1",
+     "a negative num_negatives"),
+    ("mine_range", "mine", MINE + ["--range_min", "5", "--range_max", "5"],
+     r"--range_min 5 must be smaller than --range_max 5", "range_min >= range_max"),
+    ("mine_max_score", "mine", MINE + ["--max_score", "nan"], r"--max_score nan: a finite number",
+     "a max_score that is not a number"),
+    ("mine_min_score", "mine", MINE + ["--min_score", "x"], r"argument --min_score: invalid float value",
+     "a min_score that is not a number"),
+    ("mine_absolute_margin", "mine", MINE + ["--absolute_margin", "inf"], r"--absolute_margin inf: a finite number",
+     "an infinite absolute_margin"),
+    ("mine_relative_margin", "mine", MINE + ["--relative_margin", "nan"], r"--relative_margin nan: a finite number",
+     "a relative_margin that is not a number"),
+    ("mine_strategy", "mine", MINE + ["--sampling_strategy", "best"],
+     r"--sampling_strategy 'best': one of top, random", "an unknown sampling strategy"),
+    ("mine_seed", "mine", MINE + ["--seed", "1"], r"--seed is for --sampling_strategy random",
+     "a seed for top sampling"),
+    ("mine_format", "mine", MINE + ["--output_format", "quadruplet"], r"--output_format 'quadruplet': one of",
+     "an unknown output format"),
+    ("mine_output_scores", "mine", MINE + ["--output_scores=no"], r"argument --output_scores: ignored explicit",
+     "a value given to the --output_scores switch"),
+    ("mine_include_positives", "mine", MINE + ["--include_positives", "--output_format", "labeled-pair"],
+     r"--include_positives keeps the ranking order in n-tuple rows", "positives kept in labelled pairs"),
+    ("mine_cross_encoder", "mine", MINE + ["--cross_encoder", "{pre}"], r"--cross_encoder .*: not a cross-encoder",
+     "a cross-encoder path that is not a cross-encoder"),
+    ("mine_query_prompt", "mine", MINE + ["--query_prompt", "q: ", "--query_prompt_name", "query"],
+     r"--query_prompt and --query_prompt_name: give one", "both a query prompt and a query prompt name"),
+    ("mine_corpus_prompt", "mine", MINE + ["--corpus_prompt", "d: ", "--corpus_prompt_name", "document"],
+     r"--corpus_prompt and --corpus_prompt_name: give one", "both a corpus prompt and a corpus prompt name"),
+    ("mine_prompt_name", "mine", MINE + ["--query_prompt_name", "query"],
+     r"--query_prompt_name 'query': the model has no such prompt", "a prompt name the model lacks"),
+    ("mine_cache_dir", "mine", MINE + ["--cache_dir", "{pre}"], r"--cache_dir .*: holds a model or workdir",
+     "an embeddings folder that is a workdir"),
+    ("mine_block", "mine", MINE + ["--block", "0"], r"--block must be an integer >= 1", "a block of 0 documents"),
+    ("mine_batch_size", "mine", MINE + ["--batch_size", "0"], r"--batch_size must be an integer >= 1",
+     "a batch of 0 texts"),
     ("pr_missing", "predict", ["--workdir", "{tmp}/none", "a [MASK] b"], r"no config.json|none",
      "a workdir that does not exist"),
     ("pr_no_text", "predict", ["--workdir", "{pre}"], r"the following arguments are required: text", "no text"),
@@ -536,6 +604,12 @@ CASES = [
      r"argument --query_prefix: expected one argument", "--query_prefix without its text"),
     ("emb_columns", "embeddings", ["--model", "{hf}", "--sts", "{sts_no_score}", "--columns", "a,b"],
      r"--columns 'a,b': give three names", "--columns with two names"),
+    ("emb_suite_not_beir", "embeddings", ["--model", "{hf}", "--beir_suite", "{beir_ok}", "{hf}"],
+     r"--beir_suite: .* is not a BEIR folder \(no corpus.jsonl", "--beir_suite given a folder that is not a BEIR "
+     "folder"),
+    ("emb_suite_out", "embeddings", ["--model", "{hf}", "--beir_suite", "{beir_ok}", "--out", "{hf}/config.json"],
+     r"--out .*config.json: exists and is not a report this command wrote", "--beir_suite with an --out file that "
+     "is not its report"),
     ("emb_qid_dup", "embeddings", ["--model", "{hf}", "--beir", "{beir_qdup}"],
      r"queries.jsonl:2: query id '1' repeats line 1", "a BEIR query id given twice"),
     ("emb_id_null", "embeddings", ["--model", "{hf}", "--beir", "{beir_null}"], r"corpus.jsonl:1: _id None is not",
@@ -546,6 +620,27 @@ CASES = [
      r"no documents", "an empty corpus"),
     ("emb_model_missing", "embeddings", ["--model", "{tmp}/none", "--beir", "{beir_ok}"],
      r"none: neither a bertjax workdir", "a model that does not exist"),
+    ("emb_precision", "embeddings", ["--model", "{hf}", "--beir", "{beir_ok}", "--precision", "int4"],
+     r"argument --precision: invalid choice", "an unknown --precision"),
+    ("emb_precision_sparse", "embeddings", ["--model", "{sparse}", "--beir", "{beir_ok}", "--precision", "int8"],
+     r"--precision int8: a sparse or multi-vector model cannot be quantized", "--precision with a sparse encoder"),
+    ("emb_precision_resume", "embeddings", ["--model", "{hf}", "--corpus", "{corpus_ok}", "--out", "{int8_blocks}",
+                                            "--precision", "binary"],
+     r"int8_blocks: holds int8 embeddings, and this run asks for binary", "a resume at another --precision"),
+    ("emb_calibration", "embeddings", ["--model", "{hf}", "--corpus", "{corpus_ok}", "--out", "{tmp}/e10",
+                                       "--precision", "int8", "--calibration", "{tmp}/none.npy"],
+     r"--calibration .*none.npy: no such file", "a --calibration file that does not exist"),
+    ("emb_calibration_width", "embeddings", ["--model", "{hf}", "--corpus", "{corpus_ok}", "--out", "{tmp}/e11",
+                                             "--precision", "int8", "--calibration", "{calib_narrow}"],
+     r"--calibration: embeddings 10 wide, and this model's are 16 wide", "a --calibration file of another width"),
+    ("emb_calibration_binary", "embeddings", ["--model", "{hf}", "--corpus", "{corpus_ok}", "--out", "{tmp}/e12",
+                                              "--precision", "binary", "--calibration", "{calib_narrow}"],
+     r"--calibration: only --precision int8 or uint8", "--calibration for binary embeddings (no ranges)"),
+    ("emb_rescore_neg", "embeddings", ["--model", "{hf}", "--beir", "{beir_ok}", "--precision", "binary",
+                                       "--rescore_multiplier", "-1"],
+     r"--rescore_multiplier -1: an integer >= 1", "a negative --rescore_multiplier"),
+    ("emb_rescore_float", "embeddings", ["--model", "{hf}", "--beir", "{beir_ok}", "--rescore_multiplier", "4"],
+     r"--rescore_multiplier is for --beir with a quantized --precision", "--rescore_multiplier on a float32 corpus"),
     # ---------------------------------------------------------------- launch/suite.py and launch/sweep.py
     ("su_lrs", "suite", ["run", "--tasks", "local", "--lrs", "abc", "--root", "{tmp}/s1"],
      r"--lrs 'abc': 'abc' is not a positive number", "--lrs that are not numbers"),
@@ -662,6 +757,12 @@ def fixtures(tmp: str) -> dict:
   os.makedirs(f["foreign_blocks"])
   write("foreign/ids.json", '["not", "ours"]')
   write("foreign/block-00000.npy", "not an array")
+  f["int8_blocks"] = os.path.join(tmp, "int8_blocks")  # a quantized --out an earlier run left
+  os.makedirs(f["int8_blocks"])
+  write("int8_blocks/manifest.json", '{"fingerprint": "0", "documents": 2, "block": 65536, "precision": "int8"}')
+  f["calib_narrow"] = os.path.join(tmp, "calib_narrow.npy")  # calibration embeddings 10 wide
+  import numpy as np
+  np.save(f["calib_narrow"], np.zeros((3, 10), np.float32))
   f["hf"] = _tiny_hf_folder(os.path.join(tmp, "hf"), f["vocab"])
   f["hf_encoder"] = _tiny_hf_folder(os.path.join(tmp, "hf_encoder"), f["vocab"], head="encoder")
   f["sparse"] = _tiny_hf_folder(os.path.join(tmp, "sparse"), f["vocab"], head="sparse")

@@ -7,6 +7,8 @@ COMMANDS = {
     "predict": ("bertjax.cli.predict", "fill in [MASK], or a fine-tuned workdir's label / tags / answer span"),
     "convert": ("bertjax.cli.convert", "a bertjax workdir as an HF transformers (or sentence-transformers) folder"),
     "embeddings": ("bertjax.cli.embeddings", "embed a corpus, evaluate on STS or a BEIR folder"),
+    "teacher": ("bertjax.cli.teacher", "a teacher's scores of a training file's rows, for distillation"),
+    "mine": ("bertjax.cli.mine", "mine hard negatives for (anchor, positive) pairs, as sentence-transformers does"),
     "dataset": ("bertjax.cli.dataset", "pre-training examples from a text corpus (local processes or Apache Beam)"),
     "tokenizer": ("bertjax.cli.tokenizer", "train a WordPiece, sentencepiece or byte-level BPE tokenizer"),
     "extend_vocab": ("bertjax.cli.extend_vocab", "add whole-word tokens to a WordPiece model and its vocabulary"),

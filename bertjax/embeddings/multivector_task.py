@@ -21,7 +21,7 @@ from bertjax.convert import weights as weights_lib
 from bertjax.convert.table import host_params
 from bertjax.core import files
 from bertjax.data import packing
-from bertjax.embeddings import losses, multivector
+from bertjax.embeddings import distill, losses, multivector
 from bertjax.embeddings.model import normalize
 from bertjax.embeddings.task import Contrastive, read_pairs, retrieval
 from bertjax.model.config import BertConfig
@@ -63,7 +63,8 @@ def task(name, labels, regression, config) -> Task | None:
     dim = (multivector.model_settings(config.init)[1] if config.init and multivector.is_model(config.init)
            else int(config.multivector.dim))
     options = (("settings", json.dumps(dataclasses.asdict(s))), ("dim", dim),
-               ("scale", float(config.multivector.scale)))
+               ("scale", float(config.multivector.scale))) + distill.options(
+                   "multivector", config.multivector.loss, config.multivector.temperature)
   return Task(name, "multivector", ("text_a", "text_b"), (), METRICS, "ndcg@10", options=options)
 
 
@@ -124,6 +125,13 @@ def maxsim_scores(q, q_score, docs, d_score):
   """[B, N] MaxSim of queries [B, Lq, d] (scored positions `q_score` [B, Lq]) against documents [N, Ld, d]."""
   s = jnp.einsum("bid,njd->bnij", q, docs)
   best = jnp.max(jnp.where(d_score[None, :, None, :] > 0, s, -1e9), axis=-1)
+  return jnp.sum(jnp.where(q_score[:, None, :] > 0, best, 0.0), axis=-1)
+
+
+def pairwise_maxsim(q, q_score, docs, d_score):
+  """[B, K] MaxSim of each query [B, Lq, d] with its own documents [B, K, Ld, d] (score masks [B, Lq], [B, K, Ld])."""
+  s = jnp.einsum("bid,bkjd->bkij", q, docs)
+  best = jnp.max(jnp.where(d_score[:, :, None, :] > 0, s, -1e9), axis=-1)
   return jnp.sum(jnp.where(q_score[:, None, :] > 0, best, 0.0), axis=-1)
 
 
@@ -189,7 +197,7 @@ class MultiVector(Contrastive):
   pack_keys = {}  # each text's token vectors are gathered back from the packed row
 
   def can_pack(self, task):
-    return True
+    return not task.option("loss")  # a teacher's scores go with unpacked rows
 
   def pack(self, feats, row_length, max_per_row):
     return pack(feats, row_length, max_per_row)
@@ -216,7 +224,10 @@ class MultiVector(Contrastive):
     if d.eval_file:
       rows = read_pairs(d.eval_file, d.text_a_column, d.text_b_column, negatives)
       evals.append(EvalSet("validation", featurize(rows, tok, s), {"rows": rows}))
-    return featurize(train_rows, tok, s), evals, {"hard negatives per row": len(negatives)}
+    feats = featurize(train_rows, tok, s)
+    if task.option("loss"):
+      feats = distill.attach(feats, task.option("loss"), "multivector", d)
+    return feats, evals, {"hard negatives per row": len(negatives)}
 
   def loss(self, task, out, batch):
     q, d = out["embedding"], out["doc_embedding"]
@@ -226,6 +237,9 @@ class MultiVector(Contrastive):
       q_score = batch["slot_score_mask"].reshape((-1,) + q.shape[1:2])
       d_score = batch["slot_doc_score_mask"].reshape((-1,) + d.shape[1:3])
     b, k = d.shape[:2]
+    if task.option("loss"):  # MultiVectorMarginMSELoss / MultiVectorDistillKLDivLoss on each row's own documents
+      return distill.loss(task.option("loss"), pairwise_maxsim(q, q_score, d, d_score), batch["teacher_scores"],
+                          task.option("temperature", 1.0), w)
     docs = d.transpose(1, 0, 2, 3).reshape((b * k,) + d.shape[2:])  # positives first, then each negatives block
     d_score = d_score.transpose(1, 0, 2).reshape(b * k, -1)
     scores = task.option("scale", 1.0) * maxsim_scores(q, q_score, docs, d_score)

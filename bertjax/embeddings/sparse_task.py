@@ -11,13 +11,14 @@ from __future__ import annotations
 import json
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from bertjax import errors
 from bertjax.convert import weights as weights_lib
 from bertjax.data import tokenizer as tokenizer_lib
 from bertjax.data.tasks import rows as task_data
-from bertjax.embeddings import sparse
+from bertjax.embeddings import distill, sparse
 from bertjax.embeddings.task import Contrastive, corpus_vectors, read_pairs, retrieval
 from bertjax.tasks.base import Task
 
@@ -72,7 +73,7 @@ def options(config) -> tuple:
           # the documents whose IDF starts the static query weights when the init has none
           ("idf_source", json.dumps([config.data.train_file, config.data.text_a_column, config.data.text_b_column,
                                      [c for c in config.embedding.negative_columns if c]])
-           if side == "static" and not init_static else ""))
+           if side == "static" and not init_static else "")) + distill.options("sparse", s.loss, s.temperature)
 
 
 class Sparse(Contrastive):
@@ -124,6 +125,12 @@ class Sparse(Contrastive):
     docs = d.transpose(1, 0, 2).reshape(-1, d.shape[-1])  # positives first, then each block of negatives
     ramp = 1.0 if step is None else sparse.regularizer_ramp(step, total_steps, task.option("regularizer_warmup"))
     query_weight = task.option("query_regularizer_weight")
+    if task.option("loss"):  # SpladeLoss over SparseMarginMSELoss / SparseDistillKLDivLoss
+      base = distill.loss(task.option("loss"), distill.pairwise_dot(q, d), batch["teacher_scores"],
+                          task.option("temperature", 2.0), w)
+      doc_w = jnp.tile(w, docs.shape[0] // q.shape[0])
+      out = base + ramp * task.option("document_regularizer_weight") * sparse.flops(docs, doc_w)
+      return out if query_weight is None else out + ramp * query_weight * sparse.flops(q, w)
     parts = sparse.splade_loss(q, docs, ramp * task.option("document_regularizer_weight"),
                                None if query_weight is None else ramp * query_weight, task.option("scale", 1.0),
                                weights=w)

@@ -19,11 +19,12 @@ from bertjax.convert import weights as weights_lib
 from bertjax.core import scores
 from bertjax.data import packing
 from bertjax.data.tasks import rows as task_data
-from bertjax.embeddings import folders, losses, retrieval
+from bertjax.embeddings import distill, folders, losses, retrieval
 from bertjax.embeddings.model import EmbeddingModel, Pooling
 from bertjax.tasks.base import EvalSet, Kind, Task
 
 NAMES = ("pairs",)
+SECTIONS = {"pairs": "embedding", "sparse": "sparse", "multivector": "multivector"}  # each kind's config section
 
 
 def task(name, labels, regression, config) -> Task | None:
@@ -34,6 +35,9 @@ def task(name, labels, regression, config) -> Task | None:
     return None
   opts = options(config) if config is not None else ()
   if regression:
+    if dict(opts).get("loss"):
+      raise errors.ConfigError(f"embedding.loss {config.embedding.loss}: distillation trains on (anchor, positive, "
+                               "negatives) rows; data.regression=True (scored pairs) is CoSENT's")
     return Task(name, "contrastive", ("text_a", "text_b"), (), ("spearman", "pearson"), "spearman",
                 options=opts + (("scored", True),))
   return Task(name, "contrastive", ("text_a", "text_b"), (), ("ndcg@10", "mrr@10", "recall@1", "recall@10"),
@@ -57,7 +61,7 @@ def options(config) -> tuple:
                              "be positive (cache_chunk 0: off)")
   return tuple(dataclasses.asdict(pooling).items()) + (
       ("scale", float(e.scale)), ("symmetric", bool(e.symmetric)), ("matryoshka", dims),
-      ("cache_chunk", int(e.cache_chunk)))
+      ("cache_chunk", int(e.cache_chunk))) + distill.options("embedding", e.loss, e.temperature)
 
 
 def _key(text: str) -> int:
@@ -135,7 +139,8 @@ class Contrastive(Kind):
   pack_keys: dict | None = {}
 
   def can_pack(self, task):
-    return not task.option("cache_chunk")  # gradient caching chunks unpacked rows
+    # gradient caching chunks unpacked rows; a teacher's scores go with unpacked rows
+    return not task.option("cache_chunk") and not task.option("loss")
 
   def pack(self, feats, row_length, max_per_row):
     """Rows of (1 + K)·`row_length` tokens: room for an example whose texts are all that long."""
@@ -186,7 +191,10 @@ class Contrastive(Kind):
                                       "least two distinct positives")
       # Rows sharing a positive are each other's false negatives: masked in the loss (`ranking_loss` doc_keys).
       stats["rows whose positive another row shares"] = len(positives) - distinct
-    return featurize(train_rows, tok, seq), evals, stats
+    feats = featurize(train_rows, tok, seq)
+    if task.option("loss"):
+      feats = distill.attach(feats, task.option("loss"), SECTIONS[task.name], d)
+    return feats, evals, stats
 
   def loss(self, task, out, batch):
     w = batch["example_weights"]
@@ -196,7 +204,11 @@ class Contrastive(Kind):
       batch = {**batch, **{n: batch[n].reshape((-1,) + batch[n].shape[2:]) for n in ("doc_keys", "query_keys",
                                                                                    "labels")}}
     scale = task.option("scale", 20.0)
-    if task.option("scored"):
+    if task.option("loss"):  # distillation: the student's dot products against the teacher's scores
+      def loss_fn(q, d):
+        return distill.loss(task.option("loss"), distill.pairwise_dot(q, d), batch["teacher_scores"],
+                            task.option("temperature", 1.0), w)
+    elif task.option("scored"):
       def loss_fn(q, d):
         return losses.cosent_loss(q, d[:, 0], batch["labels"], scale, weights=w)
     else:
