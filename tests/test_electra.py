@@ -118,6 +118,7 @@ def _tiny_joint(mask_prob=0.15, temperature=1.0, seed=0):
   return m, params, batch
 
 
+@pytest.mark.slow
 def test_masking_and_corruption_follow_the_original():
   m, params, batch = _tiny_joint(mask_prob=0.2)
   ids, mask = batch["input_ids"], batch["input_mask"]

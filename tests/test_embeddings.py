@@ -239,6 +239,7 @@ def test_pairs_training_on_8_devices_equals_1_device_through_the_real_loop(tmp_p
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_gradient_caching_equals_the_full_batch_gradient():
   module, params, batch = _tiny_embedder()
   q, d = batch(12, 3), batch(24, 4)
@@ -432,6 +433,7 @@ def _write_pairs(path, n, seed, negatives=True):
       w.writerow(row + ([" ".join(rng.sample(filler, 4)) + f" {other}"] if negatives else []))
 
 
+@pytest.mark.slow
 def test_contrastive_training_on_the_loop_with_retrieval_scores_from_ir_measures(tmp_path, make_vocab, capsys):
   ir_measures = pytest.importorskip("ir_measures")
   from bertjax import finetune, predict

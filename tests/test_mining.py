@@ -146,15 +146,16 @@ def assert_same(ours, theirs, fmt):
 
 COMBOS = [
     pytest.param(dict(output_format="triplet"), None, id="triplet-default"),
-    pytest.param(dict(output_format="n-tuple", num_negatives=5, range_min=2, range_max=12), "corpus", id="range"),
+    pytest.param(dict(output_format="n-tuple", num_negatives=5, range_min=2, range_max=12), "corpus", id="range",
+                 marks=pytest.mark.slow),
     pytest.param(dict(output_format="labeled-pair", num_negatives=3, min_score=0.1, max_score=0.7), None,
                  id="labeled-pair-bounds"),
     pytest.param(dict(output_format="n-tuple", num_negatives=4, relative_margin=0.05), "corpus",
-                 id="relative-margin"),
+                 id="relative-margin", marks=pytest.mark.slow),
     pytest.param(dict(output_format="triplet", num_negatives=2, absolute_margin=0.02, max_score=0.6), None,
                  id="absolute-margin"),
     pytest.param(dict(output_format="n-tuple", num_negatives=3, include_positives=True), "corpus",
-                 id="include-positives"),
+                 id="include-positives", marks=pytest.mark.slow),
 ]
 
 
@@ -225,6 +226,7 @@ class Counting:
     return self.enc.encode_document(*a, **k)
 
 
+@pytest.mark.slow
 def test_a_killed_run_resumes_from_its_blocks(models, tmp_path):
   """Corpus embeddings kept in blocks: a run killed after its first block, started again, embeds only the blocks
   after it and mines what a run without a folder mines (on this process's 8 devices)."""
