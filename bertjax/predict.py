@@ -63,6 +63,9 @@ def load(workdir: str):
   w = weights.load(workdir)
   if not w.tokenizer:
     raise errors.DataError(f"{workdir}: the tokenizer of its data ({w.meta['data']['data_dir']}) cannot be read")
+  if "mlm_bias" not in w.params:
+    raise errors.ConfigError(f"{workdir}: no MLM head (an encoder, classifier or embedding model); predict fills "
+                             "[MASK] with a pre-training workdir or an HF *ForMaskedLM / *ForPreTraining folder")
   cfg = w.cfg if "nsp" in w.params else w.cfg.replace(nsp_head=False)  # an HF *ForMaskedLM folder has no NSP head
   return model_lib.BertForPreTraining(cfg), w.params, tokenizer_lib.load(w.tokenizer, do_lower_case=w.do_lower_case)
 

@@ -18,7 +18,7 @@ from bertjax import errors
 from bertjax.cli import common
 from bertjax.core import files
 from bertjax.data.tasks import rows as task_data
-from bertjax.embeddings import blocks, mining, rerank
+from bertjax.embeddings import blocks, mining, multivector, rerank
 from bertjax.embeddings import folders as st_lib
 from bertjax.embeddings import task as contrastive_task
 from bertjax.embeddings.encoder import Encoder, model_path
@@ -158,6 +158,10 @@ def main(argv=None) -> int:
     ce = rerank.CrossEncoder.load(args.cross_encoder)
     rerank.check_ranker(ce, f"--cross_encoder {args.cross_encoder}")
   local = model_path(args.model)
+  if multivector.is_model(local) or rerank.CrossEncoder.is_reranker(local):
+    kind = "a multi-vector encoder" if multivector.is_model(local) else "a cross-encoder"
+    raise errors.ConfigError(f"--model {args.model}: {kind}; mining ranks the corpus with a dense embedding model "
+                             "(a cross-encoder rescores through --cross_encoder)")
   prompts = (st_lib.st_config(local).get("prompts") or {}) if st_lib.is_folder(local) else {}
   for side in ("query", "corpus"):  # a prompt name the model lacks: one line before it loads
     mining.resolve_prompt(prompts, getattr(args, f"{side}_prompt_name"), None, f"{side}_prompt_name")

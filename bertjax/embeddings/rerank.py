@@ -126,7 +126,12 @@ class CrossEncoder:
     (an HF classification folder or workdir may also be read as a text encoder)."""
     if files.isfile(files.join(path, "finetune.json")):
       return finetune_kind(path) == "rerank"
-    return _json(files.join(path, "config_sentence_transformers.json")).get("model_type") == "CrossEncoder"
+    if _json(files.join(path, "config_sentence_transformers.json")).get("model_type") == "CrossEncoder":
+      return True
+    # sentence-transformers 4-5 mark a saved CrossEncoder inside config.json (2.x-3.x with the activation's name)
+    config = _json(files.join(path, "config.json"))
+    return "activation_fn" in (config.get("sentence_transformers") or {}) or bool(
+        config.get("sbert_ce_default_activation_function"))
 
   @staticmethod
   def is_model(path: str) -> bool:
