@@ -97,12 +97,12 @@ def read(path: str, **overrides):
   params = {"bert": params.get("bert", params)}
   for m, kind in zip(stack[1:], kinds[1:]):
     if kind == "Dense":
-      sub = os.path.join(path, m.get("path", ""))
-      if not os.path.isfile(os.path.join(sub, "model.safetensors")) and os.path.isfile(
-          os.path.join(sub, "pytorch_model.bin")):  # sentence-transformers < 3 saved its Dense as a pickle
+      sub = files.join(path, m.get("path", ""))
+      if not files.isfile(files.join(sub, "model.safetensors")) and files.isfile(
+          files.join(sub, "pytorch_model.bin")):  # sentence-transformers < 3 saved its Dense as a pickle
         raise ConversionError(f"{sub}: the Dense layer is only in pytorch_model.bin, a pickle bertjax does not "
                               "load; re-save the folder with sentence-transformers >= 3 (model.safetensors)")
-      state = convert_files.read_safetensors(os.path.join(sub, "model.safetensors"))
+      state = convert_files.read_safetensors(files.join(sub, "model.safetensors"))
       params["dense"] = {"kernel": np.asarray(state["linear.weight"], np.float32).T}
       if pooling.dense_bias:
         params["dense"]["bias"] = np.asarray(state["linear.bias"], np.float32)
