@@ -46,7 +46,7 @@ def main(argv=None):
   import torch
   from embedding_train import docstring_pairs
 
-  from bertjax.embeddings import encoder as embeddings
+  from bertjax.embeddings.dense import encoder as embeddings
   torch.set_num_threads(os.cpu_count() or 1)
   if args.model:
     path = args.model

@@ -83,7 +83,7 @@ def write_data(folder: str) -> dict:
 
 
 def evaluate(model_dir: str, beir: str) -> dict:
-  from bertjax.embeddings import encoder as embeddings
+  from bertjax.embeddings.dense import encoder as embeddings
   r = embeddings.beir_scores(embeddings.Encoder.load(model_dir), beir, top_k=100, batch_size=64)
   return {k: r[k] for k in ("ndcg@10", "mrr@10", "recall@100", "map")}
 

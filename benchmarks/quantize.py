@@ -93,7 +93,7 @@ def main(argv=None):
   args = p.parse_args(argv)
   from bertjax.core import scores
   from bertjax.embeddings import quantize, retrieval
-  from bertjax.embeddings.encoder import Encoder
+  from bertjax.embeddings.dense.encoder import Encoder
   if args.model:
     path = args.model
   else:

@@ -115,7 +115,7 @@ def write_rerank_data(minilm: str, folder: str, negatives: int, source: str) -> 
   untrained MiniLM's best-ranked (`mined`) or drawn uniformly with a fixed seed (`random`)."""
   import numpy as np
 
-  from bertjax.embeddings import encoder as embeddings
+  from bertjax.embeddings.dense import encoder as embeddings
   with open(os.path.join(folder, "train.csv"), encoding="utf-8") as f:
     pairs = [(r["anchor"], r["positive"]) for r in csv.DictReader(f)]
   if source == "mined":
@@ -238,7 +238,10 @@ def throughput(kind: str, bertjax_model: str, st_model: str, folder: str) -> dic
   top-20 pairs), batch 32, each after one warm-up pass."""
   import torch
 
-  from bertjax.embeddings import multivector, rerank, retrieval, sparse
+  from bertjax.embeddings import retrieval
+  from bertjax.embeddings.multivector import encoder as multivector
+  from bertjax.embeddings.rerank import encoder as rerank
+  from bertjax.embeddings.sparse import encoder as sparse
   torch.set_num_threads(os.cpu_count() or 1)
   beir = retrieval.read_beir(os.path.join(folder, "beir"))
   if kind == "rerank":

@@ -813,7 +813,7 @@ def _tiny_hf_folder(out: str, vocab: str, hidden: int = 16, head: str | None = N
   params = model.BertForPreTraining(cfg).init(jax.random.key(0), batch)["params"]
   params = jax.device_get(model_unbox(params))
   if head == "sparse":
-    from bertjax.embeddings import sparse
+    from bertjax.embeddings.sparse import encoder as sparse
     sparse.write_folder(cfg, params, out, 32)
   else:
     convert.to_hf(cfg, params["bert"] if head == "encoder" else params, out, head=head)

@@ -7,6 +7,7 @@ import re
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
+EMBEDDING_KINDS = ("bertjax.embeddings.sparse", "bertjax.embeddings.multivector", "bertjax.embeddings.rerank")
 # Bottom to top; a module may import from its own layer and the layers below it.
 LAYERS = (
     ("bertjax", "bertjax.errors"),
@@ -17,7 +18,16 @@ LAYERS = (
     ("bertjax.objectives",),
     ("bertjax.convert",),
     ("bertjax.tasks",),
-    ("bertjax.embeddings",),
+    # bertjax.embeddings, bottom to top: the shared modules (no kind), the dense kind, the kinds built on it (never on
+    # one another: test_embedding_kinds_import_no_other_kind), and the tools over every kind (the package's own
+    # __init__ and any module not named here among them).
+    ("bertjax.embeddings.model", "bertjax.embeddings.folders", "bertjax.embeddings.losses", "bertjax.embeddings.blocks",
+     "bertjax.embeddings.buckets", "bertjax.embeddings.quantize", "bertjax.embeddings.retrieval",
+     "bertjax.embeddings.distill"),
+    ("bertjax.embeddings.dense",),
+    EMBEDDING_KINDS,
+    ("bertjax.embeddings", "bertjax.embeddings.teacher", "bertjax.embeddings.mining", "bertjax.embeddings.suite",
+     "bertjax.embeddings.mteb_model"),
     ("bertjax.run", "bertjax.pretrain", "bertjax.finetune", "bertjax.predict"),
     ("bertjax.cli", "bertjax.__main__"),
 )
@@ -47,8 +57,15 @@ def package_files(folder="bertjax"):
         yield path, module[:-len(".__init__")] if module.endswith(".__init__") else module
 
 
+def _is_module(name: str) -> bool:
+  """Whether the dotted `name` is a module or package of this repository."""
+  path = os.path.join(ROOT, *name.split("."))
+  return os.path.isfile(path + ".py") or os.path.isfile(os.path.join(path, "__init__.py"))
+
+
 def imports(path: str, module: str):
-  """(line, imported module) of every import of bertjax (or configs) in a file, relative ones resolved."""
+  """(line, imported module) of every import of bertjax (or configs) in a file, relative ones resolved; `from P
+  import M` of a module M of package P is an import of P.M (what it runs, P's __init__ aside)."""
   tree = ast.parse(open(path, encoding="utf-8").read())
   package = module if path.endswith("__init__.py") else module.rpartition(".")[0]
   for node in ast.walk(tree):
@@ -60,7 +77,8 @@ def imports(path: str, module: str):
       if node.level:
         base = ".".join(package.split(".")[:len(package.split(".")) - node.level + 1] + ([base] if base else []))
       for a in node.names:
-        yield node.lineno, f"{base}.{a.name}" if base == "bertjax" else base
+        sub = f"{base}.{a.name}"
+        yield node.lineno, sub if base == "bertjax" or _is_module(sub) else base
 
 
 def test_no_import_runs_back_up_the_layers():
@@ -95,8 +113,34 @@ def test_the_layer_test_catches_an_upward_import(tmp_path):
   path = tmp_path / "x.py"
   path.write_text(code)
   targets = [t for _, t in imports(str(path), "bertjax.core.x")]
-  assert sorted(targets) == ["bertjax.cli", "bertjax.finetune"]
+  assert sorted(targets) == ["bertjax.cli.common", "bertjax.finetune"]
   assert all(layer_of(t) > layer_of("bertjax.core.x") for t in targets)
+
+
+def test_the_layer_test_reads_a_submodule_imported_from_its_package(tmp_path):
+  """`from bertjax.embeddings import teacher` is an import of the top-layer module, not of the package's name."""
+  path = tmp_path / "x.py"
+  path.write_text("from bertjax.embeddings import folders, teacher\nfrom bertjax.embeddings.sparse import encoder\n")
+  targets = [t for _, t in imports(str(path), "bertjax.embeddings.losses")]
+  assert targets == ["bertjax.embeddings.folders", "bertjax.embeddings.teacher",
+                     "bertjax.embeddings.sparse.encoder"]
+  assert [layer_of(t) for t in targets] == [layer_of("bertjax.embeddings.losses"), layer_of("bertjax.embeddings"),
+                                            layer_of("bertjax.embeddings.rerank")]
+  assert layer_of("bertjax.embeddings.model") < layer_of("bertjax.embeddings.dense.encoder") < \
+      layer_of("bertjax.embeddings.sparse.task") < layer_of("bertjax.embeddings.teacher")
+
+
+def test_embedding_kinds_import_no_other_kind():
+  """The sparse, multi-vector and rerank kinds share one layer and build on the shared modules and `dense` only:
+  none imports another (function-level imports included)."""
+  found = []
+  for path, module in package_files("bertjax/embeddings"):
+    mine = [k for k in EMBEDDING_KINDS if module == k or module.startswith(k + ".")]
+    for line, target in imports(path, module):
+      other = [k for k in EMBEDDING_KINDS if (target == k or target.startswith(k + ".")) and k not in mine]
+      if mine and other:
+        found.append(f"{os.path.relpath(path, ROOT)}:{line} {module} -> {target}")
+  assert not found, "embedding kinds that import another kind:\n" + "\n".join(found)
 
 
 def test_package_files_and_functions_stay_within_the_budget():

@@ -296,7 +296,7 @@ def test_training_with_a_teacher_equals_sentence_transformers_loss(models, tmp_p
   from sentence_transformers.sentence_transformer import losses as st_losses
 
   from bertjax.data import tokenizer as tokenizer_lib
-  from bertjax.embeddings import task as pairs_task
+  from bertjax.embeddings.dense import task as pairs_task
   ce, bi = models
   pairs = _write_rows(tmp_path / "train.csv", 16, 2)
   scores = str(tmp_path / "scores")

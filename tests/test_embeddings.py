@@ -19,9 +19,9 @@ import jax.numpy as jnp  # noqa: E402
 from bertjax import convert  # noqa: E402
 from bertjax import tasks as tasks_lib  # noqa: E402
 from bertjax.cli import embeddings as embeddings_cli  # noqa: E402
-from bertjax.embeddings import encoder as embeddings  # noqa: E402
 from bertjax.embeddings import folders as st_lib  # noqa: E402
 from bertjax.embeddings import losses as contrastive  # noqa: E402
+from bertjax.embeddings.dense import encoder as embeddings  # noqa: E402
 from bertjax.embeddings.model import EmbeddingModel, Pooling  # noqa: E402
 
 
@@ -437,7 +437,7 @@ def _write_pairs(path, n, seed, negatives=True):
 def test_contrastive_training_on_the_loop_with_retrieval_scores_from_ir_measures(tmp_path, make_vocab, capsys):
   ir_measures = pytest.importorskip("ir_measures")
   from bertjax import finetune, predict
-  from bertjax.embeddings.task import featurize, read_pairs
+  from bertjax.embeddings.dense.task import featurize, read_pairs
   from configs import finetune as finetune_config
   _write_pairs(tmp_path / "train.csv", 160, 0)
   _write_pairs(tmp_path / "dev.csv", 40, 1)

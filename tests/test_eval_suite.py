@@ -14,7 +14,7 @@ from test_sparse import splade_folder  # noqa: F401
 from bertjax import errors
 from bertjax.cli import embeddings as embeddings_cli
 from bertjax.embeddings import retrieval, suite
-from bertjax.embeddings.encoder import Encoder, beir_scores
+from bertjax.embeddings.dense.encoder import Encoder, beir_scores
 
 MODULES = (("posixpath", "shutil"), ("textwrap", "string", "json"), ("inspect",))
 

@@ -20,7 +20,10 @@ from bertjax.cli import embeddings as embeddings_cli  # noqa: E402
 from bertjax.convert.table import ConversionError  # noqa: E402
 from bertjax.core import checkpoint  # noqa: E402
 from bertjax.data import tokenizer as tokenizer_lib  # noqa: E402
-from bertjax.embeddings import encoder, multivector, rerank, sparse  # noqa: E402
+from bertjax.embeddings.dense import encoder  # noqa: E402
+from bertjax.embeddings.multivector import encoder as multivector  # noqa: E402
+from bertjax.embeddings.rerank import encoder as rerank  # noqa: E402
+from bertjax.embeddings.sparse import encoder as sparse  # noqa: E402
 
 WORDS = ("the river runs past a city where model reads text and predicts words for every query about mountains "
          "islands bridges trains music passage").split()

@@ -94,7 +94,7 @@ def models():
   from sentence_transformers import SentenceTransformer
   from sentence_transformers.util import hard_negatives
 
-  from bertjax.embeddings.encoder import Encoder
+  from bertjax.embeddings.dense.encoder import Encoder
   path = str(gt.get_model_path())
   return path, CachedEncoder(Encoder.load(path)), SentenceTransformer(path, device="cpu"), hard_negatives
 
@@ -299,7 +299,8 @@ def test_cross_encoder_rescoring_equals_sentence_transformers(models, tmp_path):
   import transformers
   from sentence_transformers import CrossEncoder as StCrossEncoder
 
-  from bertjax.embeddings import mining, rerank
+  from bertjax.embeddings import mining
+  from bertjax.embeddings.rerank import encoder as rerank
   path, enc, st, hn = models
   torch.manual_seed(0)
   m = transformers.BertForSequenceClassification(transformers.BertConfig(

@@ -13,7 +13,7 @@ st = pytest.importorskip("sentence_transformers")
 import helpers  # noqa: E402
 
 from bertjax.convert.table import ConversionError  # noqa: E402
-from bertjax.embeddings import multivector  # noqa: E402
+from bertjax.embeddings.multivector import encoder as multivector  # noqa: E402
 
 WORDS = ("the river runs past a city where model reads text and predicts words for every query about mountains "
          "islands bridges trains music").split()
@@ -89,7 +89,7 @@ def test_packed_rows_give_each_text_its_unpacked_token_vectors_and_loss(mve_fold
   text's scored token vectors gathered back from the row equal that text's alone in a padded row, and the loss
   over the packed slots equals the unpacked batch's."""
   from bertjax import tasks as tasks_lib
-  from bertjax.embeddings import multivector_task
+  from bertjax.embeddings.multivector import task as multivector_task
   from configs import finetune as finetune_config
   path, _ = mve_folder
   c = finetune_config.get_config(f"task=multivector,init={path},seq=48")
@@ -182,8 +182,8 @@ def test_multivector_training_equals_sentence_transformers_loss_8_devices_1_and_
   from bertjax import tasks as tasks_lib
   from bertjax.cli import convert as convert_cli
   from bertjax.data import tokenizer as tokenizer_lib
-  from bertjax.embeddings import multivector_task
-  from bertjax.embeddings.task import read_pairs
+  from bertjax.embeddings.dense.task import read_pairs
+  from bertjax.embeddings.multivector import task as multivector_task
   from configs import common
   from configs import finetune as finetune_config
   path, theirs = mve_folder

@@ -16,7 +16,7 @@ from sentence_transformers.util.quantization import quantize_embeddings  # noqa:
 from bertjax.cli import embeddings as embeddings_cli  # noqa: E402
 from bertjax.core import scores  # noqa: E402
 from bertjax.embeddings import quantize  # noqa: E402
-from bertjax.embeddings.encoder import Encoder  # noqa: E402
+from bertjax.embeddings.dense.encoder import Encoder  # noqa: E402
 
 QUANTIZED = ("int8", "uint8", "binary", "ubinary")
 
@@ -147,7 +147,7 @@ def test_corpus_blocks_hold_precision_and_ranges_and_refuse_another_precision(mi
   quantized embeddings, the precision and the block's own ranges; a resume at another precision and a calibration
   set of another width are one line each."""
   from bertjax.embeddings import blocks
-  from bertjax.embeddings.encoder import embed_corpus
+  from bertjax.embeddings.dense.encoder import embed_corpus
   enc, texts = minilm["enc"], [h for h, _ in minilm["pairs"][:10]]  # short texts: few shapes to compile
   ids, out = [f"d{i}" for i in range(10)], str(tmp_path / "emb")
   quiet = lambda *a, **k: None  # noqa: E731

@@ -13,7 +13,7 @@ st = pytest.importorskip("sentence_transformers")
 import helpers  # noqa: E402
 
 from bertjax.data import tokenizer as tokenizer_lib  # noqa: E402
-from bertjax.embeddings import rerank  # noqa: E402
+from bertjax.embeddings.rerank import encoder as rerank  # noqa: E402
 
 WORDS = ("the river runs past a city where model reads text and predicts words for every query about mountains "
          "islands bridges trains music").split()
@@ -190,7 +190,7 @@ def test_rerank_training_on_8_devices_equals_1_device_and_exports_a_cross_encode
   from bertjax import finetune, predict
   from bertjax import tasks as tasks_lib
   from bertjax.cli import convert as convert_cli
-  from bertjax.embeddings import rerank_task
+  from bertjax.embeddings.rerank import task as rerank_task
   from configs import common
   from configs import finetune as finetune_config
   path, theirs = bert_cross_encoder
@@ -264,7 +264,7 @@ def test_weighted_bce_equals_sentence_transformers_pos_weight(bert_cross_encoder
 
   from bertjax import errors
   from bertjax import tasks as tasks_lib
-  from bertjax.embeddings import rerank_task
+  from bertjax.embeddings.rerank import task as rerank_task
   from configs import finetune as finetune_config
   path, theirs = bert_cross_encoder
   _write_rerank_rows(tmp_path / "train.csv", 12, 3)
@@ -307,7 +307,7 @@ def test_listnet_equals_sentence_transformers_on_queries_of_unequal_lists(bert_c
   from sentence_transformers.cross_encoder.losses import ListNetLoss
 
   from bertjax import tasks as tasks_lib
-  from bertjax.embeddings import rerank_task
+  from bertjax.embeddings.rerank import task as rerank_task
   from configs import finetune as finetune_config
   path, theirs = bert_cross_encoder
   lists = [("the river runs", ["past the city", "music", "a model reads text", "trains"], [1.0, 0.0, 0.5, 0.0]),

@@ -14,7 +14,7 @@ import jax.numpy as jnp  # noqa: E402
 
 from bertjax.convert.table import ConversionError  # noqa: E402
 from bertjax.data import tokenizer as tokenizer_lib  # noqa: E402
-from bertjax.embeddings import sparse  # noqa: E402
+from bertjax.embeddings.sparse import encoder as sparse  # noqa: E402
 
 WORDS = ("the river runs past a city where model reads text and predicts words for every query about mountains "
          "islands bridges trains music").split()
@@ -84,7 +84,7 @@ def test_packed_rows_give_each_text_its_unpacked_term_vector(splade_folder, pool
   import jax
 
   from bertjax.data import packing
-  from bertjax.embeddings.task import featurize
+  from bertjax.embeddings.dense.task import featurize
   path, _ = splade_folder
   enc = sparse.SparseEncoder.load(path)
   module = sparse.SparseModel(enc.cfg, pooling=pooling, activation="log1p_relu")
@@ -188,7 +188,7 @@ def test_sparse_training_on_8_devices_equals_1_device_and_exports_a_sparse_encod
 
   from bertjax import finetune, predict
   from bertjax.cli import convert as convert_cli
-  from bertjax.embeddings.task import featurize, read_pairs
+  from bertjax.embeddings.dense.task import featurize, read_pairs
   path, _ = splade_folder
   init = path.replace("/st", "/mlm")
   _write_sparse_pairs(tmp_path / "train.csv", 32, 0)

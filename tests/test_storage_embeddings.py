@@ -13,8 +13,8 @@ import pytest
 
 from bertjax.cli import embeddings as embeddings_cli
 from bertjax.core import files
-from bertjax.embeddings import encoder as encoder_lib
 from bertjax.embeddings import folders as st_lib
+from bertjax.embeddings.dense import encoder as encoder_lib
 from bertjax.embeddings.model import EmbeddingModel, Pooling
 
 WORDS = ("the model reads text and finds documents near each query while a block of vectors waits in a bucket "
@@ -278,7 +278,10 @@ def test_sparse_multivector_and_cross_encoder_folders_in_a_bucket(make_vocab, tm
   the same metrics, run and folder bytes as the local folder; the reranked run read from and written to it."""
   from bertjax import convert
   from bertjax import model as model_lib
-  from bertjax.embeddings import multivector, multivector_task, rerank, sparse
+  from bertjax.embeddings.multivector import encoder as multivector
+  from bertjax.embeddings.multivector import task as multivector_task
+  from bertjax.embeddings.rerank import encoder as rerank
+  from bertjax.embeddings.sparse import encoder as sparse
   from bertjax.model.heads import BertForPreTraining
   monkeypatch.chdir(tmp_path)
   vocab = make_vocab(WORDS, 80)

@@ -9,7 +9,10 @@ import numpy as np
 
 from bertjax import convert, model
 from bertjax.data import tokenizer as tokenizer_lib
-from bertjax.embeddings import encoder, multivector, rerank, sparse
+from bertjax.embeddings.dense import encoder
+from bertjax.embeddings.multivector import encoder as multivector
+from bertjax.embeddings.rerank import encoder as rerank
+from bertjax.embeddings.sparse import encoder as sparse
 from bertjax.model.config import ACTIVATIONS
 
 ZOO = pathlib.Path(__file__).parent / "data" / "zoo"

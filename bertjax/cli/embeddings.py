@@ -17,10 +17,13 @@ import json
 from bertjax import errors
 from bertjax.cli import common
 from bertjax.core import files
-from bertjax.embeddings import blocks, multivector, quantize, rerank, retrieval, sparse
-from bertjax.embeddings import task as contrastive_task
-from bertjax.embeddings.encoder import Encoder, beir_scores, check_sizes, embed_corpus, sts_scores
+from bertjax.embeddings import blocks, quantize, retrieval
+from bertjax.embeddings.dense import task as contrastive_task
+from bertjax.embeddings.dense.encoder import Encoder, beir_scores, check_sizes, embed_corpus, sts_scores
 from bertjax.embeddings.model import POOLINGS, Pooling
+from bertjax.embeddings.multivector import encoder as multivector
+from bertjax.embeddings.rerank import encoder as rerank
+from bertjax.embeddings.sparse import encoder as sparse
 
 
 def parser() -> common.ArgumentParser:

@@ -18,10 +18,12 @@ from bertjax import errors
 from bertjax.cli import common
 from bertjax.core import files
 from bertjax.data.tasks import rows as task_data
-from bertjax.embeddings import blocks, mining, multivector, rerank
+from bertjax.embeddings import blocks, mining
 from bertjax.embeddings import folders as st_lib
-from bertjax.embeddings import task as contrastive_task
-from bertjax.embeddings.encoder import Encoder, model_path
+from bertjax.embeddings.dense import task as contrastive_task
+from bertjax.embeddings.dense.encoder import Encoder, model_path
+from bertjax.embeddings.multivector import encoder as multivector
+from bertjax.embeddings.rerank import encoder as rerank
 
 
 def parser() -> common.ArgumentParser:

@@ -16,8 +16,8 @@ import json
 from bertjax import errors
 from bertjax.cli import common
 from bertjax.core import files
-from bertjax.embeddings import distill
-from bertjax.embeddings import task as contrastive_task
+from bertjax.embeddings import distill, teacher
+from bertjax.embeddings.dense import task as contrastive_task
 
 
 def parser() -> common.ArgumentParser:
@@ -51,9 +51,9 @@ def main(argv=None) -> int:
   rows = contrastive_task.read_pairs(args.pairs, names[0], names[1], tuple(names[2:]))
   record = {"command": "teacher", "teacher": files.absolute(args.model), "pairs": files.absolute(args.pairs),
             "fingerprint": distill.fingerprint(args.pairs), "columns": names, "rows": len(rows), "block": args.block}
-  distill.open_folder(args.out, {**record, "kind": ""})  # refuse a foreign --out before a model loads
-  kind, score = distill.teacher_scorer(args.model, rows, args.batch_size)
-  done = distill.write_scores(args.out, {**record, "kind": kind}, score)
+  teacher.open_folder(args.out, {**record, "kind": ""})  # refuse a foreign --out before a model loads
+  kind, score = teacher.teacher_scorer(args.model, rows, args.batch_size)
+  done = teacher.write_scores(args.out, {**record, "kind": kind}, score)
   print(json.dumps({"rows": len(rows), "scores_per_row": len(names) - 1, "teacher": kind, "blocks_scored": done,
                     "out": args.out}))
   return 0

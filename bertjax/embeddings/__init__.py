@@ -1,11 +1,18 @@
-"""Embedding models, whole: the pooling model (`model`), contrastive losses (`losses`), the task kind that trains
-them through the one loop (`task`), encoding raw text (`encoder`), exact search and BEIR evaluation
-(`retrieval`), and sentence-transformers folders in and out (`folders`).
+"""Embedding models, whole. The package is layered, bottom to top (tests/test_architecture.py holds it):
+
+- shared modules, importing no kind: `model` (the pooling model), `folders` (sentence-transformers folders in and
+  out), `losses` (contrastive losses), `blocks` (resumable block stores), `buckets` (padded lengths), `quantize`,
+  `retrieval` (exact search, BEIR evaluation), `distill` (reading teacher scores, the distillation losses);
+- `dense`: `dense.encoder` (the dense `Encoder`, STS / BEIR scores, corpus embedding), `dense.task` (`task=pairs`);
+- the other kinds, each on the shared modules and `dense` and never on one another: `sparse` (`encoder`,
+  `folders`, `task`), `multivector` (`encoder`, `task`), `rerank` (`encoder`, `task`);
+- tools over every kind: `teacher` (scoring a training file with a teacher), `mining` (hard negatives), `suite`
+  (NanoBEIR-style suites), `mteb_model` (the MTEB adapter), and this module's public names.
 
     from bertjax import embeddings
     enc = embeddings.Encoder.load("all-MiniLM-L6-v2")      # a sentence-transformers folder, HF folder or workdir
     vectors = enc.encode(["a sentence", "another one"])   # [2, D] float32
 """
-from bertjax.embeddings.encoder import Encoder, beir_scores, embed_corpus, sts_scores
+from bertjax.embeddings.dense.encoder import Encoder, beir_scores, embed_corpus, sts_scores
 
 __all__ = ["Encoder", "beir_scores", "embed_corpus", "sts_scores"]

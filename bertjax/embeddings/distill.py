@@ -1,7 +1,8 @@
-"""Distillation from a teacher: the teacher's scores of a training file, kept beside it, and the losses that
-train a student on them, as sentence-transformers 6 computes them.
+"""Distillation from a teacher: reading the teacher's scores of a training file, kept beside it, and the losses
+that train a student on them, as sentence-transformers 6 computes them. Writing the scores is
+`bertjax.embeddings.teacher` (it loads the teacher model, of any kind); this module is what the task kinds need.
 
-A score folder (`write_scores`, the `teacher` command) holds, for each (query, positive, negative_1..n) row of a
+A score folder (`teacher.write_scores`, the `teacher` command) holds, for each (query, positive, negative_1..n) row of a
 training file, the teacher's score of the query with each of its 1 + n documents: `teacher.json` (the teacher,
 the training file's path and SHA-256, its columns, the rows and block size) and one `scores_NNNNN.npy` [rows, 1 + n]
 per block of rows, each written whole before the next, so that a rerun after a kill scores only the blocks that
@@ -21,10 +22,8 @@ dense and sparse students, MaxSim for multi-vector ones) and the teacher's:
 """
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import io
-import json
 import math
 
 import jax
@@ -33,8 +32,6 @@ import numpy as np
 
 from bertjax import errors
 from bertjax.core import files
-from bertjax.embeddings import folders, rerank
-from bertjax.embeddings.encoder import Encoder, model_path
 
 LOSSES = ("mnrl", "margin_mse", "distill_kl")  # mnrl: the kind's own contrastive loss, no teacher
 RECORD = "teacher.json"
@@ -88,52 +85,12 @@ def fingerprint(path: str) -> str:
   return hashlib.sha256(files.read_bytes(path)).hexdigest()
 
 
-def _block(out: str, i: int) -> str:
+def block_file(out: str, i: int) -> str:
   return files.join(out, f"scores_{i:05d}.npy")
-
-
-def _npy(array: np.ndarray) -> bytes:
-  buf = io.BytesIO()
-  np.save(buf, np.asarray(array, np.float32), allow_pickle=False)
-  return buf.getvalue()
 
 
 def _load_npy(path: str) -> np.ndarray:
   return np.load(io.BytesIO(files.read_bytes(path)), allow_pickle=False)
-
-
-def open_folder(out: str, record: dict) -> None:
-  """Starts (or resumes) a score folder at `out`: a new one gets `record`; one this command wrote for the same
-  teacher, file and columns is resumed; anything else there is refused in one line."""
-  name = files.join(out, RECORD)
-  if files.isfile(name):
-    have = files.json_object(files.read_text(name), name, errors.DataError)
-    keys = ("teacher", "fingerprint", "columns", "rows", "block")
-    if {k: have.get(k) for k in keys} != {k: record[k] for k in keys}:
-      diff = [k for k in keys if have.get(k) != record[k]]
-      raise errors.ConfigError(f"--out {out}: holds the scores of another run ({', '.join(diff)} differ); choose "
-                               "another folder, or remove it to score again")
-    return
-  if files.exists(out) and (not files.isdir(out) or files.listdir(out)):
-    raise errors.ConfigError(f"--out {out}: exists and the teacher command did not write it; choose another path")
-  files.makedirs(out)
-  files.write_whole(name, json.dumps(record, indent=1))
-
-
-def write_scores(out: str, record: dict, score_block) -> int:
-  """Scores every block of `record["rows"]` rows not yet in `out` (`score_block(start, stop)` -> [n, 1 + K]),
-  each written whole; returns how many blocks were scored in this call."""
-  open_folder(out, record)
-  files.write_whole(files.join(out, RECORD), json.dumps(record, indent=1))  # the same record, its teacher's kind
-  n, block, done = record["rows"], record["block"], 0
-  for i, start in enumerate(range(0, n, block)):
-    if files.isfile(_block(out, i)):
-      continue
-    stop = min(start + block, n)
-    scores = np.asarray(score_block(start, stop), np.float32).reshape(stop - start, -1)
-    files.write_whole(_block(out, i), _npy(scores))
-    done += 1
-  return done
 
 
 def read_scores(path: str, train_file: str, rows: int, docs: int) -> np.ndarray:
@@ -151,53 +108,17 @@ def read_scores(path: str, train_file: str, rows: int, docs: int) -> np.ndarray:
   if record.get("rows") != rows:
     raise errors.TaskDataError(f"{where}: {record.get('rows')} rows scored, data.train_file has {rows}")
   n_blocks = -(-rows // int(record["block"]))
-  missing = [i for i in range(n_blocks) if not files.isfile(_block(path, i))]
+  missing = [i for i in range(n_blocks) if not files.isfile(block_file(path, i))]
   if missing:
     raise errors.TaskDataError(f"{where}: unfinished ({len(missing)} of {n_blocks} blocks missing); rerun the "
                                "teacher command to finish it")
-  scores = np.concatenate([_load_npy(_block(path, i)) for i in range(n_blocks)])
+  scores = np.concatenate([_load_npy(block_file(path, i)) for i in range(n_blocks)])
   if scores.shape != (rows, docs):
     raise errors.TaskDataError(f"{where}: {scores.shape[1]} scores per row (columns {record.get('columns')[1:]}), "
                                f"the training rows have {docs} documents (a positive and {docs - 1} negatives)")
   if not np.all(np.isfinite(scores)):
     raise errors.TaskDataError(f"{where}: scores that are not finite numbers")
   return scores.astype(np.float32)
-
-
-def teacher_scorer(model: str, rows: list[dict], batch_size: int = 32):
-  """(kind, score_block): a cross-encoder teacher's logits (no activation) or a bi-encoder's similarity (the
-  folder's, cosine by default) of each row's query with each of its documents; score_block(start, stop) ->
-  [stop - start, 1 + K]."""
-  local = model_path(model)
-  if rerank.CrossEncoder.is_model(local):
-    ce = dataclasses.replace(rerank.CrossEncoder.load(model), activation="identity")
-
-    def cross(start, stop):
-      part = rows[start:stop]
-      ce.lengths.reset()  # each block padded as a fresh run pads it: a resumed folder is the same
-      pairs = [(r["anchor"], d) for r in part for d in r["docs"]]
-      out = np.asarray(ce.predict(pairs, batch_size), np.float32)
-      if out.ndim != 1:
-        raise errors.ConfigError(f"--model {model}: a cross-encoder of {out.shape[1]} labels; a teacher gives one "
-                                 "score a pair")
-      return out.reshape(len(part), -1)
-    return "cross-encoder", cross
-  enc = Encoder.load(model)
-  sim = ((folders.st_config(local).get("similarity_fn_name") if folders.is_folder(local) else None)
-         or "cosine")
-  if sim not in ("cosine", "dot"):
-    raise errors.ConfigError(f"--model {model}: similarity {sim!r}; a teacher scores by cosine or dot")
-
-  def bi(start, stop):
-    part = rows[start:stop]
-    enc.lengths.reset()
-    q = enc.encode_query([r["anchor"] for r in part], batch_size)
-    d = enc.encode_document([t for r in part for t in r["docs"]], batch_size).reshape(len(part), -1, q.shape[-1])
-    if sim == "cosine":
-      q = q / np.maximum(np.linalg.norm(q, axis=-1, keepdims=True), 1e-12)
-      d = d / np.maximum(np.linalg.norm(d, axis=-1, keepdims=True), 1e-12)
-    return np.einsum("bd,bkd->bk", q, d)
-  return f"bi-encoder ({sim})", bi
 
 
 def options(section: str, loss_name: str, temperature: float) -> tuple:

@@ -20,9 +20,9 @@ from typing import Any
 import numpy as np
 
 from bertjax.core import files
-from bertjax.embeddings import sparse
-from bertjax.embeddings.encoder import Encoder
+from bertjax.embeddings.dense.encoder import Encoder
 from bertjax.embeddings.model import Pooling
+from bertjax.embeddings.sparse import encoder as sparse
 
 
 def _texts(inputs) -> list[str]:

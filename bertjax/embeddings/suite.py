@@ -21,9 +21,11 @@ import numpy as np
 
 from bertjax import errors
 from bertjax.core import files
-from bertjax.embeddings import multivector, retrieval, sparse
-from bertjax.embeddings.encoder import Encoder, beir_scores
+from bertjax.embeddings import retrieval
+from bertjax.embeddings.dense.encoder import Encoder, beir_scores
 from bertjax.embeddings.model import Pooling
+from bertjax.embeddings.multivector import encoder as multivector
+from bertjax.embeddings.sparse import encoder as sparse
 
 KINDS = ("dense", "sparse", "multivector")
 SUITE_METRICS = ("ndcg@10", "mrr@10", "recall@100", "map")

@@ -15,8 +15,8 @@ from bertjax import errors
 from bertjax.tasks.base import EvalSet, Kind, Task, example_mean
 
 MODULES = ("bertjax.tasks.classification", "bertjax.tasks.tagging", "bertjax.tasks.span_qa",
-           "bertjax.embeddings.task", "bertjax.embeddings.sparse_task", "bertjax.embeddings.rerank_task",
-           "bertjax.embeddings.multivector_task")
+           "bertjax.embeddings.dense.task", "bertjax.embeddings.sparse.task", "bertjax.embeddings.rerank.task",
+           "bertjax.embeddings.multivector.task")
 TaskDataError = errors.TaskDataError
 
 

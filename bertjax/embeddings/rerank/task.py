@@ -15,7 +15,8 @@ import numpy as np
 
 from bertjax import errors
 from bertjax.data.tasks import rows as task_data
-from bertjax.embeddings import rerank, retrieval
+from bertjax.embeddings import retrieval
+from bertjax.embeddings.rerank import encoder as rerank
 from bertjax.tasks.base import EvalSet, Kind, Task, example_mean
 
 NAMES = ("rerank",)

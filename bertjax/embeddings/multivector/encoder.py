@@ -36,7 +36,7 @@ from bertjax.core import files
 from bertjax.data import tokenizer as tokenizer_lib
 from bertjax.embeddings import buckets
 from bertjax.embeddings import folders as st_lib
-from bertjax.embeddings.encoder import _max_seq_length, finetune_kind, model_path
+from bertjax.embeddings.dense.encoder import _max_seq_length, finetune_kind, model_path
 from bertjax.embeddings.model import normalize
 
 _DENSE_ACTIVATIONS = ("torch.nn.modules.linear.Identity",)

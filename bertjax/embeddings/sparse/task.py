@@ -18,8 +18,9 @@ from bertjax import errors
 from bertjax.convert import weights as weights_lib
 from bertjax.data import tokenizer as tokenizer_lib
 from bertjax.data.tasks import rows as task_data
-from bertjax.embeddings import distill, sparse
-from bertjax.embeddings.task import Contrastive, corpus_vectors, read_pairs, retrieval
+from bertjax.embeddings import distill
+from bertjax.embeddings.dense.task import Contrastive, corpus_vectors, read_pairs, retrieval
+from bertjax.embeddings.sparse import encoder as sparse
 from bertjax.tasks.base import Task
 
 NAMES = ("sparse",)

@@ -29,7 +29,7 @@ from bertjax.core import files
 from bertjax.data import tokenizer as tokenizer_lib
 from bertjax.embeddings import buckets
 from bertjax.embeddings import folders as st_lib
-from bertjax.embeddings.encoder import _max_seq_length, finetune_kind, model_path
+from bertjax.embeddings.dense.encoder import _max_seq_length, finetune_kind, model_path
 
 ACTIVATIONS = {"torch.nn.modules.activation.Sigmoid": "sigmoid", "torch.nn.modules.linear.Identity": "identity",
                "torch.nn.modules.activation.Tanh": "tanh"}

@@ -32,9 +32,9 @@ from bertjax.core import files
 from bertjax.data import tokenizer as tokenizer_lib
 from bertjax.embeddings import buckets, losses
 from bertjax.embeddings import folders as st_lib
-from bertjax.embeddings.encoder import _max_seq_length, batch_of, finetune_kind, model_path, token_rows
+from bertjax.embeddings.dense.encoder import _max_seq_length, batch_of, finetune_kind, model_path, token_rows
 from bertjax.embeddings.model import pool_segments
-from bertjax.embeddings.sparse_folders import (  # noqa: F401  (the folder layer, read and written here too)
+from bertjax.embeddings.sparse.folders import (  # noqa: F401  (the folder layer, read and written here too)
   ACTIVATIONS,
   DOCUMENT_DIR,
   POOLINGS,

@@ -1,7 +1,7 @@
 """sentence-transformers SparseEncoder folders: a fill-mask Transformer (or the older MLMTransformer) then
 SpladePooling, or an inference-free one, a Router whose query route is a SparseStaticEmbedding (a weight per
 vocabulary term) and whose document route is that Transformer and pooling. Read and written here; encoding is
-`bertjax.embeddings.sparse`'s. A folder may be a gs:// or s3:// one (`bertjax.core.files`): its JSON read there,
+`bertjax.embeddings.sparse.encoder`'s. A folder may be a gs:// or s3:// one (`bertjax.core.files`): its JSON read there,
 written into a local folder that is uploaded when complete."""
 from __future__ import annotations
 

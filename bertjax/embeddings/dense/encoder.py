@@ -65,10 +65,10 @@ def _max_seq_length(path: str, folder: str) -> int:
 
 # The embedding models that are not a dense encoder: their fine-tuning kind, their sentence-transformers folder's
 # model_type, and the reader that takes them.
-OTHER_KINDS = {"sparse": ("SparseEncoder", "a sparse encoder", "bertjax.embeddings.sparse.SparseEncoder"),
+OTHER_KINDS = {"sparse": ("SparseEncoder", "a sparse encoder", "bertjax.embeddings.sparse.encoder.SparseEncoder"),
                "multivector": ("MultiVectorEncoder", "a multi-vector encoder",
-                               "bertjax.embeddings.multivector.MultiVectorEncoder"),
-               "rerank": ("CrossEncoder", "a cross-encoder", "bertjax.embeddings.rerank.CrossEncoder")}
+                               "bertjax.embeddings.multivector.encoder.MultiVectorEncoder"),
+               "rerank": ("CrossEncoder", "a cross-encoder", "bertjax.embeddings.rerank.encoder.CrossEncoder")}
 
 
 def _embedding_run(path: str) -> dict | None:

@@ -21,9 +21,10 @@ from bertjax.convert import weights as weights_lib
 from bertjax.convert.table import host_params
 from bertjax.core import files
 from bertjax.data import packing
-from bertjax.embeddings import distill, losses, multivector
+from bertjax.embeddings import distill, losses
+from bertjax.embeddings.dense.task import Contrastive, read_pairs, retrieval
 from bertjax.embeddings.model import normalize
-from bertjax.embeddings.task import Contrastive, read_pairs, retrieval
+from bertjax.embeddings.multivector import encoder as multivector
 from bertjax.model.config import BertConfig
 from bertjax.model.encoder import BertModel
 from bertjax.model.layers import Dense
