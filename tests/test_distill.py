@@ -226,6 +226,22 @@ def test_cross_encoder_scores_are_its_logits_and_a_resume_gives_the_same_folder(
   assert code == 0 and json.loads(printed)["blocks_scored"] == 0
 
 
+@pytest.mark.slow
+def test_a_teacher_of_another_tokenizer_scores_the_text_with_its_own(tmp_path, capsys):
+  """Scores are computed from the rows' text, so a teacher need not share the student's tokenizer: a RoBERTa
+  (byte-level BPE) cross-encoder, written by sentence-transformers from a zoo folder, gives its own logits."""
+  root = os.path.join(os.path.dirname(__file__), "data", "zoo", "st6", "roberta-model")
+  torch.manual_seed(0)
+  st.CrossEncoder(root, num_labels=1, device="cpu", max_length=32).save(str(tmp_path / "ce"))
+  pairs = _write_rows(tmp_path / "train.csv", 5, 2)
+  out = str(tmp_path / "scores")
+  code, _, err = _run(["--model", str(tmp_path / "ce"), "--pairs", pairs, "--columns", COLUMNS, "--out", out], capsys)
+  assert code == 0, err
+  theirs = st.CrossEncoder(str(tmp_path / "ce"), device="cpu", activation_fn=torch.nn.Identity())
+  want = theirs.predict([(r["anchor"], r[c]) for r in _rows(pairs) for c in COLUMNS.split(",")[1:]]).reshape(5, 3)
+  np.testing.assert_allclose(distill.read_scores(out, pairs, 5, 3), want, atol=1e-5)
+
+
 def test_bi_encoder_scores_are_its_cosine_similarities(models, tmp_path, capsys):
   _, bi = models
   pairs = _write_rows(tmp_path / "train.csv", 5, 1, negatives=1)
