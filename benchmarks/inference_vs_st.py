@@ -22,6 +22,7 @@ import inspect
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -206,6 +207,7 @@ def main():
     row = {"row": kind, "model": os.path.basename(models[kind].rstrip("/"))}
     for run in ("cold", "warm"):
       ours = os.path.join(a.work, f"{kind}-bertjax")
+      shutil.rmtree(ours, ignore_errors=True)  # a finished store would be resumed, not encoded again
       row[f"bertjax_{run}_s"] = timed(bertjax_cmd(kind, models[kind], beir, ours, first),
                                       {**env, "JAX_COMPILATION_CACHE_DIR": cache})
       theirs = os.path.join(a.work, f"{kind}-st" + (".npy" if kind == "corpus" else ""))
