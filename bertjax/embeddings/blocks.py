@@ -14,7 +14,7 @@ import io
 import json
 import os
 import re
-from typing import Sequence
+from typing import Callable, Iterator, Sequence
 
 import jax
 import numpy as np
@@ -116,6 +116,24 @@ class BlockStore:
     files.write_whole(self.path(b, suffix), raw)
     digest = hashlib.sha256(raw).hexdigest()
     files.write_whole(self.path(b, ".json"), json.dumps({"rows": rows, "suffix": suffix, "sha256": digest}))
+
+
+def each_block(embed: Callable[[Sequence[str]], object], texts: Sequence[str], block: int,
+               store: BlockStore | None = None, select: Callable[[int], bool] | None = None) -> Iterator[tuple[int, object]]:
+  """(b, payload) of each block of `block` texts: the store's copy when it holds the finished block (checked
+  against its record), else `embed(chunk)`, kept in the store before it is yielded, so a killed run resumes at its
+  first missing block. `select(b)`: only those blocks (one host's share); the others are neither embedded nor
+  yielded."""
+  for b, start in enumerate(range(0, len(texts), block)):
+    if select is not None and not select(b):
+      continue
+    chunk = texts[start:start + block]
+    held = store.read(b, len(chunk)) if store is not None else None
+    if held is None:
+      held = embed(chunk)
+      if store is not None:
+        store.write(b, held, len(chunk))
+    yield b, held
 
 
 def check_folder(folder: str, flag: str = "--out", overwrite: bool = False) -> None:

@@ -25,6 +25,7 @@ import numpy as np
 
 from bertjax import errors
 from bertjax.core import files
+from bertjax.embeddings import blocks
 
 PRECISIONS = ("float32", "int8", "uint8", "binary", "ubinary")
 SCALAR = ("int8", "uint8")
@@ -134,23 +135,20 @@ def corpus_blocks(embed: Callable[[Sequence[str]], np.ndarray], texts: Sequence[
   fixed = ranges_of(None, calibration) if calibration is not None and precision in SCALAR else None
   if calibration is not None and len(texts):  # the width, before a whole block is embedded
     check_width(calibration, np.asarray(embed(texts[:1])).shape[1])
-  for b, start in enumerate(range(0, len(texts), block)):
-    if select is not None and not select(b):
-      continue
-    chunk = texts[start:start + block]
-    held = store.read(b, len(chunk)) if store is not None else None
-    if held is None:
-      vectors = np.asarray(embed(chunk), np.float32)
-      check_width(calibration, vectors.shape[1])
-      ranges = None
-      if precision in SCALAR:  # one row: min == max, every step 1 (sentence-transformers' zero-step rule)
-        ranges = fixed if fixed is not None else np.vstack((vectors.min(0), vectors.max(0)))
-      held = {"embeddings": quantize(vectors, precision, ranges), "precision": np.array(precision)}
-      if ranges is not None:
-        held["ranges"] = np.asarray(ranges, np.float32)
-      if store is not None:
-        store.write(b, held, len(chunk))
-    elif not isinstance(held, dict) or str(held.get("precision")) != precision:
+
+  def encode(chunk: Sequence[str]) -> dict:
+    vectors = np.asarray(embed(chunk), np.float32)
+    check_width(calibration, vectors.shape[1])
+    ranges = None
+    if precision in SCALAR:  # one row: min == max, every step 1 (sentence-transformers' zero-step rule)
+      ranges = fixed if fixed is not None else np.vstack((vectors.min(0), vectors.max(0)))
+    held = {"embeddings": quantize(vectors, precision, ranges), "precision": np.array(precision)}
+    if ranges is not None:
+      held["ranges"] = np.asarray(ranges, np.float32)
+    return held
+
+  for b, held in blocks.each_block(encode, texts, block, store, select):
+    if not isinstance(held, dict) or str(held.get("precision")) != precision:
       raise QuantizeError(f"{store.path(b, '.npz')}: not a {precision} block; delete it to embed that block again")
     yield held["embeddings"], held.get("ranges")
 

@@ -366,13 +366,6 @@ def corpus_blocks(embed: Callable[[Sequence[str]], np.ndarray], texts: Sequence[
   """The corpus embeddings block by block. With a `store`, each finished block is kept there and a rerun reads it
   (checked against its record) instead of embedding it again, so a killed run resumes at its first missing
   block. `select(b)`: only those blocks (one host's share); the others are neither embedded nor yielded."""
-  for b, start in enumerate(range(0, len(texts), block)):
-    if select is not None and not select(b):
-      continue
-    chunk = texts[start:start + block]
-    vectors = store.read(b, len(chunk)) if store is not None else None
-    if vectors is None:
-      vectors = np.asarray(embed(chunk), np.float32)
-      if store is not None:
-        store.write(b, vectors, len(chunk))
+  for _, vectors in blocks_lib.each_block(lambda chunk: np.asarray(embed(chunk), np.float32), texts, block, store,
+                                         select):
     yield vectors
