@@ -9,6 +9,8 @@ a fine-tuned workdir, its best parameters). DIR may be local or in an object sto
 """
 from __future__ import annotations
 
+import re
+
 import jax
 import numpy as np
 
@@ -23,8 +25,10 @@ MASK = "[MASK]"
 
 
 def encode_with_masks(tok: tokenizer_lib.Tokenizer, text: str, max_len: int):
-  """[CLS] text [SEP] with every literal "[MASK]" as the mask token; returns (ids, mask positions)."""
-  parts = text.split(MASK)
+  """[CLS] text [SEP] with every literal "[MASK]", or the tokenizer's own mask token ("<mask>" in RoBERTa's and
+  XLM-R's vocabularies), as the mask token; returns (ids, mask positions)."""
+  spellings = sorted({MASK, tok.id_to_token(tok.mask_id)}, key=len, reverse=True)
+  parts = re.split("|".join(map(re.escape, spellings)), text)
   ids = [tok.cls_id]
   positions = []
   for i, part in enumerate(parts):
@@ -34,7 +38,7 @@ def encode_with_masks(tok: tokenizer_lib.Tokenizer, text: str, max_len: int):
       ids.append(tok.mask_id)
   ids.append(tok.sep_id)
   if not positions:
-    raise errors.DataError(f"no {MASK} in {text!r}")
+    raise errors.DataError(f"no {' or '.join(spellings)} in {text!r}")
   if len(ids) > max_len:
     raise errors.DataError(f"{len(ids)} tokens, over the model's {max_len}")
   return ids, positions

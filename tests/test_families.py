@@ -324,6 +324,22 @@ def test_xlm_roberta_reads_and_writes_with_its_sentencepiece_ids(tmp_path):
     assert again(text, "a pair")["input_ids"] == hf_tok(text, "a pair")["input_ids"], text
 
 
+@pytest.mark.slow
+def test_predict_fills_an_xlm_roberta_mask_as_hfs_pipeline_does(tmp_path):
+  """`predict` on an HF XLM-R folder fills its own mask token (<mask>) as well as [MASK]: the same top pieces and
+  probabilities as HF's fill-mask pipeline on that folder."""
+  from bertjax import predict
+  xlm_roberta(tmp_path / "hf", seed=4)
+  module, params, tok = predict.load(str(tmp_path / "hf"))
+  text = "naïve café <mask> emoji"
+  (pos, cands), = predict.fill_mask(module, params, tok, text, 3, 64)
+  assert predict.fill_mask(module, params, tok, text.replace("<mask>", "[MASK]"), 3, 64) == [(pos, cands)]
+  fill = transformers.pipeline("fill-mask", model=str(tmp_path / "hf"), tokenizer=str(tmp_path / "hf"))
+  theirs = fill(text, top_k=3)
+  assert [fill.tokenizer.convert_tokens_to_ids(t) for t, _ in cands] == [r["token"] for r in theirs]
+  np.testing.assert_allclose([p for _, p in cands], [r["score"] for r in theirs], atol=1e-4)
+
+
 def test_a_modernbert_folder_with_gemmas_tokenizer_reads_and_writes(tmp_path):
   """mmBERT's layout: a ModernBERT model whose tokenizer is Gemma's kind (byte-fallback BPE over '▁'-marked text,
   <pad> <eos> <bos> <unk> <mask> at 0-4; the config's cls/sep ids are <bos>/<eos>), built by HF's GemmaTokenizer
