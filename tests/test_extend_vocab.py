@@ -101,3 +101,21 @@ def test_a_sentence_transformers_folder_extends_as_its_transformer(hf_mlm, tmp_p
   pieces = tok.encode(NEW[1].lower())
   np.testing.assert_allclose(emb.detach().numpy()[tok.vocab_size + 1],
                              m.bert.embeddings.word_embeddings.weight.detach().numpy()[pieces].mean(0), rtol=1e-6)
+
+
+@pytest.mark.slow
+def test_a_sentence_transformers_folder_stays_one_with_its_pooling_and_head(tmp_path):
+  """A sentence-transformers 6 folder (CLS pooling, Dense, Normalize, prompts, its sequence length in the
+  tokenizer's settings) extends into a folder SentenceTransformer loads as the same stack: text without the new
+  words embeds as before, and each new word is one id."""
+  st = pytest.importorskip("sentence_transformers")
+  src = os.path.join(os.path.dirname(__file__), "data", "zoo", "st6", "dense-cls-dense-norm-prompts")
+  before = st.SentenceTransformer(src, device="cpu")
+  report = extend_vocab.extend(src, ["hillside"], str(tmp_path / "out"))
+  after = st.SentenceTransformer(str(tmp_path / "out"), device="cpu")
+  assert [type(m).__name__ for m in after] == [type(m).__name__ for m in before]
+  assert after.max_seq_length == before.max_seq_length
+  texts = ["the cat sat on the mat", "a dog ran far away over the blue hill and on and on and on"]
+  np.testing.assert_allclose(after.encode(texts, prompt_name="query"), before.encode(texts, prompt_name="query"),
+                             atol=1e-6)
+  assert after.tokenizer("hillside", add_special_tokens=False)["input_ids"] == [report["added"][0]["id"]]

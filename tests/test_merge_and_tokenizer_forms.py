@@ -2,6 +2,7 @@
 authors' code computes it, merge's --last mistakes, and the published sentencepiece tokenizer files of DeBERTa-v3
 (spm.model) and XLM-R (sentencepiece.bpe.model) read with HF's ids."""
 import json
+import os
 import random
 
 import numpy as np
@@ -123,6 +124,40 @@ def one_line(capsys, argv, pattern):
     merge_cli.main(argv)
   err = capsys.readouterr().err
   assert e.value.code == errors.EXIT_CODE and pattern in err and err.count("\n") == 1, (argv, err)
+
+
+ST_ZOO = os.path.join(os.path.dirname(__file__), "data", "zoo", "st6")
+
+
+@pytest.mark.slow
+def test_merging_sentence_transformers_folders_keeps_their_pooling_and_head(tmp_path, capsys):
+  """Two sentence-transformers folders (CLS pooling, a Dense layer, Normalize, prompts) merged 0.7 / 0.3: OUT/hf
+  loads in SentenceTransformer as the same stack over the averaged encoder, the embeddings of the model torch
+  averages; a folder of another pooling is refused in one line."""
+  st = pytest.importorskip("sentence_transformers")
+  a, b = os.path.join(ST_ZOO, "dense-cls-dense-norm-prompts"), str(tmp_path / "b")
+  other = st.SentenceTransformer(a, device="cpu")
+  torch.manual_seed(1)
+  with torch.no_grad():
+    for p in other[0].parameters():
+      p.add_(0.05 * torch.randn_like(p))
+  other.save(b)
+  assert merge_cli.main([a, b, "--weights", "0.7,0.3", "--out", str(tmp_path / "m")]) == 0
+  expected = st.SentenceTransformer(a, device="cpu")
+  with torch.no_grad():
+    for p, q in zip(expected[0].parameters(), other[0].parameters()):
+      p.mul_(0.7).add_(0.3 * q)
+  merged = st.SentenceTransformer(str(tmp_path / "m" / "hf"), device="cpu")
+  assert [type(m).__name__ for m in merged] == [type(m).__name__ for m in expected]
+  texts = ["the cat sat on the mat", "a dog ran far away over the hill"]
+  np.testing.assert_allclose(merged.encode(texts, prompt_name="query"), expected.encode(texts, prompt_name="query"),
+                             atol=2e-5)
+  mean = os.path.join(ST_ZOO, "dense-max")
+  capsys.readouterr()
+  with pytest.raises(SystemExit):
+    merge_cli.main([a, mean, "--out", str(tmp_path / "bad")])
+  err = capsys.readouterr().err.strip()
+  assert "sentence-transformers modules differ" in err and len(err.splitlines()) == 1
 
 
 def test_merge_refuses_unlike_forms_and_families_in_one_line(tmp_path, capsys):

@@ -80,6 +80,55 @@ def architecture(folder: str) -> str:
   return files.read_json(files.join(folder, "config.json"))["architectures"][0]
 
 
+ST_ROOT_FILES = ("config_sentence_transformers.json", "sentence_bert_config.json")
+MAX_LENGTH = "tokenizer_config.json:model_max_length"
+
+
+def st_modules(path: str) -> dict[str, bytes] | None:
+  """A sentence-transformers folder's modules beside its Transformer, as the files an HF folder of its encoder
+  takes to load as that model again (`carry_st_modules`): modules.json with the Transformer at the root, the
+  root's and the Transformer's settings, every other module's folder (Pooling, Dense, Normalize), and under
+  MAX_LENGTH the tokenizer's model_max_length (sentence-transformers 6 keeps the sequence length there). None for
+  a folder without modules.json."""
+  if not files.isfile(files.join(path, "modules.json")):
+    return None
+  inner = weights.hf_folder(path)  # checks the stack's first module is a Transformer
+  stack = files.read_json(files.join(path, "modules.json"))
+  stack = [dict(m, path="") if i == 0 else m for i, m in enumerate(stack)]
+  held = {"modules.json": json.dumps(stack, indent=2).encode()}
+  for name in ST_ROOT_FILES:
+    for where in (path, inner):
+      if files.isfile(files.join(where, name)) and name not in held:
+        held[name] = files.read_bytes(files.join(where, name))
+  try:
+    length = files.read_json(files.join(inner, "tokenizer_config.json")).get("model_max_length")
+  except (OSError, ValueError, AttributeError):
+    length = None
+  if isinstance(length, int) and length < 10 ** 9:  # HF's "unset" is a huge number
+    held[MAX_LENGTH] = json.dumps(length).encode()
+  for m in stack[1:]:
+    sub = str(m.get("path") or "")
+    if not sub or sub.startswith((".", "/")) or not files.isdir(files.join(path, sub)):
+      raise errors.ConversionError(f"{path}/modules.json: module {m.get('type')} has no folder {sub!r}")
+    for rel in files.walk_files(files.join(path, sub)):
+      held[f"{sub}/{rel.replace(os.sep, '/')}"] = files.read_bytes(files.join(path, sub, *rel.split(os.sep)))
+  return held
+
+
+def carry_st_modules(held: dict[str, bytes] | None, out: str) -> None:
+  """Writes `st_modules`' files into the HF folder `out`, so that `SentenceTransformer(out)` is the input's stack
+  over the new encoder (its pooling, projection and normalisation kept)."""
+  held = dict(held or {})
+  length = held.pop(MAX_LENGTH, None)
+  if length is not None and files.isfile(files.join(out, "tokenizer_config.json")):
+    settings = files.read_json(files.join(out, "tokenizer_config.json"))
+    _write_json(files.join(out, "tokenizer_config.json"), {**settings, "model_max_length": json.loads(length)})
+  for rel, raw in held.items():
+    target = files.join(out, *rel.split("/"))
+    files.makedirs(files.parent(target))
+    files.write_whole(target, raw)
+
+
 def _write_json(path: str, obj, indent: int = 2) -> None:
   files.write_whole(path, json.dumps(obj, indent=indent))
 
