@@ -71,6 +71,7 @@ def test_sharded_mask_equals_the_unsharded_one():
   np.testing.assert_array_equal(np.asarray(sharded), np.asarray(dropout.hash_dropout(x, jnp.uint32(9), 0.1)))
 
 
+@pytest.mark.slow
 def test_model_with_hash_dropout():
   """Evaluation is unchanged (same parameters, same outputs as the default); training draws a different mask
   per dropout key, and the gradient of the scanned model equals the gradient of the same model unrolled."""

@@ -138,6 +138,7 @@ def test_masking_and_corruption_follow_the_original():
     np.testing.assert_array_equal(out["disc_labels"], (expect != ids).astype(np.float32))
 
 
+@pytest.mark.slow
 def test_replacements_are_drawn_from_the_tempered_softmax():
   """E[onehot(sample) - softmax(logits / T)] = 0 over many draws: the sampler is softmax(logits/T), at T = 2."""
   m, params, batch = _tiny_joint(temperature=2.0)

@@ -328,6 +328,7 @@ def mmbert_tiny(sources):
   return c
 
 
+@pytest.mark.slow
 def test_mmbert_recipe_resumes_mid_phase_and_at_a_boundary_exactly(sources, tmp_path):
   """mmBERT's masking 30/15/5% and temperatures 0.7/0.5/0.3 with a language joining in the decay (and running out
   there: read again in a new order): a run stopped at step 2 (mid-phase) and at step 3 (the boundary) and

@@ -20,7 +20,8 @@ def parser() -> common.ArgumentParser:
   p.add_argument("--top_k", type=int, default=5)
   p.add_argument("--pair", default="", help="fine-tuned sentence-pair tasks: the second sentence")
   p.add_argument("--question", default="", help="fine-tuned QA: the question (the context is the text)")
-  p.add_argument("text", nargs="+", help="text; for pre-training, sentences containing [MASK] (or the model's own mask token, e.g. <mask>)")
+  p.add_argument("text", nargs="+", help="text; for pre-training, sentences containing [MASK] "
+                 "(or the model's own mask token, e.g. <mask>)")
   return p
 
 

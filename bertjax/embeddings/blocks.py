@@ -119,7 +119,8 @@ class BlockStore:
 
 
 def each_block(embed: Callable[[Sequence[str]], object], texts: Sequence[str], block: int,
-               store: BlockStore | None = None, select: Callable[[int], bool] | None = None) -> Iterator[tuple[int, object]]:
+               store: BlockStore | None = None, select: Callable[[int], bool] | None = None
+               ) -> Iterator[tuple[int, object]]:
   """(b, payload) of each block of `block` texts: the store's copy when it holds the finished block (checked
   against its record), else `embed(chunk)`, kept in the store before it is yielded, so a killed run resumes at its
   first missing block. `select(b)`: only those blocks (one host's share); the others are neither embedded nor
