@@ -3,6 +3,7 @@ all-MiniLM-L6-v2, (a) in-batch MNRL on (query, positive) pairs, (b) MNRL on trip
 mines with the starting model, (c) MarginMSE distillation of a cross-encoder teacher's scores of those triplets.
 
   python benchmarks/retrieval_recipes.py --seeds 0-4 --work W --out benchmarks/results/retrieval_recipes_cpu.json
+  [--reuse EARLIER.json]   # keep an earlier run's arms of the same settings (the distilled arm: the same teacher)
 
 Data: the pairs of `benchmarks/embedding_train.py` (a standard-library docstring's first paragraph as the query,
 the rest as its document; 80/20 split by a hash of the query; held-out queries searched over every document).
@@ -10,7 +11,8 @@ Mining (once per side, the starting model): bertjax's `python -m bertjax mine` a
 `util.mine_hard_negatives`, both with one negative, `relative_margin` 0.05 and `sampling_strategy` top (the
 settings sentence-transformers' training scripts use), triplet output. The teacher (once, shared by both sides): a
 CrossEncoder on MiniLM trained by sentence-transformers' CrossEncoderTrainer with BinaryCrossEntropyLoss on each
-training pair, its mined negative and two random training documents (pos_weight 3). Its scores of each side's
+training pair, its mined negative and two random training documents (pos_weight 3), query and document together
+at most `--teacher_seq` (256) tokens. Its scores of each side's
 triplets: bertjax's `python -m bertjax teacher` (logits) and `CrossEncoder.predict` with the identity activation
 (logits), the label of MarginMSELoss being s(q, p) - s(q, n).
 Budget: the pair arm runs `--pair_epochs` (3) and the triplet arms `--triplet_epochs` (2), so every arm encodes the
@@ -79,11 +81,20 @@ def mine(model: str, folder: str) -> dict:
 
 
 def train_teacher(model: str, folder: str, seq: int, epochs: int) -> dict:
-  """The cross-encoder teacher, trained once with sentence-transformers' CrossEncoderTrainer."""
+  """The cross-encoder teacher, trained once with sentence-transformers' CrossEncoderTrainer; a folder that holds
+  a teacher of the same settings (its record teacher.json) keeps it."""
   import datasets
   import torch
   from sentence_transformers.cross_encoder import CrossEncoder, CrossEncoderTrainer, CrossEncoderTrainingArguments
   from sentence_transformers.cross_encoder.losses import BinaryCrossEntropyLoss
+  out = os.path.join(folder, "teacher")
+  settings = {"seq": seq, "epochs": epochs, "learning_rate": 1e-4, "batch": 32, "pos_weight": 3.0}
+  record = os.path.join(folder, "teacher.json")
+  if os.path.exists(record):
+    with open(record, encoding="utf-8") as f:
+      held = json.load(f)
+    if held.get("settings") == settings and os.path.isdir(out):
+      return held
   torch.manual_seed(0)
   rng = random.Random(0)
   docs = [r["positive"] for r in read_rows(f"{folder}/train.csv")]
@@ -92,7 +103,6 @@ def train_teacher(model: str, folder: str, seq: int, epochs: int) -> dict:
     for doc, label in [(r["positive"], 1.0), (r["negative"], 0.0)] + [(rng.choice(docs), 0.0) for _ in range(2)]:
       if label or doc != r["positive"]:
         q.append(r["anchor"]), d.append(doc), y.append(label)
-  out = os.path.join(folder, "teacher")
   m = CrossEncoder(model, num_labels=1, max_length=seq, device="cpu")
   args = CrossEncoderTrainingArguments(output_dir=out + "_run", num_train_epochs=epochs, per_device_train_batch_size=32,
                                        learning_rate=1e-4, save_strategy="no", report_to="none", use_cpu=True, seed=0)
@@ -103,7 +113,10 @@ def train_teacher(model: str, folder: str, seq: int, epochs: int) -> dict:
   seconds = time.perf_counter() - t
   m.save(out)
   r = cli(["--model", out, "--beir", f"{folder}/beir", "--rerank", f"{folder}/minilm.run", "--depth", "20"])
-  return {"rows": len(y), "seconds": seconds, "rerank_top20_ndcg@10": r["ndcg@10"]}
+  held = {"rows": len(y), "seconds": seconds, "rerank_top20_ndcg@10": r["ndcg@10"], "settings": settings}
+  with open(record, "w", encoding="utf-8") as f:
+    json.dump(held, f, indent=2)
+  return held
 
 
 def score(folder: str) -> None:
@@ -178,6 +191,22 @@ def run_st(arm: str, model: str, folder: str, seed: int, a) -> dict:
   return {"seconds": seconds, **evaluate(out + "_model", folder)}
 
 
+def reusable(path: str, a, teacher: dict) -> dict:
+  """{seed: {arm: result}} of an earlier run's file (`--reuse`) that this run can keep: every arm of the same
+  training settings, and the distilled arm only under the same teacher settings."""
+  if not path:
+    return {}
+  with open(path, encoding="utf-8") as f:
+    old = json.load(f)
+  keys = ("lr", "batch", "seq", "pair_epochs", "triplet_epochs", "limit")
+  if any(old["settings"].get(k) != getattr(a, k) for k in keys):
+    raise SystemExit(f"--reuse {path}: other training settings ({ {k: old['settings'].get(k) for k in keys} })")
+  same_teacher = old["teacher"].get("settings", {"seq": 64, "epochs": 2, "learning_rate": 1e-4, "batch": 32,
+                                                 "pos_weight": 3.0}) == teacher["settings"]
+  return {r["seed"]: {arm: r[arm] for arm in ARMS if arm in r and (arm != "distilled" or same_teacher)}
+          for r in old["rows"]}
+
+
 def summarise(rows: list[dict], base: dict) -> dict:
   out = {}
   for arm in ARMS:
@@ -219,6 +248,9 @@ def main(argv=None):
   p.add_argument("--seq", type=int, default=64)
   p.add_argument("--pair_epochs", type=int, default=3)
   p.add_argument("--triplet_epochs", type=int, default=2)
+  p.add_argument("--teacher_seq", type=int, default=256, help="the cross-encoder teacher's max length")
+  p.add_argument("--teacher_epochs", type=int, default=2)
+  p.add_argument("--reuse", default="", help="an earlier run's --out: its arms of the same settings are kept")
   p.add_argument("--limit", type=int, default=0, help="train on the first N pairs only (a quick trial of the script)")
   p.add_argument("--work", default="")
   p.add_argument("--out", required=True)
@@ -235,14 +267,19 @@ def main(argv=None):
   base = cli(["--model", model, "--beir", f"{folder}/beir", "--run", f"{folder}/minilm.run", "--top_k", "100"])
   base = {k: base[k] for k in ("ndcg@10", "mrr@10", "recall@100")}
   data["mining"] = mine(model, folder)
-  teacher = train_teacher(model, folder, a.seq, 1 if a.limit else 2)
+  teacher = train_teacher(model, folder, a.teacher_seq, 1 if a.limit else a.teacher_epochs)
   score(folder)
+  kept = reusable(a.reuse, a, teacher)
   print(json.dumps({"data": data, "untrained": base, "teacher": teacher}), flush=True)
   rows = []
   for seed in seeds(a.seeds):
     row = {"seed": seed}
     for arm in ARMS:
-      row[arm] = {"bertjax": run_bertjax(arm, model, folder, seed, a), "st": run_st(arm, model, folder, seed, a)}
+      if arm in kept.get(seed, {}):
+        row[arm] = kept[seed][arm]
+        row.setdefault("reused_from", []).append(arm)
+      else:
+        row[arm] = {"bertjax": run_bertjax(arm, model, folder, seed, a), "st": run_st(arm, model, folder, seed, a)}
     rows.append(row)
     print(json.dumps(row), flush=True)
     summary = {"command": "python benchmarks/retrieval_recipes.py " + " ".join(sys.argv[1:]), "data": data,

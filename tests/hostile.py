@@ -635,6 +635,10 @@ CASES = [
     ("emb_precision_resume", "embeddings", ["--model", "{hf}", "--corpus", "{corpus_ok}", "--out", "{int8_blocks}",
                                             "--precision", "binary"],
      r"int8_blocks: holds int8 embeddings, and this run asks for binary", "a resume at another --precision"),
+    ("emb_out_others", "embeddings", ["--model", "{hf}", "--corpus", "{corpus_ok}", "--out", "{user_folder}"],
+     r"user_folder: a folder with other files \(notes.txt\)", "an --out folder holding a user's own files"),
+    ("emb_out_manifest", "embeddings", ["--model", "{hf}", "--corpus", "{corpus_ok}", "--out", "{user_manifest}"],
+     r"user_manifest: its manifest.json is not a block folder's", "an --out whose manifest.json a user wrote"),
     ("emb_calibration", "embeddings", ["--model", "{hf}", "--corpus", "{corpus_ok}", "--out", "{tmp}/e10",
                                        "--precision", "int8", "--calibration", "{tmp}/none.npy"],
      r"--calibration .*none.npy: no such file", "a --calibration file that does not exist"),
@@ -768,6 +772,12 @@ def fixtures(tmp: str) -> dict:
   f["int8_blocks"] = os.path.join(tmp, "int8_blocks")  # a quantized --out an earlier run left
   os.makedirs(f["int8_blocks"])
   write("int8_blocks/manifest.json", '{"fingerprint": "0", "documents": 2, "block": 65536, "precision": "int8"}')
+  f["user_folder"] = os.path.join(tmp, "user_folder")  # a folder of the user's own
+  os.makedirs(f["user_folder"])
+  write("user_folder/notes.txt", "keep me")
+  f["user_manifest"] = os.path.join(tmp, "user_manifest")
+  os.makedirs(f["user_manifest"])
+  write("user_manifest/manifest.json", '{"title": "my notes"}')
   f["calib_narrow"] = os.path.join(tmp, "calib_narrow.npy")  # calibration embeddings 10 wide
   import numpy as np
   np.save(f["calib_narrow"], np.zeros((3, 10), np.float32))

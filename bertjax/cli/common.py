@@ -7,6 +7,7 @@ import difflib
 import functools
 import importlib.util
 import logging
+import os
 import sys
 import threading
 
@@ -89,10 +90,33 @@ def parse_flags(argv):
   """absl flag parsing whose every failure (an unknown flag, a mistyped `--config.x` key, a config file that
   does not load) is one line: absl lets the config loader's own exceptions out as tracebacks."""
   from absl import flags
+  argv = resolve_config_path(argv)
   try:
     return flags.FLAGS(argv)
   except Exception as e:
     fail(f"bad command line: {_unknown_config_field(argv) or _innermost(e)}")
+
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def resolve_config_path(argv):
+  """`--config=configs/x.py[:ARGS]` as given, or, where no such file is here, the checkout's configs/x.py (the
+  commands in the docs name configs/ from the checkout's root); a file found nowhere is one line."""
+  argv = list(argv or ())
+  for i, a in enumerate(argv):
+    if not a.startswith("--config="):
+      continue
+    path, colon, arg = a[len("--config="):].partition(":")
+    if not path or os.path.exists(path):
+      return argv
+    there = os.path.join(REPO, path)
+    if not os.path.isabs(path) and os.path.isfile(there):
+      argv[i] = f"--config={there}{colon}{arg}"
+      return argv
+    fail(f"--config {path}: no such config file (the recipes are in the bertjax checkout's configs/: run from "
+         "its root or give the file's path)")
+  return argv
 
 
 def _innermost(e: BaseException) -> str:

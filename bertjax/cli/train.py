@@ -88,7 +88,37 @@ def run(argv):
           (f"; eval mlm_accuracy {ev['mlm_accuracy']:.4f}" if "mlm_accuracy" in ev else ""), flush=True)
 
 
+def usage() -> str:
+  """This command's help: what it does, its flags, and each recipe in configs/ with the first line of its
+  description (each file's docstring gives its arguments)."""
+  import ast
+  lines = [__doc__.strip(), "", "Flags:"]
+  for name in ("config", "workdir", "multihost", "coordinator_address", "num_processes", "process_id"):
+    lines.append(f"  --{name}: {FLAGS[name].help}")
+  lines += ["  --config.SECTION.KEY=VALUE: any field of the config (a mistyped key is an error naming the nearest)",
+            "", "Configs (`--config=configs/NAME.py:ARGS`; `train --help configs/NAME.py` lists a recipe's ARGS):"]
+  folder = os.path.join(common.REPO, "configs")
+  for name in sorted(os.listdir(folder)) if os.path.isdir(folder) else []:
+    if name.endswith(".py") and name not in ("__init__.py", "common.py"):
+      with open(os.path.join(folder, name), encoding="utf-8") as f:
+        doc = ast.get_docstring(ast.parse(f.read())) or ""
+      first = " ".join(doc.split("\n\n")[0].split()).removesuffix(" Usage:")
+      first = first.split(": ")[0] if len(first) > 110 else first
+      lines.append(f"  configs/{name}: {first[:100] + ('...' if len(first) > 100 else '')}")
+  return "\n".join(lines)
+
+
 def main(argv=None) -> int:
   """Runs the command with `argv`, the arguments after `train` (default: this process's)."""
-  common.run_absl(run, argv=[sys.argv[0], *(sys.argv[1:] if argv is None else argv)])
+  argv = list(sys.argv[1:] if argv is None else argv)
+  if argv and argv[0] in ("-h", "--help"):
+    if len(argv) > 1:  # one recipe's description and arguments
+      import ast
+      path = common.resolve_config_path([f"--config={argv[1]}"])[0].split("=", 1)[1].split(":")[0]
+      with open(path, encoding="utf-8") as f:
+        print(ast.get_docstring(ast.parse(f.read())) or f"{path}: no description")
+      return 0
+    print(usage())
+    return 0
+  common.run_absl(run, argv=[sys.argv[0], *argv])
   return 0

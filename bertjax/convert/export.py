@@ -108,8 +108,11 @@ def st_modules(path: str) -> dict[str, bytes] | None:
     held[MAX_LENGTH] = json.dumps(length).encode()
   for m in stack[1:]:
     sub = str(m.get("path") or "")
-    if not sub or sub.startswith((".", "/")) or not files.isdir(files.join(path, sub)):
-      raise errors.ConversionError(f"{path}/modules.json: module {m.get('type')} has no folder {sub!r}")
+    if sub.startswith((".", "/")) or ".." in sub.split("/"):
+      raise errors.ConversionError(f"{files.join(path, 'modules.json')}: module {m.get('type')} has a path outside "
+                                   f"the folder ({sub!r})")
+    if not sub or not files.isdir(files.join(path, sub)):
+      continue  # a module that stores nothing (Normalize, as sentence-transformers 2 saved it)
     for rel in files.walk_files(files.join(path, sub)):
       held[f"{sub}/{rel.replace(os.sep, '/')}"] = files.read_bytes(files.join(path, sub, *rel.split(os.sep)))
   return held

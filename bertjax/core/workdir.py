@@ -35,6 +35,8 @@ class WorkdirLock:
     if self.path is None:
       self._claim = Claim(self.workdir).take()
       return self
+    if os.path.lexists(self.workdir) and not os.path.isdir(self.workdir):
+      raise FileExistsError(f"--workdir {self.workdir}: exists and is not a folder; a workdir is a folder of its own")
     files.makedirs(os.path.dirname(self.path))
     fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
     try:

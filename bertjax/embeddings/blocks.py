@@ -61,6 +61,9 @@ class BlockStore:
     found = _read_json(manifest) if files.isfile(manifest) else None
     if found == key:
       return
+    if found is not None and not (isinstance(found, dict) and isinstance(found.get("fingerprint"), str)):
+      raise BlockStoreError(f"{flag} {folder}: its manifest.json is not a block folder's (no model fingerprint); "
+                            f"choose another {flag}")
     if found is not None and not overwrite:
       held = found if isinstance(found, dict) else {}
       was, now = held.get("precision", "float32"), key.get("precision", "float32")
@@ -138,8 +141,9 @@ def each_block(embed: Callable[[Sequence[str]], object], texts: Sequence[str], b
 
 
 def check_folder(folder: str, flag: str = "--out", overwrite: bool = False) -> None:
-  """What can be said of a block folder before the model is loaded: not a file, not a model folder or workdir, and
-  no files of a block folder's names without its manifest (another tool's, or a user's) unless `overwrite`."""
+  """What can be said of a block folder before the model is loaded: not a file, not a model folder or workdir; without
+  a manifest (a folder this tool has not opened), no files of a block folder's names (another tool's, or a user's)
+  and no other files, unless `overwrite` (which replaces only files of the block folder's names)."""
   if files.is_remote(folder):
     files.reach(folder)
     if files.isfile(folder):
@@ -154,11 +158,19 @@ def check_folder(folder: str, flag: str = "--out", overwrite: bool = False) -> N
   if held:
     raise BlockStoreError(f"{flag} {folder}: holds a model or workdir ({', '.join(held)}); embeddings go in a "
                           "folder of their own")
-  own = sorted(n for n in files.listdir(folder) if OWN.match(n) and n != "manifest.json")
-  if own and not files.isfile(files.join(folder, "manifest.json")) and not overwrite:
+  if files.isfile(files.join(folder, "manifest.json")):
+    return
+  names = sorted(files.listdir(folder))
+  own = [n for n in names if OWN.match(n)]
+  if own and not overwrite:
     raise BlockStoreError(f"{flag} {folder}: holds files it did not write ({', '.join(own[:3])}"
                           f"{', ...' if len(own) > 3 else ''}); choose another {flag}, or pass --overwrite to replace "
                           "them")
+  others = [n for n in names if not OWN.match(n)]
+  if others and not overwrite:
+    raise BlockStoreError(f"{flag} {folder}: a folder with other files ({', '.join(others[:3])}"
+                          f"{', ...' if len(others) > 3 else ''}); embeddings go in a new or empty folder (--overwrite "
+                          "writes beside them)")
 
 
 def _read_json(path: str):
