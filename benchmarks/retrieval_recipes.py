@@ -15,8 +15,9 @@ training pair, its mined negative and two random training documents (pos_weight 
 at most `--teacher_seq` (256) tokens. Its scores of each side's
 triplets: bertjax's `python -m bertjax teacher` (logits) and `CrossEncoder.predict` with the identity activation
 (logits), the label of MarginMSELoss being s(q, p) - s(q, n).
-Budget: the pair arm runs `--pair_epochs` (3) and the triplet arms `--triplet_epochs` (2), so every arm encodes the
-same number of texts; each row's seconds are its whole command (bertjax: start-up, data, compile, training,
+Budget: the pair arm runs `--pair_epochs` (3) and the triplet arms `--triplet_epochs` (2), so every arm would
+encode the same number of texts had each pair kept a negative (the triplet arms encode fewer, as many as mining
+keeps); each row's seconds are its whole command (bertjax: start-up, data, compile, training,
 checkpoint) or the trainer's `train()` (sentence-transformers). Evaluation: one evaluator for both sides
 (`python -m bertjax embeddings --beir`, trec_eval's metrics), on each model's sentence-transformers folder.
 Summary: per arm and side the mean nDCG@10 with its 95% t interval over seeds, each arm's gain over (a) paired by
