@@ -44,12 +44,16 @@ def measure(flags: str, batch: int, length: int, steps: int) -> dict:
 
 
 def main():
-  ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   ap.add_argument("--shapes", default="32x64,16x256", help="batch x length of each measured step")
-  ap.add_argument("--steps", type=int, default=10)
-  ap.add_argument("--sets", default=",".join(SETS), help="comma-separated names of the option sets")
-  ap.add_argument("--out", default=os.path.join(HERE, "results", "cpu_flags.json"))
+  ap.add_argument("--steps", type=int, default=10, help="steps measured in each (default: %(default)s)")
+  ap.add_argument("--sets", default=",".join(SETS),
+                  help="comma-separated names of the option sets, of: " + "; ".join(SETS))
+  ap.add_argument("--out", default="cpu_flags.json", help="the results JSON (default: %(default)s)")
   a = ap.parse_args()
+  unknown = [n for n in a.sets.split(",") if n not in SETS]
+  if unknown:
+    ap.error(f"--sets {unknown[0]!r}: not an option set; the sets are: {'; '.join(SETS)}")
   print(f"machine: {machine.describe()}", flush=True)
   shapes = [tuple(int(v) for v in s.split("x")) for s in a.shapes.split(",")]
   rows = []

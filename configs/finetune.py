@@ -1,4 +1,4 @@
-"""Fine-tuning config (the paper's recipe by default). Usage:
+r"""Fine-tuning config (the paper's recipe by default). Usage:
 
   python -m bertjax train --config=configs/finetune.py:task=glue/mrpc,init=PRETRAIN_WORKDIR_OR_HF_DIR,lr=2e-5 \
       --workdir=W
@@ -6,6 +6,10 @@
 Argument keys: task (glue/{cola,sst2,mrpc,qqp,stsb,mnli,qnli,rte,wnli} | squad/v1.1 | squad/v2.0 | squad_json |
 ner | local | pairs | sparse | rerank | multivector), init, lr, batch, epochs, seq (0 = 128, or 384 for SQuAD), seed,
 shard, variant (only without init).
+
+Your own file (task=local; CSV, TSV or JSONL): --config.data.train_file=train.csv --config.data.eval_file=dev.csv
+--config.data.text_a_column=sentence [--config.data.text_b_column=...] --config.data.label_column=label. A quick
+run: batch=16,epochs=1,seq=64. Every field and task: docs/finetuning.md.
 """
 import ml_collections
 

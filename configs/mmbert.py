@@ -1,4 +1,4 @@
-"""mmBERT's schedule of masking and languages (Marone et al. 2025) on the ModernBERT architecture: three phases
+r"""mmBERT's schedule of masking and languages (Marone et al. 2025) on the ModernBERT architecture: three phases
 whose masking rate falls 30% -> 15% -> 5% while the language sampling temperature falls 0.7 -> 0.5 -> 0.3
 (p_lang ∝ n_lang^τ: ever closer to uniform) and languages join the mixture phase by phase (60 -> 110 -> 1,833
 in the paper; the last ones only in the short decay phase).

@@ -1,4 +1,4 @@
-"""ModernBERT's pre-training recipe (Warner et al. 2024): pre-norm with a final norm and no biases, GeGLU,
+r"""ModernBERT's pre-training recipe (Warner et al. 2024): pre-norm with a final norm and no biases, GeGLU,
 rotary positions (θ 160,000 in the global layers, 10,000 in the sliding-window layers), 128-token local
 attention with a global layer every third, no segment types, vocabulary 50,368 (a multiple of 64), MLM only at
 30% (evaluated at 15%), AdamW β2 0.98, ε 1e-6, weight decay 1e-5, peak lr 8e-4 (base) / 5e-4 (large),

@@ -1,4 +1,4 @@
-"""ModernBERT's whole pre-training in one run (Warner et al. 2024, §2.2): three phases on one workdir.
+r"""ModernBERT's whole pre-training in one run (Warner et al. 2024, §2.2): three phases on one workdir.
 
   stable   1.7T tokens at 1,024, rotary θ 10,000, the batch ramping from 768 to 4,608 sequences over the first
            50B tokens, peak lr 8e-4 after a 3B-token warmup, held (warmup-stable-decay's stable part);

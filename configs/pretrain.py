@@ -1,4 +1,4 @@
-"""Pre-training config. Usage:
+r"""Pre-training config. Usage:
 
   python -m bertjax train --config=configs/pretrain.py:variant=base,seq=128,shard=fsdp --workdir=DIR \
       --config.data.data_dir=gs://bucket/data --config.train.num_steps=1000000

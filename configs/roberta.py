@@ -1,4 +1,4 @@
-"""RoBERTa's pre-training recipe (Liu et al. 2019, table 9): BERT's architecture with learned positions from 2, one
+r"""RoBERTa's pre-training recipe (Liu et al. 2019, table 9): BERT's architecture with learned positions from 2, one
 segment type, byte-level BPE (50,265 ids), MLM only (no NSP) at 15% with dynamic masking on FULL-SENTENCES data,
 Adam β2 0.98, ε 1e-6, peak lr 6e-4 (base) / 4e-4 (large), 24k / 30k warmup steps then linear decay, batch 8k
 sequences of 512, weight decay 0.01, no gradient clipping. Usage:
