@@ -88,10 +88,16 @@ def run(argv):
           (f"; eval mlm_accuracy {ev['mlm_accuracy']:.4f}" if "mlm_accuracy" in ev else ""), flush=True)
 
 
+def config_doc(path: str) -> str:
+  """A config file's description (its docstring), read without running it."""
+  import ast
+  with open(path, encoding="utf-8") as f:
+    return ast.get_docstring(ast.parse(f.read())) or ""
+
+
 def usage() -> str:
   """This command's help: what it does, its flags, and each recipe in configs/ with the first line of its
   description (each file's docstring gives its arguments)."""
-  import ast
   lines = [__doc__.strip(), "", "Flags:"]
   for name in ("config", "workdir", "multihost", "coordinator_address", "num_processes", "process_id"):
     lines.append(f"  --{name}: {FLAGS[name].help}")
@@ -100,9 +106,7 @@ def usage() -> str:
   folder = os.path.join(common.REPO, "configs")
   for name in sorted(os.listdir(folder)) if os.path.isdir(folder) else []:
     if name.endswith(".py") and name not in ("__init__.py", "common.py"):
-      with open(os.path.join(folder, name), encoding="utf-8") as f:
-        doc = ast.get_docstring(ast.parse(f.read())) or ""
-      first = " ".join(doc.split("\n\n")[0].split()).removesuffix(" Usage:")
+      first = " ".join(config_doc(os.path.join(folder, name)).split("\n\n")[0].split()).removesuffix(" Usage:")
       first = first.split(": ")[0] if len(first) > 110 else first
       lines.append(f"  configs/{name}: {first[:100] + ('...' if len(first) > 100 else '')}")
   return "\n".join(lines)
@@ -113,10 +117,8 @@ def main(argv=None) -> int:
   argv = list(sys.argv[1:] if argv is None else argv)
   if argv and argv[0] in ("-h", "--help"):
     if len(argv) > 1:  # one recipe's description and arguments
-      import ast
       path = common.resolve_config_path([f"--config={argv[1]}"])[0].split("=", 1)[1].split(":")[0]
-      with open(path, encoding="utf-8") as f:
-        print(ast.get_docstring(ast.parse(f.read())) or f"{path}: no description")
+      print(config_doc(path) or f"{path}: no description")
       return 0
     print(usage())
     return 0

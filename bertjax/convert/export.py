@@ -81,15 +81,25 @@ def architecture(folder: str) -> str:
 
 
 ST_ROOT_FILES = ("config_sentence_transformers.json", "sentence_bert_config.json")
-MAX_LENGTH = "tokenizer_config.json:model_max_length"
 
 
-def st_modules(path: str) -> dict[str, bytes] | None:
-  """A sentence-transformers folder's modules beside its Transformer, as the files an HF folder of its encoder
-  takes to load as that model again (`carry_st_modules`): modules.json with the Transformer at the root, the
-  root's and the Transformer's settings, every other module's folder (Pooling, Dense, Normalize), and under
-  MAX_LENGTH the tokenizer's model_max_length (sentence-transformers 6 keeps the sequence length there). None for
-  a folder without modules.json."""
+@dataclasses.dataclass(frozen=True)
+class StStack:
+  """A sentence-transformers folder's modules beside its Transformer (`st_modules`): `files`, the files an HF
+  folder of its encoder takes to load as that model again, by relative path; `max_length`, the tokenizer's
+  model_max_length (sentence-transformers 6 keeps the sequence length there), None when unset."""
+  files: dict
+  max_length: int | None = None
+
+  def modules(self) -> dict:
+    """The files of the stack itself: everything but the root's settings."""
+    return {k: v for k, v in self.files.items() if k not in ST_ROOT_FILES}
+
+
+def st_modules(path: str) -> StStack | None:
+  """The stack of the sentence-transformers folder `path`: modules.json with the Transformer at the root, the
+  root's and the Transformer's settings, every other module's folder (Pooling, Dense, Normalize), and the
+  sequence length. None for a folder without modules.json."""
   if not files.isfile(files.join(path, "modules.json")):
     return None
   inner = weights.hf_folder(path)  # checks the stack's first module is a Transformer
@@ -104,8 +114,6 @@ def st_modules(path: str) -> dict[str, bytes] | None:
     length = files.read_json(files.join(inner, "tokenizer_config.json")).get("model_max_length")
   except (OSError, ValueError, AttributeError):
     length = None
-  if isinstance(length, int) and length < 10 ** 9:  # HF's "unset" is a huge number
-    held[MAX_LENGTH] = json.dumps(length).encode()
   for m in stack[1:]:
     sub = str(m.get("path") or "")
     if sub.startswith((".", "/")) or ".." in sub.split("/"):
@@ -115,18 +123,19 @@ def st_modules(path: str) -> dict[str, bytes] | None:
       continue  # a module that stores nothing (Normalize, as sentence-transformers 2 saved it)
     for rel in files.walk_files(files.join(path, sub)):
       held[f"{sub}/{rel.replace(os.sep, '/')}"] = files.read_bytes(files.join(path, sub, *rel.split(os.sep)))
-  return held
+  unset = not isinstance(length, int) or length >= 10 ** 9  # HF's "unset" is a huge number
+  return StStack(held, None if unset else length)
 
 
-def carry_st_modules(held: dict[str, bytes] | None, out: str) -> None:
-  """Writes `st_modules`' files into the HF folder `out`, so that `SentenceTransformer(out)` is the input's stack
-  over the new encoder (its pooling, projection and normalisation kept)."""
-  held = dict(held or {})
-  length = held.pop(MAX_LENGTH, None)
-  if length is not None and files.isfile(files.join(out, "tokenizer_config.json")):
+def carry_st_modules(stack: StStack | None, out: str) -> None:
+  """Writes `stack` into the HF folder `out`, so that `SentenceTransformer(out)` is the input's stack over the new
+  encoder (its pooling, projection, normalisation and sequence length kept)."""
+  if stack is None:
+    return
+  if stack.max_length is not None and files.isfile(files.join(out, "tokenizer_config.json")):
     settings = files.read_json(files.join(out, "tokenizer_config.json"))
-    _write_json(files.join(out, "tokenizer_config.json"), {**settings, "model_max_length": json.loads(length)})
-  for rel, raw in held.items():
+    _write_json(files.join(out, "tokenizer_config.json"), {**settings, "model_max_length": stack.max_length})
+  for rel, raw in stack.files.items():
     target = files.join(out, *rel.split("/"))
     files.makedirs(files.parent(target))
     files.write_whole(target, raw)

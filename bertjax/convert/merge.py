@@ -250,9 +250,9 @@ def last_steps(workdir: str, k: int) -> list[str]:
   return [f"{workdir}@{s}" for s in steps[-k:]]
 
 
-def write(out: str, merged: dict, first: Input, record: dict, st_files: dict | None = None) -> str:
+def write(out: str, merged: dict, first: Input, record: dict, st_stack: export.StStack | None = None) -> str:
   """OUT as a params-only workdir (checkpoints/0, config.json with the merge's record, tokenizer/) and OUT/hf,
-  the HF folder (with `st_files`, sentence-transformers' modules over it); returns the architecture written."""
+  the HF folder (with `st_stack`, sentence-transformers' modules over it); returns the architecture written."""
   def make(tmp: str) -> str:
     run = dict(first.run)
     run["merged"] = record
@@ -274,25 +274,21 @@ def write(out: str, merged: dict, first: Input, record: dict, st_files: dict | N
     if tok_path:
       for sub in folders:
         export.copy_tokenizer(tok_path, lower, os.path.join(hf, sub))
-    export.carry_st_modules(st_files, hf)
+    export.carry_st_modules(st_stack, hf)
     return arch
   return export.into_place(out, make)
 
 
-def st_modules(inputs: list[Input]) -> dict | None:
-  """The sentence-transformers modules the merged folder carries: those of the inputs that are sentence-
-  transformers folders, whose module stacks must agree (a merge averages the encoders, not poolings or
-  projections); the root settings are the first's."""
+def st_modules(inputs: list[Input]) -> export.StStack | None:
+  """The sentence-transformers stack the merged folder carries: that of the inputs that are sentence-transformers
+  folders, whose modules must agree (a merge averages the encoders, not poolings or projections); the root
+  settings and sequence length are the first's."""
   held = [(i, export.st_modules(i.path)) for i in inputs if weights.source_of(i.path) == "hf"]
   held = [(i, m) for i, m in held if m is not None]
-
-  def stack(m):
-    return {k: v for k, v in m.items() if k not in (*export.ST_ROOT_FILES, export.MAX_LENGTH)}
-
   for i, m in held[1:]:
-    first = stack(held[0][1])
-    if stack(m) != first:
-      differ = sorted(k for k in set(stack(m)) | set(first) if stack(m).get(k) != first.get(k))
+    first, this = held[0][1].modules(), m.modules()
+    if this != first:
+      differ = sorted(k for k in set(this) | set(first) if this.get(k) != first.get(k))
       raise errors.ConfigError(f"{i.path}: its sentence-transformers modules differ from {held[0][0].path}'s "
                                f"({', '.join(differ[:3])}); merge averages encoders under one pooling and head")
   return held[0][1] if held else None
@@ -340,7 +336,7 @@ def merge(specs: list[str], out: str, method: str = "linear", weights_: list[flo
   inputs = [read(s) for s in specs]
   base_in = read(base) if base else None
   check_alike(inputs + ([base_in] if base_in else []))
-  st_files = st_modules(inputs)
+  st_stack = st_modules(inputs)
   trees = [i.params for i in inputs]
   if method == "linear":
     merged = linear(trees, weights_ or [1.0] * len(trees))
@@ -348,6 +344,6 @@ def merge(specs: list[str], out: str, method: str = "linear", weights_: list[flo
     merged = ties(trees, base_in.params, density, lam, weights_)
   record = {"method": method, "inputs": specs, "weights": weights_, "base": base or None, "density": density,
             "lam": lam}
-  record["architecture"] = write(out, merged, inputs[0], record, st_files)
+  record["architecture"] = write(out, merged, inputs[0], record, st_stack)
   return record
 

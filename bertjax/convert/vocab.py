@@ -123,7 +123,7 @@ def extend(model: str, tokens: list[str], out: str, overwrite: bool = False) -> 
     raise errors.ConfigError(f"{model}: a factorised embedding (ELECTRA) is not extended here; extend the "
                              "generator and discriminator folders' shared vocabulary with their own tools")
   tok, lower = _wordpiece(model, w.tokenizer, w.do_lower_case)
-  st_files = export_lib.st_modules(model) if weights.source_of(model) == "hf" else None
+  st_stack = export_lib.st_modules(model) if weights.source_of(model) == "hf" else None
   todo = plan(tok, tokens, lower)
   old = tok.vocab_size
   params = flax.core.unfreeze(table_lib.host_params(w.params))  # a mutable copy on the host
@@ -159,7 +159,7 @@ def extend(model: str, tokens: list[str], out: str, overwrite: bool = False) -> 
       files.write_whole(vocab, "".join(p + "\n" for p in [*tok.pieces, *(t for t, _ in todo)]))
       export_lib.copy_tokenizer(vocab, lower, tmp)
     files.write_whole(files.join(tmp, "extend_vocab.json"), json.dumps(report, indent=1))
-    export_lib.carry_st_modules(st_files, tmp)  # a sentence-transformers folder stays one
+    export_lib.carry_st_modules(st_stack, tmp)  # a sentence-transformers folder stays one
 
   if files.is_remote(out):  # written in a local staging folder, then uploaded (`export.into_place`)
     export_lib.into_place(out, make)
