@@ -24,6 +24,9 @@ import random  # noqa: E402
 
 import pytest  # noqa: E402
 
+# Under CI=true a skip for a missing package fails, whether a test or a module's collection skipped
+from skip_guard import pytest_make_collect_report, pytest_runtest_makereport  # noqa: E402, F401
+
 
 @pytest.fixture(scope="session")
 def make_vocab(tmp_path_factory):
@@ -60,16 +63,3 @@ def gcs_server():
 def bucket(gcs_server):
   """A new empty bucket on the emulator: 'gs://NAME'."""
   return gcs_server.bucket()
-
-
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_makereport(item, call):
-  """Under CI=true a test skipped because a required package is missing (`pytest.importorskip`) fails: the test
-  extra installs every package the tests use, so such a skip means a check silently did not run."""
-  outcome = yield
-  report = outcome.get_result()
-  if os.environ.get("CI") == "true" and report.skipped and isinstance(report.longrepr, tuple):
-    reason = str(report.longrepr[2])
-    if "could not import" in reason or "No module named" in reason:
-      report.outcome = "failed"
-      report.longrepr = f"skipped for a missing package under CI=true: {reason}"
