@@ -1,7 +1,7 @@
 """Quantized embeddings against sentence-transformers: `quantize` equal to `quantize_embeddings` at every precision
-on the real MiniLM checkpoint's embeddings, the rescored search equal to `semantic_search_faiss` (when faiss is
-installed) and to a NumPy transcription of sentence-transformers' search-and-rescore rule, the `embeddings` tool's
-quantized blocks and search, and the bad inputs as one line."""
+on the real MiniLM checkpoint's embeddings, the rescored search equal to a NumPy transcription of
+sentence-transformers' search-and-rescore rule and to `semantic_search_faiss` / `semantic_search_usearch` themselves,
+the `embeddings` tool's quantized blocks and search, and the bad inputs as one line."""
 import json
 import os
 
@@ -114,18 +114,32 @@ def _check_search(minilm, precision, multipliers, block_sizes):
 
 @pytest.mark.parametrize("precision", QUANTIZED)
 def test_rescored_search_equals_sentence_transformers(minilm, precision):
-  """The default rescoring (k x 2 candidates) and none, over 3 blocks; faiss's own search where installed."""
+  """The default rescoring (k x 2 candidates) and none, over 3 blocks, against the NumPy transcription; then against
+  sentence-transformers' own search on the exact index it builds for that precision (faiss: uint8, ubinary;
+  usearch: int8, binary, ubinary). The test extra installs both: a missing one is an ImportError, so a failure.
+  An index breaks ties on the quantized score its own way (usearch not by the lower row), and 384-bit Hamming
+  distances tie often, so its 10 candidates (what it returns unrescored) must be a true top 10, and its rescored 5
+  what bertjax's search makes of those same 10 rows."""
+  from sentence_transformers.util.quantization import semantic_search_faiss, semantic_search_usearch
   queries, codes, ranges = _check_search(minilm, precision, (2, 0), (16,))
-  faiss_precision = {"uint8": "uint8", "ubinary": "ubinary"}.get(precision)
-  if faiss_precision:
-    try:
-      import faiss  # noqa: F401
-    except ImportError:
-      return
-    from sentence_transformers.util.quantization import semantic_search_faiss
-    results, _ = semantic_search_faiss(queries, codes, corpus_precision=precision, top_k=5, ranges=ranges)
-    got_s, got_i = quantize.search(queries, [(codes, ranges)], 5, precision)
-    assert [[r["corpus_id"] for r in q] for q in results] == got_i.tolist()
+  ranked_s, ranked_i = st_search(queries, codes, precision, len(codes), ranges, rescore_multiplier=0)
+  quantized = np.empty_like(ranked_s)  # [Q, N] each row's quantized score, by row
+  np.put_along_axis(quantized, ranked_i, ranked_s, 1)
+  searches = [fn for fn, precisions in ((semantic_search_faiss, ("uint8", "ubinary")),
+                                        (semantic_search_usearch, ("int8", "binary", "ubinary")))
+              if precision in precisions]
+  assert searches, precision  # every quantized precision meets at least one of the two libraries
+  for search in searches:
+    candidates, _ = search(queries, codes, corpus_precision=precision, top_k=10, ranges=ranges, rescore=False)
+    results, _ = search(queries, codes, corpus_precision=precision, top_k=5, ranges=ranges)
+    for q, (cand, result) in enumerate(zip(candidates, results)):
+      rows = np.array([r["corpus_id"] for r in cand])
+      np.testing.assert_array_equal(np.sort(quantized[q, rows])[::-1], ranked_s[q, :10],
+                                    err_msg=f"{search.__name__} query {q}: not a top 10")
+      got_s, got_i = quantize.search(queries[q:q + 1], [(codes[rows], ranges)], 5, precision)
+      assert [r["corpus_id"] for r in result] == rows[got_i[0]].tolist(), (search.__name__, q)
+      np.testing.assert_allclose([r["score"] for r in result], got_s[0], rtol=1e-5, atol=1e-5,
+                                 err_msg=f"{search.__name__} query {q}")
 
 
 def _corpus(tmp_path, pairs, n=10):
