@@ -50,14 +50,15 @@ def _refused(meta: dict, tool: str, call) -> bool:
   return True
 
 
-def _cli(main, argv, capsys) -> tuple[int, str]:
-  """(exit code, last stderr line) of a command: a refusal exits 2 after one line."""
+def _cli(main, argv, capsys) -> tuple[int, str, str]:
+  """(exit code, last stderr line, stdout) of a command: a refusal exits 2 after one line."""
   try:
     rc = main(argv)
   except SystemExit as e:
     rc = e.code
-  err = capsys.readouterr().err.strip().splitlines()
-  return rc, err[-1] if err else ""
+  out, err = capsys.readouterr()
+  err = err.strip().splitlines()
+  return rc, err[-1] if err else "", out
 
 
 def _close(got: dict, want: dict, keys) -> None:
@@ -88,8 +89,8 @@ def test_convert_from_hf_forward_equals_hf(name, meta):
     if v.ndim >= 2 and v.shape[:2] == mask.shape:  # per-token outputs: the real tokens
       v, w = v[mask], w[mask]
     np.testing.assert_allclose(v, w, atol=ATOL, rtol=1e-5, err_msg=k)
-  if "/" in name:  # weights.load (every command's loader) reads it too
-    assert weights.load(path, head="all").cfg.hidden_size == zoo_common.SIZES["hidden_size"]
+  # weights.load (every command's loader) reads it too, with the size the zoo wrote
+  assert weights.load(path, head="all").cfg.hidden_size == zoo_common.SIZES["hidden_size"]
 
 
 @pytest.mark.parametrize("name,meta", _select("tokenizer", ("hf-",)))
@@ -106,7 +107,7 @@ def test_merge_of_a_folder_with_itself_gives_it_back(name, meta, tmp_path, capsy
   from bertjax.cli import merge as merge_cli
   path = zt.folder(name)
   want = meta["tools"]["merge"]
-  rc, err = _cli(merge_cli.main, [path, path, "--out", str(tmp_path / "m")], capsys)
+  rc, err, _ = _cli(merge_cli.main, [path, path, "--out", str(tmp_path / "m")], capsys)
   if want.startswith("refused: "):
     assert rc != 0 and want[len("refused: "):] in err, err
     return
@@ -124,7 +125,7 @@ def test_extend_vocab(name, meta, tmp_path, capsys):
   from bertjax.cli import extend_vocab as cli
   path = zt.folder(name)
   want = meta["tools"]["extend_vocab"]
-  rc, err = _cli(cli.main, ["--model", path, "--tokens", "xylophone,quartz", "--out", str(tmp_path / "x")], capsys)
+  rc, err, _ = _cli(cli.main, ["--model", path, "--tokens", "xylophone,quartz", "--out", str(tmp_path / "x")], capsys)
   if want.startswith("refused: "):
     assert rc != 0 and want[len("refused: "):] in err, err
     return
@@ -150,12 +151,35 @@ def test_zoo_is_complete_and_small():
                                                            fast={"st3/bert-formaskedlm"})
                                        if p.values[1]["family"] == "bert"])
 def test_predict_fills_a_mask_from_an_hf_mlm_folder(name, meta, capsys):
+  """The printed five are HF's AutoModelForMaskedLM's top five on the folder (a near tie may swap two, so each
+  printed token is at least as likely for HF as its fifth) with HF's probabilities to the 3 printed decimals."""
+  import re
+
+  import torch
+  import transformers
+
   from bertjax.cli import predict as predict_cli
-  rc, err = _cli(predict_cli.main, ["--workdir", zt.folder(name), "the [MASK] of the list"], capsys)
+  path, text = zt.folder(name), "the [MASK] of the list"
+  rc, err, out = _cli(predict_cli.main, ["--workdir", path, text], capsys)
   if meta["tools"]["convert"].startswith("refused: "):
     assert rc != 0 and meta["tools"]["convert"][len("refused: "):] in err, err
     return
   assert rc == 0, err
+  lines = out.splitlines()
+  assert len(lines) == 2 and lines[0] == text and lines[1].startswith("   [MASK] -> "), out
+  printed = [(t, float(p)) for t, p in re.findall(r"(\S+) \((\d\.\d{3})\)", lines[1])]
+  assert len(printed) == 5 and len({t for t, _ in printed}) == 5, lines[1]
+  tok = transformers.AutoTokenizer.from_pretrained(path)
+  hf = transformers.AutoModelForMaskedLM.from_pretrained(path).eval()
+  enc = tok(text.replace("[MASK]", tok.mask_token), return_tensors="pt")
+  with torch.no_grad():
+    logits = hf(**enc).logits[0, int((enc["input_ids"][0] == tok.mask_token_id).nonzero()[0, 0])]
+  probs = torch.softmax(logits.double(), -1).numpy()
+  fifth = np.sort(probs)[-5]
+  for token, p in printed:
+    want = probs[tok.convert_tokens_to_ids(token)]
+    assert want >= fifth - 1e-6 and p == pytest.approx(want, abs=6e-4), (token, p, want, fifth)
+  assert [p for _, p in printed] == sorted((p for _, p in printed), reverse=True), lines[1]
 
 
 def _sentiment_csv(path, n: int, seed: int) -> None:
@@ -199,4 +223,8 @@ def test_finetuning_init_from_a_zoo_folder_starts_from_its_weights(name, tmp_pat
       got = got[k.key]
     np.testing.assert_array_equal(np.asarray(got), np.asarray(want), err_msg=jax.tree_util.keystr(key))
   out = finetune.finetune(c, str(tmp_path / "w"))
-  assert out["report"]["best"]["metrics"]["validation"]["accuracy"] >= 0.0
+  # One epoch ran and scored the 16 dev rows, each once: accuracy is k/16 (a padding row counted, or a row dropped,
+  # gives another fraction)
+  assert [row["epoch"] for row in out["report"]["epochs"]] == [1], out["report"]
+  accuracy = out["report"]["best"]["metrics"]["validation"]["accuracy"]
+  assert accuracy * 16 in range(17), accuracy
