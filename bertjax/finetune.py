@@ -25,7 +25,7 @@ from bertjax import model as model_lib
 from bertjax import run as run_lib
 from bertjax import tasks as tasks_lib
 from bertjax.core import checkpoint as checkpoint_lib
-from bertjax.core import files, optim, trainer, writers
+from bertjax.core import files, goodput, optim, trainer, writers
 from bertjax.core import sharding as sharding_lib
 from bertjax.data import tokenizer as tokenizer_lib
 from bertjax.data.tasks.batching import Plan, bucket_multiple, make_batch, predict_all, predict_packed
@@ -220,14 +220,16 @@ RUN_SETTINGS = ("task", "init", "seed", "data.train_file", "data.labels", "data.
                 "train.learning_rate", "train.global_batch_size")
 
 
-def finetune(config, workdir: str, devices=None) -> dict:
+def finetune(config, workdir: str, devices=None, started: float | None = None) -> dict:
   """Fine-tune per `config` in `workdir`, resuming from its checkpoint if a run was stopped there, on `devices`
-  (default: all). The workdir is locked for the run."""
+  (default: all). The workdir is locked for the run. `started`: when the attempt began, the origin of its
+  goodput's start-up time (a command passes its process's start; default now)."""
+  started = time.time() if started is None else started
   with run_lib.opened(workdir, "finetune"):
-    return _finetune(config, workdir, devices)
+    return _finetune(config, workdir, devices, started)
 
 
-def _finetune(config, workdir: str, devices=None) -> dict:
+def _finetune(config, workdir: str, devices, started: float) -> dict:
   validate(config)
   task = tasks_lib.get(config.task, tuple(config.data.labels), config.data.regression, config)
   tok, mcfg, init_params, tok_path, lower = load_init(config, task)
@@ -242,7 +244,7 @@ def _finetune(config, workdir: str, devices=None) -> dict:
     raise TaskDataError(f"train.eval_batch_size {eval_batch} is not divisible by the data-parallel "
                         f"size {sharding_lib.data_parallel_size(mesh)}")
   run = run_lib.start(config, workdir, t, init=(lambda abstract: _fit_init(init_params, abstract))
-                      if init_params is not None else None)
+                      if init_params is not None else None, started=started)
   total = data.plan.total_steps
   report = {"task": task.name, "main_metric": task.main_metric, "epochs": [], "best": None}
   if run.saved is not None:  # a stopped run: continue it exactly (same order, same dropout)
@@ -318,9 +320,9 @@ def _train(run: run_lib.Run, task, mcfg, data: TrainData, report: dict, eval_bat
       evaluate=evaluator, eval_due=end_of_epoch)
   state, step, stopped = run.loop(batches(), total, hooks,
                                   step_args=(np.uint32(config.seed), np.float32(config.train.learning_rate)))
-  run.close()
   result = {"report": report, "state": state, "task": task, "preempted": stopped is not None, "step": step,
-            "plan": data.plan, "model_config": mcfg, "train_features": data.train}
+            "plan": data.plan, "model_config": mcfg, "train_features": data.train, "goodput": run.close(stopped)}
+  run.say(goodput.line(result["goodput"]))
   if stopped is not None:
     run.say(f"{stopped}: saved a checkpoint at step {step}/{total}; run the same command to continue")
     return result

@@ -1,11 +1,12 @@
 """The skeleton every training mode runs on (`bertjax.pretrain`, `bertjax.finetune`): the workdir opened (locked,
 its mode checked), the checks of a run's own settings, the tokenizer kept in the workdir, the config written, the
-state resumed or initialised, the metrics writer, and the loop of `bertjax.core.trainer` with its stop signals.
+state resumed or initialised, the metrics writer, the goodput clock (`bertjax.core.goodput`), and the loop of
+`bertjax.core.trainer` with its stop signals.
 
     with run.opened(workdir, "pretrain"):
       r = run.start(config, workdir, trainer, init=...)   # resume order: the workdir, then `init`, then fresh
       state, step, stopped = r.loop(batches, total, hooks)
-      r.close()
+      goodput = r.close(stopped)                           # the job's goodput (`bertjax.core.goodput`)
 """
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ import jax
 
 from bertjax import errors
 from bertjax.core import checkpoint as checkpoint_lib
-from bertjax.core import files, optim, writers
+from bertjax.core import files, goodput, optim, writers
 from bertjax.core import trainer as trainer_lib
 from bertjax.data import tokenizer as tokenizer_lib
 
@@ -170,7 +171,8 @@ def write_config(workdir: str, config, **json_files: dict) -> None:
 @dataclasses.dataclass
 class Run:
   """A run under way: its trainer, checkpoints and state; `saved` is what the resumed checkpoint keeps beside the
-  state (the data position, a fine-tuning run's report), None for a fresh start."""
+  state (the data position, a fine-tuning run's report), None for a fresh start; `clock` times the attempt for
+  the job's goodput."""
   config: Any
   workdir: str
   trainer: trainer_lib.Trainer
@@ -178,6 +180,7 @@ class Run:
   state: Any
   saved: dict | None
   start: int
+  clock: goodput.Recorder
   writer: writers.Writer | None = None
 
   @property
@@ -192,6 +195,7 @@ class Run:
   def open_writer(self) -> writers.Writer:
     """The metrics writer (TensorBoard, metrics.jsonl): rows a stopped run logged past its checkpoint dropped."""
     self.writer = writers.Writer(self.workdir, start_step=self.start)
+    self.clock.writer = self.writer
     return self.writer
 
   def checkpoint(self, step: int, state, data_state: dict) -> None:
@@ -204,27 +208,34 @@ class Run:
   def loop(self, batches, total: int, hooks: trainer_lib.Hooks, step_args: tuple = ()):
     """Steps start+1..total (`trainer.loop`); returns (state, last step run, the stop's reason or None)."""
     self.state, step, stopped = trainer_lib.loop(self.trainer, self.state, batches, self.start, total, hooks,
-                                                 self.config.train.stop_after_steps, step_args)
+                                                 self.config.train.stop_after_steps, step_args, self.clock)
     return self.state, step, stopped
 
-  def close(self) -> None:
-    self.ckpt.close()
+  def close(self, stopped: str | None = None) -> dict:
+    """Waits for the last save, closes the writer and ends the attempt's goodput record (`stopped`: the loop's
+    stop reason, None for a finished run); returns the job's goodput summary (`goodput.summarise`)."""
+    with self.clock.timing("checkpoint_save"):
+      self.ckpt.close()
     if self.writer is not None:
       self.writer.close()
+    return self.clock.close(stopped)
 
 
 def start(config, workdir: str, t: trainer_lib.Trainer, init: Callable[[Any], dict] | None = None,
-          init_state: Callable[[], Any] | None = None, keep_steps=()) -> Run:
+          init_state: Callable[[], Any] | None = None, keep_steps=(), started: float | None = None) -> Run:
   """The run's state by the resume order: this workdir's newest readable checkpoint, else `init(abstract params)`
   (a partial tree of params to start from: what it holds replaces the fresh parameters) or `init_state()` (a
-  whole state: another run's, optimizer included), else fresh. `keep_steps`: checkpoints never rotated out."""
+  whole state: another run's, optimizer included), else fresh. `keep_steps`: checkpoints never rotated out.
+  `started`: when the attempt began (the process's start for a command; default now), its goodput's origin."""
+  clock = goodput.Recorder(workdir, started)
   ckpt = checkpoint_lib.Checkpointer(workdir, keep=config.keep_checkpoints, keep_steps=keep_steps)
   init_params = None
   if ckpt.latest_step() is None and init is not None:
     init_params = init(t.abstract.params)
   if ckpt.latest_step() is None and init_state is not None:
     ckpt.set_aside_half_written(lambda m: print(m, flush=True))
-    return Run(config, workdir, t, ckpt, init_state(), None, 0)
-  state, saved, step = trainer_lib.resume_or_init(t, ckpt, config.seed, init_params,
-                                                  announce=lambda m: print(m, flush=True))
-  return Run(config, workdir, t, ckpt, state, saved, step)
+    return Run(config, workdir, t, ckpt, init_state(), None, 0, clock)
+  with clock.timing("checkpoint_restore") if ckpt.latest_step() is not None else contextlib.nullcontext():
+    state, saved, step = trainer_lib.resume_or_init(t, ckpt, config.seed, init_params,
+                                                    announce=lambda m: print(m, flush=True))
+  return Run(config, workdir, t, ckpt, state, saved, step, clock)

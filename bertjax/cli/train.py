@@ -75,17 +75,20 @@ def run(argv):
   import jax
   # Library INFO logs (orbax writes several lines per save) are off; progress is printed by process 0.
   absl_logging.set_verbosity(absl_logging.WARNING if jax.process_index() == 0 else absl_logging.ERROR)
+  from bertjax.core import goodput
+  started = goodput.process_start()  # start-up is counted from the process's start, imports included
   if FLAGS.config.get("mode") == "finetune":
     from bertjax import finetune
-    finetune.finetune(FLAGS.config, FLAGS.workdir)
+    finetune.finetune(FLAGS.config, FLAGS.workdir, started=started)
     return
   from bertjax import pretrain  # pre-training's data (tfds) is imported only for a pre-training run
-  summary = pretrain.train_and_evaluate(FLAGS.config, FLAGS.workdir)
+  summary = pretrain.train_and_evaluate(FLAGS.config, FLAGS.workdir, started=started)
   if jax.process_index() == 0:
     ev = summary.get("eval") or {}
     print(f"done at step {summary['final_step']}" + (" (preempted; resume with the same command)"
                                                      if summary["preempted"] else "") +
-          (f"; eval mlm_accuracy {ev['mlm_accuracy']:.4f}" if "mlm_accuracy" in ev else ""), flush=True)
+          (f"; eval mlm_accuracy {ev['mlm_accuracy']:.4f}" if "mlm_accuracy" in ev else "") +
+          f"; {goodput.line(summary['goodput'])}", flush=True)
 
 
 def config_doc(path: str) -> str:

@@ -23,6 +23,7 @@ import optax
 
 from bertjax import errors
 from bertjax.core import checkpoint as checkpoint_lib
+from bertjax.core import goodput as goodput_lib
 from bertjax.core import sharding as sharding_lib
 from bertjax.core import writers as metrics_lib
 
@@ -268,18 +269,27 @@ IN_FLIGHT = 2  # train steps dispatched and not yet finished, at most
 
 
 def loop(t: Trainer, state, batches, start: int, total: int, hooks: Hooks, stop_after_steps: int = 0,
-         step_args: tuple = ()):
+         step_args: tuple = (), clock: goodput_lib.Recorder | None = None):
   """The training loop of every mode: steps start+1..total over `batches` (an iterator of the batches of exactly
   those steps), the stop signals (SIGTERM/SIGINT, `stop_after_steps`) answered with a checkpoint, the
   non-finite check before anything is logged or saved. Returns (state, last step run, the stop's reason or None).
-  The train step donates its state, so only the returned state is valid afterwards."""
+  The train step donates its state, so only the returned state is valid afterwards. `clock` (the run's goodput
+  recorder) is told where the loop's time goes: the batch waits, the first (compiling) step, the steps, the
+  evaluations and saves."""
+  clock = clock if clock is not None else goodput_lib.Recorder(None)
   pending: list = []
   in_flight: collections.deque = collections.deque(maxlen=IN_FLIGHT)
   step = start
   with StopFlag() as stop, sharding_lib.use_mesh(t.mesh, t.rules):
-    hooks.begin(state)
+    with clock.timing("evaluation"):  # a mode's `begin` is its evaluation before the first step
+      hooks.begin(state)
+    clock.began(start)
     for step in range(start + 1, total + 1):
-      state, m = t.train_step(state, next(batches), *step_args)
+      t_wait = clock.now()
+      batch = next(batches)
+      t_step = clock.now()
+      clock.add("data_wait", t_step - t_wait)
+      state, m = t.train_step(state, batch, *step_args)
       # Dispatch is asynchronous: unbounded, the host would queue every step up to the next log before the
       # device ran them, and a stop signal (a preemption notice) would wait for all of them. Waiting for the step
       # IN_FLIGHT back keeps the device fed and answers a signal within IN_FLIGHT steps.
@@ -293,15 +303,20 @@ def loop(t: Trainer, state, batches, start: int, total: int, hooks: Hooks, stop_
       # between deciding to save and deciding to stop.
       stopping = stop.signal
       log_now, save_now = hooks.log_due(step), hooks.save_due(step) or stopping is not None
-      if log_now or save_now:
-        host = check_finite(pending)
+      host = check_finite(pending) if log_now or save_now else None  # waits for the steps: their time
+      clock.stepped(step, clock.now() - t_step, first=step == start + 1)
+      if host is not None:
         if log_now:
           hooks.log(step, host)
+          clock.logged(step)
         pending = []
       if hooks.eval_due(step):
-        hooks.evaluate(step, state)
+        with clock.timing("evaluation"):
+          hooks.evaluate(step, state)
       if save_now:
-        hooks.save(step, state)
+        with clock.timing("checkpoint_save"):
+          hooks.save(step, state)
+        clock.saved(step)
       if stopping is not None:
         return state, step, stopping
   return state, step, None

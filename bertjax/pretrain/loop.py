@@ -15,7 +15,7 @@ import numpy as np
 from bertjax import errors, objectives
 from bertjax import model as model_lib
 from bertjax import run as run_lib
-from bertjax.core import accounting, files, optim, trainer, writers
+from bertjax.core import accounting, files, goodput, optim, trainer, writers
 from bertjax.core import checkpoint as checkpoint_lib
 from bertjax.core import phases as phases_lib
 from bertjax.data import packing
@@ -137,13 +137,16 @@ def eval_source(config, creation: dict, tok, data_dir: str | None = None):
 
 
 # ----------------------------------------------------------------------------- the run
-def train_and_evaluate(config, workdir: str) -> dict:
-  """Pre-train per `config` in `workdir` (resuming if it has checkpoints). Returns a summary dict.
+def train_and_evaluate(config, workdir: str, started: float | None = None) -> dict:
+  """Pre-train per `config` in `workdir` (resuming if it has checkpoints). Returns a summary dict (its `goodput`:
+  `goodput.summarise` of the job so far).
 
-  The workdir is locked for the run: a second run pointed at it refuses to start.
+  The workdir is locked for the run: a second run pointed at it refuses to start. `started`: when the attempt
+  began, the origin of its start-up time (a command passes its process's start; default now).
   """
+  started = time.time() if started is None else started
   with run_lib.opened(workdir, "pretrain"):
-    return _train_and_evaluate(config, workdir)
+    return _train_and_evaluate(config, workdir, started)
 
 
 def _data(config):
@@ -161,7 +164,7 @@ def _data(config):
   return creations[first], creations, dataset.tokenizer_of(names[first], creations[first])
 
 
-def _train_and_evaluate(config, workdir: str) -> dict:
+def _train_and_evaluate(config, workdir: str, started: float) -> dict:
   creation, creations, (tok_path, tok_lower) = _data(config)
   mcfg = checks.validate(config, jax.device_count(), creation if plan.is_plain(config) else None,
                          creations=creations)
@@ -212,7 +215,7 @@ def _train_and_evaluate(config, workdir: str) -> dict:
   keep_state = config.init_checkpoint and config.get("init_optimizer", "reset") == "keep"
   run = run_lib.start(config, workdir, first_t, init=init if config.init_checkpoint and not keep_state else None,
                       init_state=(lambda: start.restore_full(config, first_t)) if keep_state else None,
-                      keep_steps=[p.steps.end for p in phases[:-1]])
+                      keep_steps=[p.steps.end for p in phases[:-1]], started=started)
   if run.saved is not None:
     pipeline.set_state(run.saved)
     logging.info("resumed from %s at step %d", run.ckpt.directory, run.start)
@@ -225,7 +228,7 @@ def _train_and_evaluate(config, workdir: str) -> dict:
   pipeline.close()
   if run.is_main:
     try:
-      summary["plots"] = writers.plot(workdir)
+      summary["plots"] = writers.plot(workdir) + goodput.plot(workdir)
     except FileNotFoundError:
       summary["plots"] = []
   return summary
@@ -323,7 +326,8 @@ def _run(run: run_lib.Run, mcfg, phases, trainers, pipeline, evals, lr_fn, stop_
     stop_after = config.train.stop_after_steps
     remaining = stop_after - (step - begin_step) if stop_after else 0
     run.trainer = t
-    state, step, stopping = trainer.loop(t, state, pipeline, step, min(ph.steps.end, total), hooks, remaining)
+    state, step, stopping = trainer.loop(t, state, pipeline, step, min(ph.steps.end, total), hooks, remaining,
+                                         clock=run.clock)
     run.state = state
     if stopping is not None:
       break
@@ -332,7 +336,7 @@ def _run(run: run_lib.Run, mcfg, phases, trainers, pipeline, evals, lr_fn, stop_
   if stopping is not None:
     run.say(f"{stopping}: saved a checkpoint at step {step}; exiting")
     summary["preempted"] = stopping != "a source ran out (data.when_exhausted=stop)"
-  run.close()
+  summary["goodput"] = run.close(stopping)
   summary.update(final_step=step, state=state, model_config=mcfg, phases=[p.name for p in phases])
   return summary
 
