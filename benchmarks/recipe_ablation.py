@@ -81,7 +81,7 @@ def ramp_steps(tokens: int) -> int:
   from bertjax.core import phases
   p = phases.defaults(tokens=tokens, seq=bake.SEQ, global_batch_size=bake.BATCH,
                       batch_warmup_tokens=int(0.1 * tokens), batch_warmup_from=8, batch_warmup_levels=3)
-  return len(phases.batch_sizes(p, 8))
+  return len(phases.batch_sizes(p))
 
 
 def train(arm: str, seed: int, steps: int, root: str, paths: dict) -> dict:

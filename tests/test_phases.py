@@ -87,7 +87,7 @@ def test_a_run_of_phases_has_one_learning_rate_piecewise_over_the_global_step():
 def test_batch_warmup_ramps_in_few_shapes_and_phase_tokens_set_the_steps():
   p = phases_lib.defaults(tokens=100_000, seq=128, global_batch_size=64, batch_warmup_tokens=40_000,
                           batch_warmup_from=8, batch_warmup_levels=4)
-  sizes = phases_lib.batch_sizes(p, granularity=8)
+  sizes = phases_lib.batch_sizes(p)
   levels = sorted(set(sizes))
   assert levels == [8, 24, 40, 64] and list(sizes) == sorted(sizes)
   tokens = 0
@@ -96,7 +96,7 @@ def test_batch_warmup_ramps_in_few_shapes_and_phase_tokens_set_the_steps():
     tokens += b * 128
   assert tokens >= 100_000 and tokens - sizes[-1] * 128 < 100_000  # the last step is the one that reaches it
   fixed = phases_lib.defaults(tokens=100_000, seq=128, global_batch_size=64)
-  assert phases_lib.batch_sizes(fixed, 8) == (64,) * math.ceil(100_000 / (64 * 128))
+  assert phases_lib.batch_sizes(fixed) == (64,) * math.ceil(100_000 / (64 * 128))
 
 
 # ----------------------------------------------------------------------------- mixtures

@@ -155,27 +155,30 @@ def field_errors(config, granularity: int) -> list[str]:
   return out
 
 
-def warmup_levels(target: int, start: int, levels: int, granularity: int) -> list[int]:
+def warmup_levels(target: int, start: int, levels: int) -> list[int]:
   """The batch sizes of a ramp from `start` to `target`: `levels` evenly spaced sizes, each rounded down to a
-  multiple of `granularity` (the data-parallel size), repeats dropped."""
+  multiple of gcd(start, target), repeats dropped. The unit is the config's, not the data-parallel size's: a run
+  resumed on another number of devices runs the same sizes, and every size stays a multiple of any data-parallel
+  size that divides both ends (what `field_errors` asks)."""
+  unit = math.gcd(start, target)
   sizes = []
   for k in range(levels):
     size = start + (target - start) * k / (levels - 1)
-    size = max(granularity, int(size // granularity) * granularity)
+    size = max(unit, int(size // unit) * unit)
     if not sizes or size > sizes[-1]:
       sizes.append(size)
   sizes[-1] = target
   return sizes
 
 
-def batch_sizes(p, granularity: int) -> tuple[int, ...]:
+def batch_sizes(p) -> tuple[int, ...]:
   """The global batch of each step of a phase: during the ramp, the largest level not above the linear ramp at
   the token slots read so far; then global_batch_size. The phase's length in steps is p.steps, or the steps it
   takes to read p.tokens."""
   target, seq = p.global_batch_size, p.seq
   out, tokens = [], 0
   if p.batch_warmup_tokens > 0:
-    levels = warmup_levels(target, p.batch_warmup_from, p.batch_warmup_levels, granularity)
+    levels = warmup_levels(target, p.batch_warmup_from, p.batch_warmup_levels)
     start = levels[0]
     while tokens < p.batch_warmup_tokens and (p.steps == 0 or len(out) < p.steps) and (
         p.tokens == 0 or tokens < p.tokens):
@@ -225,10 +228,16 @@ class PhaseSteps:
 
 def plan(config, granularity: int, init_lr: float | None = None) -> list[PhaseSteps]:
   """The phases' steps in order. `init_lr`: the rate an init checkpoint stood at (for learning_rate or
-  warmup_from -1 in the first phase). Checked settings are assumed (`field_errors`)."""
+  warmup_from -1 in the first phase). Checked settings are assumed (`field_errors`). The plan is the config's
+  alone, the same on any number of devices; a ValueError names a batch that `granularity` (the data-parallel size
+  times the micro-batches per step) does not divide."""
   out, start, previous = [], 0, init_lr
   for name, p in resolved(config):
-    sizes = batch_sizes(p, granularity)
+    sizes = batch_sizes(p)
+    odd = sorted({b for b in sizes if b % granularity})
+    if odd:
+      raise ValueError(f"phase {name!r}: batch sizes {odd} are not multiples of {granularity} (the data-parallel "
+                       "size times train.grad_accum_steps)")
     peak, begin = p.learning_rate, p.warmup_from
     if peak == PREVIOUS or begin == PREVIOUS:
       if previous is None and (peak == PREVIOUS or (begin == PREVIOUS and out)):
