@@ -182,6 +182,12 @@ def test_merge_last_must_be_positive_and_not_with_a_selector(tmp_path, capsys):
   one_line(capsys, [f"{w}@0", "--last", "1", "--out", str(tmp_path / "o4")], "@0 and --last do not combine")
   assert not any((tmp_path / f"o{i}").exists() for i in range(1, 5))
   assert merge_cli.main([w, "--last", "1", "--out", str(tmp_path / "o5")]) == 0
+  # a merge of one model with itself, and of its one checkpoint, is that model: HF's own tensors come back
+  want = state(a)
+  for got in (state(f"{w}/hf"), state(tmp_path / "o5" / "hf")):
+    assert set(got) == set(want)
+    for k in want:
+      np.testing.assert_array_equal(got[k], want[k], err_msg=k)
 
 
 # ----------------------------------------------------------------------------- published sentencepiece tokenizers

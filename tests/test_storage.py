@@ -222,8 +222,15 @@ def test_finetuning_from_and_into_a_bucket_equals_the_local_run(bucket, tmp_path
   assert finetune.report_of(None, ft) == remote["report"]
   capsys.readouterr()
   assert plot_cli.main([ft]) == 0 and files.isfile(files.join(ft, "loss.png"))
+  capsys.readouterr()
   assert predict_cli.main(["--workdir", ft, "alpha good river"]) == 0
-  assert '"label"' in capsys.readouterr().out
+  printed = capsys.readouterr().out
+  assert predict_cli.main(["--workdir", str(tmp_path / "ft"), "alpha good river"]) == 0
+  assert capsys.readouterr().out == printed  # the bucket's run predicts as the local run does
+  pred = json.loads(printed)
+  assert pred["label"] in ("neg", "pos") and set(pred["probabilities"]) == {"neg", "pos"}, pred
+  assert pred["label"] == max(pred["probabilities"], key=pred["probabilities"].get)
+  assert sum(pred["probabilities"].values()) == pytest.approx(1, abs=1e-5)
   assert os.listdir(here) == []
 
 

@@ -3,6 +3,7 @@ fake-gcs-server): the same bytes as the local tools write, foreign objects refus
 and never a local folder named 'gs:'."""
 import json
 import os
+import re
 import shutil
 
 import jax
@@ -205,7 +206,7 @@ def test_a_fine_tuned_workdir_in_a_bucket_converts_and_predicts(bucket, cwd, tmp
 
 
 @pytest.mark.slow
-def test_the_commands_in_subprocesses(workdir, gcs_server, bucket, tmp_path):
+def test_the_commands_in_subprocesses(workdir, gcs_server, bucket, tmp_path, tmp_path_factory, capsys):
   """`python -m bertjax convert / merge / predict` on gs:// paths, run from an empty folder (the emulator's
   variables in their environment)."""
   import subprocess
@@ -220,9 +221,22 @@ def test_the_commands_in_subprocesses(workdir, gcs_server, bucket, tmp_path):
                           text=True, timeout=600, check=False)
     assert proc.returncode == 0, proc.stderr[-2000:]
     return proc.stdout
+  here = tmp_path_factory.mktemp("in_process")  # the same commands in this process on local paths
   run("convert", "--workdir", f"{bucket}/W", "--out", f"{bucket}/hf")
+  assert convert_cli.main(["--workdir", workdir, "--out", str(here / "hf")]) == 0
+  assert tree(f"{bucket}/hf") == tree(here / "hf")
   run("merge", f"{bucket}/W", "--last", "3", "--out", f"{bucket}/avg")
-  assert "[MASK] ->" in run("predict", "--workdir", f"{bucket}/avg", "the [MASK] is here .")
+  assert merge_cli.main([workdir, "--last", "3", "--out", str(here / "avg")]) == 0
+  for a, b in zip(jax.tree_util.tree_leaves(merged_params(f"{bucket}/avg")),
+                  jax.tree_util.tree_leaves(merged_params(str(here / "avg"))), strict=True):
+    np.testing.assert_array_equal(a, b)
+  printed = run("predict", "--workdir", f"{bucket}/avg", "--top_k", "3", "the [MASK] is here .")
+  lines = printed.splitlines()
+  assert len(lines) == 2 and lines[0] == "the [MASK] is here ." and lines[1].startswith("   [MASK] -> "), printed
+  assert len(re.findall(r" \(\d\.\d{3}\)", lines[1])) == 3, lines[1]
+  capsys.readouterr()
+  assert predict_cli.main(["--workdir", str(here / "avg"), "--top_k", "3", "the [MASK] is here ."]) == 0
+  assert capsys.readouterr().out == printed
   proc = subprocess.run([sys.executable, "-m", "bertjax", "convert", "--workdir", f"{bucket}/W", "--out",
                          f"{bucket}/hf"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
   helpers.assert_one_line_error(proc, "pass --overwrite")
