@@ -226,19 +226,20 @@ def test_dataset_creation_on_a_full_disk_is_one_line(tmp_path, monkeypatch, caps
   import errno
 
   from bertjax.data import tokenizer
-  from bertjax.data.pretraining import dataset
+  from bertjax.data.pretraining import store
   (tmp_path / "c.txt").write_text("one sentence here.\nanother one there.\n\nand a second document.\n")
   vocab = tokenizer.train([tmp_path / "c.txt"], tmp_path / "tok", vocab_size=60)
 
   def full(self, *args, **kwargs):
     raise RuntimeError("array_record writer failed") from OSError(errno.ENOSPC, "No space left on device")
-  monkeypatch.setattr(dataset.BertPretraining, "download_and_prepare", full)
+  monkeypatch.setattr(store.ShardWriter, "write", full)
   with pytest.raises(SystemExit) as e:
     dataset_cli.main(["--input", str(tmp_path / "c.txt"), "--tokenizer", vocab, "--out", str(tmp_path / "d")])
   assert e.value.code == 2
   err = capsys.readouterr().err
   lines = [line for line in err.splitlines() if line.startswith("error: ")]
   assert len(lines) == 1 and "writing the dataset in" in lines[0] and "No space left on device" in lines[0], err
+  assert "shards written so far are kept" in lines[0]
 
 
 def test_background_checkpoint_failures_stay_out_of_the_terminal(monkeypatch, capsys):

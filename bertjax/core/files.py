@@ -121,6 +121,19 @@ def size(path) -> int:
     return int(_fs(path).size(path))
 
 
+def sizes(path) -> dict[str, int]:
+  """{name: bytes} of the files directly under a folder or prefix, from one listing (not one request a file)."""
+  if not is_remote(path):
+    root = _local(path)
+    return {n: os.path.getsize(os.path.join(root, n)) for n in sorted(os.listdir(root))
+            if os.path.isfile(os.path.join(root, n))}
+  with _remote(path):
+    fs = _fs(path)
+    path = os.fspath(path).rstrip("/")
+    return {e["name"].rstrip("/").rpartition("/")[2]: int(e["size"]) for e in fs.ls(path, detail=True)
+            if e.get("type") == "file"}
+
+
 def walk_files(path) -> list[str]:
   """Every file under a folder or prefix, as paths relative to it, sorted."""
   if not is_remote(path):

@@ -1,16 +1,16 @@
 """Pre-training example creation as an Apache Beam pipeline (DirectRunner locally, Dataflow/Flink/Spark at scale).
 
-The same examples as the local worker path (`generation.generate_examples`), made in parallel by Beam:
+The same shards as the local worker path (`generation.write_shards`), made in parallel by Beam:
 
   shards --Read (one shard per element)--> (shard, document index in shard, sentences)
          --document counts per shard--> global document index (shards in the order given, as the local path reads them)
          --held-out split, buffer index (local index // buffer_documents)--> GroupByKey per buffer
-         --tokenize + create_instances with buffer_rng(seed, buffer)--> (key, features)
+         --tokenize + create_instances with buffer_rng(seed, buffer), write the buffer's shard--> shard record
 
-The keys equal the local path's (buffer << 32 | position in the buffer), and tensorflow-datasets orders the written
-examples by a hash of the key, so both paths write the same examples in the same order to array_record shards
-that `dataset.load_source` reads unchanged. Parallelism is per shard when reading (a corpus at scale comes in many
-shards) and per buffer of documents when tokenizing and creating examples (the costly part).
+Each worker writes the shards it makes straight into the data dir (a bucket at scale: no worker needs another's
+disk, so any runner works), holding one shard on its local disk at a time; buffers whose shard an earlier,
+interrupted run finished are left out before any work. Parallelism is per corpus shard when reading (a corpus at
+scale comes in many shards) and per buffer of documents when tokenizing, making and writing examples.
 """
 from __future__ import annotations
 
@@ -54,11 +54,13 @@ class ReadShard(beam.DoFn):
         beam.metrics.Metrics.counter(NAMESPACE, f"corpus.{f.name}").inc(getattr(stats, f.name))
 
 
-class MakeExamples(beam.DoFn):
-  """(buffer index, [(position, document)]) -> (key, features), exactly as one buffer of the local path."""
+class WriteShards(beam.DoFn):
+  """(buffer index, [(position, document)]) -> the buffer's shard written into the data dir, exactly as one buffer
+  of the local path; yields (split, buffer index, examples)."""
 
-  def __init__(self, bundle: dict, do_lower_case: bool, opts: pretraining.CreationOptions, split: str):
-    self._bundle, self._lower, self._opts, self._split = bundle, do_lower_case, opts, split
+  def __init__(self, bundle: dict, do_lower_case: bool, opts: pretraining.CreationOptions, split: str,
+               data_dir: str):
+    self._bundle, self._lower, self._opts, self._split, self._data_dir = bundle, do_lower_case, opts, split, data_dir
 
   def setup(self):
     self._dir = tempfile.mkdtemp(prefix="bertjax-tok-")
@@ -70,11 +72,10 @@ class MakeExamples(beam.DoFn):
   def process(self, element):
     buffer_index, items = element
     documents = [doc for _, doc in sorted(items, key=lambda item: item[0])]
-    feats, empty = generation.process_buffer((buffer_index, documents, self._opts))
-    beam.metrics.Metrics.counter(NAMESPACE, f"{self._split}.examples").inc(len(feats))
-    beam.metrics.Metrics.counter(NAMESPACE, f"{self._split}.untokenizable_documents").inc(empty)
-    for j, f in enumerate(feats):
-      yield generation.example_key(buffer_index, j), f
+    record = generation.write_buffer((buffer_index, documents, self._opts, self._data_dir, self._split))
+    beam.metrics.Metrics.counter(NAMESPACE, f"{self._split}.examples").inc(record["examples"])
+    beam.metrics.Metrics.counter(NAMESPACE, f"{self._split}.untokenizable_documents").inc(record["empty_documents"])
+    yield self._split, buffer_index, record["examples"]
 
 
 def _offsets(counts: dict, num_shards: int) -> dict:
@@ -85,45 +86,58 @@ def _offsets(counts: dict, num_shards: int) -> dict:
   return out
 
 
-def _to_buffer(item, offsets, heldout_every: int, heldout: bool, buffer_documents: int):
+def _to_buffer(item, offsets, heldout_every: int, heldout: bool, buffer_documents: int, done: frozenset):
   """(global index, doc) -> (buffer, (position, doc)) for the documents of this split, numbered as
-  `generation.split_documents` numbers them."""
+  `generation.split_documents` numbers them; none for a buffer in `done` (its shard is written)."""
   shard, i, doc = item
   g = offsets[shard] + i
   is_heldout = heldout_every > 0 and g % heldout_every == heldout_every - 1
   if is_heldout != heldout:
     return
   local = g // heldout_every if heldout else (g - g // heldout_every if heldout_every > 0 else g)
-  yield local // buffer_documents, (local % buffer_documents, doc)
+  if local // buffer_documents not in done:
+    yield local // buffer_documents, (local % buffer_documents, doc)
 
 
-def split_collections(pipeline, creation: dict) -> dict:
-  """{split: PCollection of (key, features)} for the creation record `dataset.create` writes."""
+def build(pipeline, creation: dict, data_dir: str, splits, done: dict) -> None:
+  """Adds the dataset's steps to `pipeline`: every split's shards but those in `done` {split: [buffer]} written
+  into `data_dir` (the creation record `dataset.create` writes names the rest)."""
   c = creation
   opts = pretraining.CreationOptions(**c["options"])
-  read_opts = corpus_lib.ReadOptions(**c.get("reader", {}))
+  read_opts = corpus_lib.ReadOptions(**c["reader"])
   shards = list(enumerate(c["input"]))
   bundle = tokenizer_bundle(c["tokenizer"])
   docs = (pipeline
           | "Shards" >> beam.Create(shards)
           | "SpreadShards" >> beam.Reshuffle()
-          | "ReadShards" >> beam.ParDo(ReadShard(read_opts, c.get("tfds_data_dir"))))
+          | "ReadShards" >> beam.ParDo(ReadShard(read_opts, c["tfds_data_dir"])))
   offsets = (docs
              | "ShardOf" >> beam.Map(lambda d: (d[0], 1))
              | "CountPerShard" >> beam.CombinePerKey(sum)
              | "Counts" >> beam.combiners.ToDict()
              | "Offsets" >> beam.Map(_offsets, len(shards)))
-  heldout_every = c.get("heldout_every", 20)
-  splits = [("train", False)] + ([("validation", True)] if heldout_every > 0 else [])
-  out = {}
-  for split, heldout in splits:
-    out[split] = (docs
-                  | f"{split}:Buffer" >> beam.FlatMap(_to_buffer, beam.pvalue.AsSingleton(offsets), heldout_every,
-                                                      heldout, opts.buffer_documents)
-                  | f"{split}:GroupBuffers" >> beam.GroupByKey()
-                  | f"{split}:Examples" >> beam.ParDo(MakeExamples(bundle, c.get("do_lower_case", True), opts,
-                                                                   split)))
-  return out
+  for split in splits:
+    heldout = split == "validation"
+    (docs
+     | f"{split}:Buffer" >> beam.FlatMap(_to_buffer, beam.pvalue.AsSingleton(offsets), c["heldout_every"], heldout,
+                                         opts.buffer_documents, frozenset(done.get(split, ())))
+     | f"{split}:GroupBuffers" >> beam.GroupByKey()
+     | f"{split}:WriteShards" >> beam.ParDo(WriteShards(bundle, c["do_lower_case"], opts, split, data_dir)))
+
+
+def run(creation: dict, data_dir: str, splits, done: dict, runner: str, options) -> dict[str, int]:
+  """Runs the pipeline on `runner` with Beam's `options` until it ends; its counters by name."""
+  try:
+    pipeline = beam.Pipeline(runner=runner, options=options)
+  except ValueError as e:  # the runner's own check of its options (Dataflow: project, region, temp_location, ...)
+    if "validation" not in str(e):
+      raise
+    missing = "; ".join(line.strip() for line in str(e).splitlines()[1:] if line.strip())
+    raise errors.ConfigError(f"--beam_runner {runner}: {missing} (pass them in --beam_options)") from None
+  build(pipeline, creation, data_dir, splits, done)
+  result = pipeline.run()
+  result.wait_until_finish()
+  return metrics(result)
 
 
 def metrics(result) -> dict[str, int]:

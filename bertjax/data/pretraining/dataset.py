@@ -4,7 +4,9 @@
         --max_seq_length 128 --max_predictions_per_seq 20 --dupe_factor 5 --workers 2
 
 writes DATA_DIR/bert_pretraining/1.0.0/ with splits `train` and `validation` (every `heldout_every`-th
-document is held out), and `creation.json` with the options and tokenizer used.
+document is held out), and `creation.json` with the options and tokenizer used. DATA_DIR may be a bucket
+(gs://, s3://): every shard goes there as soon as it is made (store.py), by local processes or by Apache Beam's
+workers on any runner.
 """
 from __future__ import annotations
 
@@ -13,101 +15,22 @@ import hashlib
 import json
 import logging
 import os
-import tempfile
 import time
 from typing import Sequence
 
 import numpy as np
-import tensorflow_datasets as tfds
 
 from bertjax import errors
 from bertjax.core import files
 from bertjax.data import tokenizer as tokenizer_lib
 from bertjax.data.pretraining import corpus as corpus_lib
 from bertjax.data.pretraining import examples as pretraining
-from bertjax.data.pretraining import generation
+from bertjax.data.pretraining import generation, store
 
-NAME = "bert_pretraining"
-
-
-class BertPretraining(tfds.core.GeneratorBasedBuilder):
-  """Masked-LM + NSP examples with the original BERT feature names."""
-  VERSION = tfds.core.Version("1.0.0")
-  RELEASE_NOTES = {"1.0.0": "create_pretraining_data.py semantics."}
-
-  def __init__(self, *, max_seq_length: int = 128, max_predictions_per_seq: int = 20, creation: dict | None = None,
-               **kwargs):
-    self._max_seq_length = max_seq_length
-    self._max_predictions = max_predictions_per_seq
-    self._creation = creation or {}
-    super().__init__(**kwargs)
-
-  def _info(self):
-    seq = lambda d: tfds.features.Tensor(shape=(self._max_seq_length,), dtype=d)  # noqa: E731
-    pred = lambda d: tfds.features.Tensor(shape=(self._max_predictions,), dtype=d)  # noqa: E731
-    return tfds.core.DatasetInfo(
-        builder=self,
-        features=tfds.features.FeaturesDict({
-            "input_ids": seq(np.int32), "input_mask": seq(np.int32), "segment_ids": seq(np.int32),
-            "masked_lm_positions": pred(np.int32), "masked_lm_ids": pred(np.int32),
-            "masked_lm_weights": pred(np.float32),
-            "next_sentence_labels": tfds.features.Tensor(shape=(), dtype=np.int32)}),
-        description="BERT pre-training examples (MLM + NSP).")
-
-  # The corpus is local and nothing is downloaded: tfds's "Downloading and preparing" lines would mislead; the
-  # command prints its own progress and summary.
-  def _log_download_bytes(self) -> None:
-    pass
-
-  def _log_download_done(self) -> None:
-    pass
-
-  def _split_generators(self, dl_manager):
-    del dl_manager
-    splits = {"train": self._generate_examples(heldout=False)}
-    if self._creation.get("heldout_every", 20) > 0:
-      splits["validation"] = self._generate_examples(heldout=True)
-    return splits
-
-  def _generate_examples(self, heldout: bool):
-    c = self._creation
-    stats = corpus_lib.CorpusStats()
-    docs = corpus_lib.read_documents(c["input"], stats=stats, opts=reader_options(c),
-                                     tfds_data_dir=c.get("tfds_data_dir"))
-    docs = generation.split_documents(docs, c.get("heldout_every", 20), heldout)
-    counts: dict = {}
-    examples = generation.generate_keyed_examples(  # (the workers load a remote tokenizer's local copy)
-        docs, tokenizer_lib.local_copy(c["tokenizer"]), pretraining.CreationOptions(**c["options"]),
-        do_lower_case=c.get("do_lower_case", True), num_workers=c.get("workers", 1), stats=counts)
-    split = "validation" if heldout else "train"
-    start = last = time.time()
-    for n, ((b, j), ex) in enumerate(examples, 1):
-      yield generation.example_key(b, j), ex
-      if PROGRESS["print"] and time.time() - last >= PROGRESS["every_s"]:
-        last = time.time()
-        print(f"{split}: {n:,} examples ({n / (last - start):,.0f}/s; {stats.documents:,} documents read)",
-              flush=True)
-    _report(c, split, counts.get("examples", 0), stats)
-    if counts.get("examples", 0) == 0 and not heldout:
-      raise corpus_lib.CorpusError(f"no training examples came out of {c['input'][:3]}: the corpus is empty or "
-                                   "has no text that tokenizes")
+NAME = store.NAME
 
 
 PROGRESS = {"print": False, "every_s": 10.0}  # the command line turns progress lines on
-
-
-class BertPretrainingBeam(BertPretraining, skip_registration=True):
-  """The same dataset made by an Apache Beam pipeline (`bertjax.data.beam_pipeline`)."""
-  name = NAME
-
-  def _split_generators(self, dl_manager, pipeline):
-    del dl_manager
-    from bertjax.data.pretraining import beam as beam_pipeline
-    return beam_pipeline.split_collections(pipeline, self._creation)
-
-  def _process_pipeline_result(self, pipeline_result):
-    from bertjax.data.pretraining import beam as beam_pipeline
-    self._creation["beam_metrics"] = beam_pipeline.metrics(pipeline_result)
 
 
 def reader_options(creation: dict) -> corpus_lib.ReadOptions:
@@ -119,14 +42,6 @@ def _report(creation: dict, split: str, examples: int, stats: corpus_lib.CorpusS
                                               "warnings": stats.warnings()}
   for w in stats.warnings():
     logging.warning("%s split: %s", split, w)
-
-
-def _beam_report(creation: dict, builder) -> None:
-  m = creation.pop("beam_metrics", {})
-  stats = corpus_lib.CorpusStats(**{f.name: m.get(f"corpus.{f.name}", 0) for f in dataclasses.fields(
-      corpus_lib.CorpusStats)})
-  for split, info in builder.info.splits.items():
-    _report(creation, split, info.num_examples, stats)
 
 
 def create(input_files, tokenizer_path: str, out_dir: str, opts: pretraining.CreationOptions, *,
@@ -159,12 +74,6 @@ def create(input_files, tokenizer_path: str, out_dir: str, opts: pretraining.Cre
   tok = tokenizer_lib.load(tokenizer_path, do_lower_case=do_lower_case, reference="original")
   if files.is_remote(out_dir):
     _refuse_foreign(out_dir, overwrite)  # (before the claim below is written there)
-    if beam_runner and beam_runner not in LOCAL_RUNNERS:
-      raise errors.ConfigError(
-          f"--beam_runner {beam_runner} with --out {out_dir}: array_record shards are written to local files only "
-          f"(its writer cannot open {files.scheme(out_dir)}:// paths), and remote workers cannot write into this "
-          f"machine's staging folder; use {' or '.join(LOCAL_RUNNERS)}, or write to a local (or mounted) folder "
-          "and copy it")
   with _lock(out_dir):
     return _create(input_files, tokenizer_path, tok, out_dir, opts, reader, do_lower_case=do_lower_case,
                    heldout_every=heldout_every, workers=workers, overwrite=overwrite, tfds_data_dir=tfds_data_dir,
@@ -188,8 +97,6 @@ def _lock(out_dir: str):
   return checkpoint_lib.WorkdirLock(os.fspath(out_dir))
 
 
-# Beam runners whose workers run on this machine, so can write the local staging folder a remote --out is built in.
-LOCAL_RUNNERS = ("DirectRunner", "PrismRunner")
 # What this tool (and training, its packing plans) writes in a data dir; anything else is someone else's.
 OWN_NAMES = ("creation.json", NAME, "tokenizer", ".lock", ".claim.json")
 
@@ -207,81 +114,136 @@ def _refuse_foreign(out_dir: str, overwrite: bool) -> None:
 
 def _create(input_files, tokenizer_path, tok, out_dir, opts, reader, *, do_lower_case, heldout_every, workers,
             overwrite, tfds_data_dir, beam_runner, beam_options) -> dict:
+  """Builds the dataset into `out_dir` (local or remote), shard by shard where the examples are made; the
+  tokenizer's copy, dataset_info.json and creation.json last, so a reader that finds creation.json finds a whole
+  dataset. An unfinished build of the same settings is continued: its finished shards are kept."""
   record_path = files.join(out_dir, "creation.json")
   target = files.join(out_dir, NAME)
-  if files.exists(target):
-    complete = files.exists(files.join(target, BertPretraining.VERSION.__str__(), "dataset_info.json"))
-    if files.is_remote(out_dir):  # an upload cut short has not uploaded creation.json, which goes last
-      complete = complete and files.exists(record_path)
-    if complete and not overwrite:
-      raise FileExistsError(f"{out_dir}/{NAME} exists; pass --overwrite to rebuild it")
-    files.rmtree(target)  # a finished dataset the user asked to replace, or what a failed run left
-  if not files.is_remote(out_dir):
-    return _build(input_files, tokenizer_path, tok, out_dir, out_dir, opts, reader, do_lower_case=do_lower_case,
-                  heldout_every=heldout_every, workers=workers, tfds_data_dir=tfds_data_dir, beam_runner=beam_runner,
-                  beam_options=beam_options)
-  # array_record writes local files only: the dataset is built in a local staging folder, then uploaded, the
-  # creation record last (a reader that finds it finds the whole dataset).
-  with tempfile.TemporaryDirectory(prefix="bertjax-data-") as staging:
-    creation = _build(input_files, tokenizer_path, tok, out_dir, staging, opts, reader, do_lower_case=do_lower_case,
-                      heldout_every=heldout_every, workers=workers, tfds_data_dir=tfds_data_dir,
-                      beam_runner=beam_runner, beam_options=beam_options)
-    files.rmtree(files.join(out_dir, "tokenizer"))  # (a previous build's other tokenizer files would be found)
-    for name in (NAME, "tokenizer"):
-      files.copy(os.path.join(staging, name), files.join(out_dir, name))
-    files.copy(os.path.join(staging, "creation.json"), record_path)
-  return creation
-
-
-def _build(input_files, tokenizer_path, tok, out_dir, build_dir, opts, reader, *, do_lower_case, heldout_every,
-           workers, tfds_data_dir, beam_runner, beam_options) -> dict:
-  """The dataset, its tokenizer's copy and creation.json written into the local folder `build_dir` (`out_dir`
-  itself, or the staging folder of a remote one)."""
-  record_path = os.path.join(build_dir, "creation.json")
   creation = {"input": input_files, "tokenizer": files.absolute(tokenizer_path),
               "tokenizer_sha256": tokenizer_lib.fingerprint(tokenizer_path), "do_lower_case": do_lower_case,
               "format": reader.format, "reader": dataclasses.asdict(reader), "heldout_every": heldout_every,
               "workers": workers, "options": dataclasses.asdict(opts), "vocab_size": tok.vocab_size,
               "tfds_data_dir": tfds_data_dir, "builder": "beam" if beam_runner else "local"}
-  kind = BertPretrainingBeam if beam_runner else BertPretraining
-  builder = kind(data_dir=build_dir, max_seq_length=opts.max_seq_length,
-                 max_predictions_per_seq=opts.max_predictions_per_seq, creation=creation, file_format="array_record")
-  download_config = tfds.download.DownloadConfig(download_mode=tfds.download.GenerateMode.REUSE_CACHE_IF_EXISTS)
-  if beam_runner:
-    pipeline_options = beam_pipeline_options(beam_runner)
-    flags = list(beam_options)
-    if beam_runner == "DirectRunner" and workers > 1 and not any(f.startswith("--direct_") for f in flags):
-      flags += [f"--direct_num_workers={workers}", "--direct_running_mode=multi_processing"]
-    creation["beam_runner"], creation["beam_options"] = beam_runner, flags
-    download_config = tfds.download.DownloadConfig(
-        download_mode=tfds.download.GenerateMode.REUSE_CACHE_IF_EXISTS, beam_runner=beam_runner,
-        beam_options=pipeline_options.PipelineOptions(flags))
+  identity = _identity(creation)
+  claim = files.join(store.version_dir(out_dir), store.BUILT, "build.json")
+  if files.exists(target):
+    complete = files.exists(files.join(store.version_dir(out_dir), "dataset_info.json")) and files.exists(record_path)
+    if complete and not overwrite:
+      raise FileExistsError(f"{out_dir}/{NAME} exists; pass --overwrite to rebuild it")
+    if complete or _claimed(claim) != identity:
+      files.rmtree(target)  # a finished dataset the user asked to replace, or an unfinished build of other settings
+  files.remove(record_path)
+  files.makedirs(files.parent(claim))
+  files.write_whole(claim, json.dumps({"identity": identity}))
   start = time.time()
-  # The runner logs a worker's error with its traceback before re-raising it; the error itself is reported once.
-  beam_log = logging.getLogger("apache_beam.runners.common")
-  level = beam_log.level
+  splits = [("train", False)] + ([("validation", True)] if heldout_every > 0 else [])
   try:
     if beam_runner:
-      beam_log.setLevel(logging.CRITICAL)
-    builder.download_and_prepare(download_config=download_config)
+      _build_beam(creation, out_dir, splits, beam_runner, beam_options)
+    else:
+      _build_local(creation, out_dir, splits, opts, reader)
   except Exception as e:
     user = _user_error(e, input_files, heldout_every, out_dir)
     if user is None:
       raise
     raise user from None
-  finally:
-    beam_log.setLevel(level)
-  if beam_runner:  # (an empty split never gets here: tfds refuses to write it, `_user_error` names it)
-    _beam_report(creation, builder)
+  records = _finished_splits(out_dir, [s for s, _ in splits])
+  for split, recs in records.items():
+    creation["report"][split]["examples"] = sum(r["examples"] for r in recs)
+    creation["report"][split]["shards"] = len(recs)
+  if creation["report"]["train"]["examples"] == 0:
+    raise corpus_lib.CorpusError(f"no training examples came out of {input_files[:3]}: the corpus is empty or "
+                                 "has no text that tokenizes")
+  if heldout_every > 0 and creation["report"]["validation"]["examples"] == 0:
+    raise corpus_lib.CorpusError(f"the held-out split came out empty: the corpus has too few documents for "
+                                 f"heldout_every={heldout_every}; lower it, or pass 0 for no held-out split")
+  store.write_info(out_dir, opts.max_seq_length, opts.max_predictions_per_seq, records)
   creation["seconds"] = time.time() - start
-  total = sum(r["examples"] for r in creation.get("report", {}).values())
+  total = sum(r["examples"] for r in creation["report"].values())
   creation["examples_per_s"] = total / max(creation["seconds"], 1e-9)
   # The data dir keeps the tokenizer its ids come from.
-  copy = tokenizer_lib.copy_into(tokenizer_path, os.path.join(build_dir, "tokenizer"))
-  if tokenizer_lib.fingerprint(copy) != creation["tokenizer_sha256"]:
-    raise tokenizer_lib.TokenizerError(f"{tokenizer_path}: changed while the data was being made; rebuild")
+  tokenizer_dir = files.join(out_dir, "tokenizer")
+  files.rmtree(tokenizer_dir)  # (a previous build's other tokenizer files would be found)
+  with files.local_target(tokenizer_dir) as local:
+    copy = tokenizer_lib.copy_into(tokenizer_path, local)
+    if tokenizer_lib.fingerprint(copy) != creation["tokenizer_sha256"]:
+      raise tokenizer_lib.TokenizerError(f"{tokenizer_path}: changed while the data was being made; rebuild")
   files.write_whole(record_path, json.dumps(creation, indent=2))
   return creation
+
+
+def _identity(creation: dict) -> str:
+  """What an unfinished build's shards depend on: the settings, the tokenizer's content and the inputs' sizes."""
+  keys = ("input", "tokenizer_sha256", "do_lower_case", "reader", "heldout_every", "options", "tfds_data_dir")
+  inputs = [files.size(p) if files.isfile(p) else None for p in creation["input"]]
+  raw = json.dumps([{k: creation[k] for k in keys}, inputs], sort_keys=True, default=str)
+  return hashlib.sha256(raw.encode()).hexdigest()
+
+
+def _claimed(claim: str) -> str | None:
+  try:
+    return json.loads(files.read_bytes(claim)).get("identity")
+  except (FileNotFoundError, ValueError):
+    return None
+
+
+def _build_local(creation: dict, out_dir: str, splits, opts, reader) -> None:
+  """Each split's shards made by `workers` local processes, each writing the shards it makes (one at a time)."""
+  c = creation
+  tokenizer = tokenizer_lib.local_copy(c["tokenizer"])  # (the workers load a remote tokenizer's local copy)
+  for split, heldout in splits:
+    stats = corpus_lib.CorpusStats()
+    docs = corpus_lib.read_documents(c["input"], stats=stats, opts=reader, tfds_data_dir=c.get("tfds_data_dir"))
+    docs = generation.split_documents(docs, c["heldout_every"], heldout)
+    done = set(store.built_records(out_dir).get(split, {}))
+    start = last = time.time()
+    n = 0
+    for b, record in generation.write_shards(docs, tokenizer, opts, data_dir=out_dir, split=split,
+                                             do_lower_case=c["do_lower_case"], num_workers=c["workers"], skip=done):
+      n += record["examples"]
+      if PROGRESS["print"] and time.time() - last >= PROGRESS["every_s"]:
+        last = time.time()
+        print(f"{split}: shard {b}, {n:,} examples ({n / (last - start):,.0f}/s; {stats.documents:,} documents "
+              "read)", flush=True)
+    _report(c, split, n, stats)
+
+
+def _build_beam(creation: dict, out_dir: str, splits, runner: str, beam_options) -> None:
+  """The shards made by an Apache Beam pipeline on `runner`; its workers write them straight into `out_dir`."""
+  from bertjax.data.pretraining import beam as beam_pipeline
+  pipeline_options = beam_pipeline_options(runner)
+  flags = list(beam_options)
+  if runner == "DirectRunner" and creation["workers"] > 1 and not any(f.startswith("--direct_") for f in flags):
+    flags += [f"--direct_num_workers={creation['workers']}", "--direct_running_mode=multi_processing"]
+  creation["beam_runner"], creation["beam_options"] = runner, flags
+  done = {split: sorted(store.built_records(out_dir).get(split, {})) for split, _ in splits}
+  # The runner logs a worker's error with its traceback before re-raising it; the error itself is reported once.
+  beam_log = logging.getLogger("apache_beam.runners.common")
+  level = beam_log.level
+  beam_log.setLevel(logging.CRITICAL)
+  try:
+    counters = beam_pipeline.run(creation, out_dir, [s for s, _ in splits], done, runner,
+                                 pipeline_options.PipelineOptions(flags))
+  finally:
+    beam_log.setLevel(level)
+  stats = corpus_lib.CorpusStats(**{f.name: counters.get(f"corpus.{f.name}", 0) for f in dataclasses.fields(
+      corpus_lib.CorpusStats)})
+  for split, _ in splits:
+    _report(creation, split, 0, stats)
+
+
+def _finished_splits(out_dir: str, splits) -> dict[str, list[dict]]:
+  """{split: [record of shard 0, 1, ...]}; a gap (a shard that no worker finished) is an error naming it."""
+  built = store.built_records(out_dir)
+  out = {}
+  for split in splits:
+    recs = built.get(split, {})
+    missing = sorted(set(range(len(recs))) - set(recs)) or sorted(b for b in recs if b >= len(recs))
+    if missing:
+      raise DataPathError(f"{out_dir}: {split} shard {missing[0]} was not written (a worker failed); rerun the "
+                          "same command to make the missing shards")
+    out[split] = [recs[b] for b in range(len(recs))]
+  return out
 
 
 def _user_error(e: BaseException, input_files, heldout_every: int, out_dir: str = "") -> BaseException | None:
@@ -305,11 +267,11 @@ def _user_error(e: BaseException, input_files, heldout_every: int, out_dir: str 
       if marker in text:
         return kind(text[text.rindex(marker) + len(marker):].strip().splitlines()[0])
     if isinstance(e, OSError) or "No space left on device" in text or "Read-only file system" in text:
-      # A write that failed (a full disk, a read-only folder): the finished dataset is never half-written (tfds
-      # writes into a temporary folder), so a rerun after freeing space starts clean.
+      # A write that failed (a full disk, a read-only folder, a store that refused): every shard is written whole
+      # and the dataset is only found once creation.json is, so a rerun continues from the finished shards.
       first = next((line.strip() for line in text.splitlines() if line.strip()), type(e).__name__)
-      return errors.DataPathError(f"writing the dataset in {out_dir} failed: {first[:300]}; nothing half-written "
-                                  "is kept, rerun when the problem is fixed")
+      return errors.DataPathError(f"writing the dataset in {out_dir} failed: {first[:300]}; the shards written so "
+                                  "far are kept: rerun the same command when the problem is fixed")
     e = e.__cause__ or e.__context__
   return None
 
@@ -350,32 +312,14 @@ def tokenizer_of(data_dir: str, creation: dict | None = None) -> tuple[str, bool
   return path, lower
 
 
-def load_source(data_dir: str, split: str):
-  """A random-access data source of feature dicts (numpy), via tfds over array_record; no TensorFlow."""
+def load_source(data_dir: str, split: str, cache_limit: int | str | None = None) -> store.ShardedSource:
+  """A random-access data source of feature dicts (numpy) over the split's array_record shards; no TensorFlow. A
+  remote data dir is read shard by shard through a local cache of at most `cache_limit` bytes (default
+  $BERTJAX_CACHE_LIMIT, else 4 GiB): never copied whole."""
   c = read_creation(data_dir)
   o = c["options"]
-  builder = BertPretraining(data_dir=local_data(data_dir), max_seq_length=o["max_seq_length"],
-                            max_predictions_per_seq=o["max_predictions_per_seq"], file_format="array_record")
-  return builder.as_data_source(split=split)
-
-
-def local_data(data_dir: str) -> str:
-  """A data dir array_record can read: a local one itself; a remote one's dataset copied into the local cache
-  (array_record opens local files only), in a folder keyed by the path and its creation.json's content (a data
-  dir rebuilt in place, whose shards may keep their sizes, gets a fresh copy), each file copied once."""
-  data_dir = os.fspath(data_dir)
-  if not files.is_remote(data_dir):
-    return data_dir
-  record = files.read_bytes(files.join(data_dir, "creation.json"))
-  key = hashlib.sha256(data_dir.rstrip("/").encode() + b"\0" + record).hexdigest()[:16]
-  local = os.path.join(files.cache_root(), f"data-{key}")
-  source = files.join(data_dir, NAME)
-  for rel in files.walk_files(source):
-    target = os.path.join(local, NAME, rel)
-    if not (os.path.isfile(target) and os.path.getsize(target) == files.size(files.join(source, rel))):
-      os.makedirs(os.path.dirname(target), exist_ok=True)
-      files.copy(files.join(source, rel), target)
-  return local
+  return store.ShardedSource(os.fspath(data_dir), split, o["max_seq_length"], o["max_predictions_per_seq"],
+                             cache_limit=cache_limit)
 
 
 def unigram_baseline(data_dir: str, train_split: str = "train", eval_split: str = "validation",

@@ -36,7 +36,7 @@ def _init_pool_worker(tokenizer_path: str, do_lower_case: bool):
 
 
 def process_buffer(args):
-  buffer_index, raw_documents, opts = args
+  buffer_index, raw_documents, opts = args[:3]
   tok, vocab = _WORKER["tok"], _WORKER["vocab"]
   documents = []
   for doc in raw_documents:
@@ -78,36 +78,59 @@ def generate_examples(documents: Iterable[list[str]], tokenizer_path: str, opts:
 def generate_keyed_examples(documents: Iterable[list[str]], tokenizer_path: str, opts: CreationOptions, *,
                             do_lower_case: bool = True, num_workers: int = 1, shard: tuple[int, int] = (0, 1),
                             stats: dict | None = None) -> Iterator[tuple[tuple[int, int], dict[str, np.ndarray]]]:
-  """((buffer index, position in the buffer), features), as `generate_examples`; the Beam pipeline makes the same
-  pairs."""
+  """((buffer index, position in the buffer), features), as `generate_examples`."""
   stats = stats if stats is not None else {}
   stats.setdefault("examples", 0)
   stats.setdefault("empty_documents", 0)
   buffers = _buffers(documents, opts.buffer_documents, shard)
-
-  def emit(b, result):
-    feats, empty = result
+  for b, (feats, empty) in _map_buffers(process_buffer, buffers, opts, (), tokenizer_path, do_lower_case,
+                                        num_workers):
     stats["empty_documents"] += empty
     stats["examples"] += len(feats)
     for j, f in enumerate(feats):
       yield (b, j), f
 
+
+def write_shards(documents: Iterable[list[str]], tokenizer_path: str, opts: CreationOptions, *, data_dir: str,
+                 split: str, do_lower_case: bool = True, num_workers: int = 1,
+                 skip: set[int] = frozenset()) -> Iterator[tuple[int, dict]]:
+  """(buffer index, shard record) for each buffer but those in `skip`, in order: each worker makes a buffer's
+  examples and writes them as that buffer's shard of `split` in `data_dir` (store.py), so the examples never
+  travel back to this process and each worker holds one shard at a time."""
+  buffers = ((b, docs) for b, docs in _buffers(documents, opts.buffer_documents, (0, 1)) if b not in skip)
+  yield from _map_buffers(write_buffer, buffers, opts, (data_dir, split), tokenizer_path, do_lower_case, num_workers)
+
+
+def write_buffer(args) -> dict:
+  """One buffer's examples written as its shard (in a worker); returns the shard's record."""
+  from bertjax.data.pretraining import store
+  b, raw_documents, opts, data_dir, split = args
+  feats, empty = process_buffer((b, raw_documents, opts))
+  writer = _WORKER.get("writer")
+  if writer is None or writer.folder != store.version_dir(data_dir):
+    writer = _WORKER["writer"] = store.ShardWriter(data_dir, opts.max_seq_length, opts.max_predictions_per_seq)
+  return writer.write(split, b, feats, empty)
+
+
+def _map_buffers(fn, buffers, opts, extra: tuple, tokenizer_path: str, do_lower_case: bool, num_workers: int):
+  """(buffer index, fn((b, documents, opts, *extra))) in buffer order, by `num_workers` processes (at most
+  num_workers + 1 buffers in flight)."""
   if num_workers <= 1:
     init_worker(tokenizer_path, do_lower_case)
     for b, docs in buffers:
-      yield from emit(b, process_buffer((b, docs, opts)))
+      yield b, fn((b, docs, opts, *extra))
     return
   ctx = mp.get_context("spawn")
   with ctx.Pool(num_workers, initializer=_init_pool_worker, initargs=(tokenizer_path, do_lower_case)) as pool:
     pending: collections.deque = collections.deque()
     for b, docs in buffers:
-      pending.append((b, pool.apply_async(process_buffer, ((b, docs, opts),))))
-      if len(pending) > num_workers:  # bounded: at most num_workers + 1 buffers in flight
+      pending.append((b, pool.apply_async(fn, ((b, docs, opts, *extra),))))
+      if len(pending) > num_workers:
         b0, result = pending.popleft()
-        yield from emit(b0, result.get())
+        yield b0, result.get()
     while pending:
       b0, result = pending.popleft()
-      yield from emit(b0, result.get())
+      yield b0, result.get()
 
 
 def example_key(buffer_index: int, position: int) -> int:
