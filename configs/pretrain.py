@@ -41,6 +41,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.data.whole_word_mask = a.wwm  # used when the data is made, and by dynamic masking
   c.data.dynamic_masking = a.dynamic  # redraw masks in the pipeline each time an example is read
   c.data.prefetch = 2  # batches prepared ahead in a background thread
+  # Shards shuffled across at once (data/pretraining/order.py); 0 = the whole split. Data in a bucket larger than the
+  # local cache is read window by window, this window's shards and the next's in the cache (docs/scaling.md).
+  c.data.shuffle_window = 0
+  c.data.cache_limit = ""  # local disk for a bucket's shards, e.g. "8G"; "" = $BERTJAX_CACHE_LIMIT, else 4G
   c.data.packing = False  # pack several examples per row (block-diagonal attention, per-example NSP)
   c.data.pack_max_per_row = 4  # examples per packed row at most
   c.data.pack_row_predictions = 0  # masked positions per packed row; 0 = max_predictions_per_seq + pack_max_per_row

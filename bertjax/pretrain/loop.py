@@ -84,7 +84,7 @@ def train_source(config, creation: dict, tok, batch_sharding):
                                           "whole_word_mask": config.data.whole_word_mask})
     transform = fit_predictions(input_pipeline.dynamic_masking(pretraining.Vocab.of(tok()), opts, config.seed),
                                 config.data.max_predictions_per_seq)
-  source = dataset.load_source(config.data.data_dir, config.data.train_split)
+  source = dataset.load_source(config.data.data_dir, config.data.train_split, config.data.cache_limit)
   if config.data.packing:
     # The row plan is cached beside local data; a bucket's data may be shared and read-only, so it is planned anew.
     cache = files.join(config.data.data_dir, f"packing_{config.data.train_split}_{seq}_{row_predictions(config)}_"
@@ -95,7 +95,7 @@ def train_source(config, creation: dict, tok, batch_sharding):
       print(f"packing: {n_examples} examples in {len(source)} rows "
             f"({n_examples / max(len(source), 1):.2f} per row)", flush=True)
   return input_pipeline.Pipeline(source, config.train.global_batch_size, seed=config.seed, sharding=batch_sharding,
-                                 transform=transform, prefetch=config.data.prefetch)
+                                 transform=transform, prefetch=config.data.prefetch, window=config.data.shuffle_window)
 
 
 PREDICTION_KEYS = ("masked_lm_positions", "masked_lm_ids", "masked_lm_weights")
@@ -123,7 +123,7 @@ def eval_source(config, creation: dict, tok, data_dir: str | None = None):
   set), or None when there is none."""
   data_dir = data_dir or config.data.data_dir
   try:
-    source = dataset.load_source(data_dir, config.data.eval_split)
+    source = dataset.load_source(data_dir, config.data.eval_split, config.data.cache_limit)
     if len(source) == 0:
       return None
     if config.data.eval_masked_lm_prob:  # e.g. ModernBERT: trains at 30%, evaluates at 15%
@@ -182,7 +182,8 @@ def _train_and_evaluate(config, workdir: str, started: float) -> dict:
   if plan.is_plain(config):
     sizes = {"data": None}
   else:
-    loaded = {folder: dataset.load_source(folder, config.data.train_split) for folder in plan.sources(config).values()}
+    loaded = {folder: dataset.load_source(folder, config.data.train_split, config.data.cache_limit)
+              for folder in plan.sources(config).values()}
     sizes = {name: len(loaded[folder]) for name, folder in plan.sources(config).items()}
   phases = plan.build_phases(config, gran, creations, sizes, init_lr)
   lr_fn = phases_lib.lr_function([p.steps for p in phases])
@@ -198,7 +199,7 @@ def _train_and_evaluate(config, workdir: str, started: float) -> dict:
   else:
     segs = plan.segments(phases, loaded, config, pretraining.Vocab.of(tok()))
     pipeline = mixture.PhasedPipeline(segs, seed=config.seed, sharding=first_t.batch_sharding,
-                                      prefetch=config.data.prefetch)
+                                      prefetch=config.data.prefetch, window=config.data.shuffle_window)
     say = print if jax.process_index() == 0 else (lambda _: None)
     for line in plan.describe(phases):
       say(line)

@@ -24,6 +24,7 @@ import grain
 import numpy as np
 
 from bertjax import errors
+from bertjax.data.pretraining import order
 from bertjax.data.pretraining import pipeline as pipeline_lib
 
 BIG = sys.maxsize // 4  # the draws a source may make in one segment: unbounded in practice
@@ -110,12 +111,12 @@ class PhasedPipeline(pipeline_lib.Pipeline):
   `Pipeline`; iteration starts at step 0 or at the step `set_state` restores."""
 
   def __init__(self, segments: Sequence[Segment], *, seed: int = 0, sharding=None, prefetch: int = 2,
-               process: tuple[int, int] | None = None):
+               process: tuple[int, int] | None = None, window: int = 0):
     if not segments:
       raise errors.ConfigError("a phased stream needs at least one segment")
     self.segments = tuple(segments)
     self._sharding_for_rows, self._process = sharding, process
-    self._shuffled: dict[str, grain.MapDataset] = {}
+    self._shuffled: dict = {}
     self._mixes: dict[str, grain.MapDataset] = {}
     for seg in self.segments:
       if not seg.sources or len(seg.batch_sizes) != seg.end - seg.start:
@@ -124,13 +125,13 @@ class PhasedPipeline(pipeline_lib.Pipeline):
         if len(source) == 0:
           raise errors.DataError(f"source {key}: no examples")
         if key not in self._shuffled:
-          self._shuffled[key] = grain.MapDataset.source(source).shuffle(seed=(seed + zlib.crc32(key.encode())) % 2**32)
+          self._shuffled[key] = order.shuffled(source, (seed + zlib.crc32(key.encode())) % 2**32, window)
       self._mixes[seg.name] = grain.MapDataset.mix(
           [grain.MapDataset.range(BIG).map(lambda j, i=i: (i, j)) for i in range(len(seg.sources))], seg.weights)
     self._row_cache: dict[int, tuple[int, int]] = {}
     first = self.segments[0]
     super().__init__(first.sources[0][1], first.batch_sizes[0], seed=seed, sharding=sharding, prefetch=prefetch,
-                     process=process)
+                     process=process, shuffle=False)
 
   @property
   def total_steps(self) -> int:

@@ -1,7 +1,8 @@
 """Input pipeline: a seeded, index-based stream of global batches, read in disjoint shares per process.
 
 Global batch t holds stream positions [t·B, (t+1)·B); stream position g reads example `shuffle(g)` of the data
-source (grain's index shuffle, a fresh permutation every epoch, O(1) memory). Each process reads only the rows
+source (grain's index shuffle, a fresh permutation every epoch, O(1) memory; over the whole split or within
+windows of shards, `order.py`). Each process reads only the rows
 its devices hold and the global `jax.Array` is assembled with `jax.make_array_from_process_local_data`.
 
 The iterator's whole state is `{"step": t}` (plus the seed, batch size and source length to check against):
@@ -13,12 +14,12 @@ import concurrent.futures
 import random
 from typing import Callable, Iterator, Mapping
 
-import grain
 import jax
 import numpy as np
 
 from bertjax import errors
 from bertjax.data.pretraining import examples as pretraining
+from bertjax.data.pretraining import order
 
 
 class StateMismatchError(errors.CheckpointError, ValueError):
@@ -65,7 +66,7 @@ class Pipeline:
 
   def __init__(self, source, global_batch_size: int, *, seed: int = 0, shuffle: bool = True, sharding=None,
                transform: Callable[[dict, int], dict] | None = None, prefetch: int = 2,
-               process: tuple[int, int] | None = None):
+               process: tuple[int, int] | None = None, window: int = 0):
     if len(source) == 0:
       raise errors.DataError("the data source is empty")
     self.source = source
@@ -75,7 +76,7 @@ class Pipeline:
     self.transform = transform
     self.prefetch = max(0, prefetch)
     self._shuffle = shuffle
-    self._order = grain.MapDataset.source(source).shuffle(seed=self.seed)
+    self._order = order.shuffled(source, self.seed, window) if shuffle else None
     self._rows = _rows_of_this_process(sharding, self.global_batch_size, process)
     self._step = 0
     self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1) if self.prefetch else None
