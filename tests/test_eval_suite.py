@@ -13,10 +13,25 @@ from test_sparse import splade_folder  # noqa: F401
 
 from bertjax import errors
 from bertjax.cli import embeddings as embeddings_cli
-from bertjax.embeddings import retrieval, suite
+from bertjax.embeddings import suite
 from bertjax.embeddings.dense.encoder import Encoder, beir_scores
 
 MODULES = (("posixpath", "shutil"), ("textwrap", "string", "json"), ("inspect",))
+
+
+def _plain_beir(folder):
+  """A BEIR folder read with json and csv as BEIR's GenericDataLoader reads it, for the references (bertjax's
+  reader is under test): ({query id: text}, {doc id: title + " " + text}, {query id: {doc id: score}})."""
+  import csv
+  with open(os.path.join(folder, "corpus.jsonl"), encoding="utf-8") as f:
+    corpus = {r["_id"]: (r.get("title", "") + " " + r["text"]).strip() for r in map(json.loads, f) if r}
+  with open(os.path.join(folder, "queries.jsonl"), encoding="utf-8") as f:
+    queries = {r["_id"]: r["text"] for r in map(json.loads, f) if r}
+  qrels = {}
+  with open(os.path.join(folder, "qrels", "test.tsv"), encoding="utf-8", newline="") as f:
+    for row in csv.DictReader(f, delimiter="\t"):
+      qrels.setdefault(row["query-id"], {})[row["corpus-id"]] = int(row["score"])
+  return {q: t for q, t in queries.items() if q in qrels}, corpus, qrels
 
 
 def _docstring_set(folder, module_names, n=40):
@@ -65,10 +80,9 @@ def _st_nanobeir(model, folders):
 
   class Local(NanoBEIREvaluator):
     def _load_dataset(self, dataset_name, **kwargs):
-      data = retrieval.read_beir(names[dataset_name])
-      return InformationRetrievalEvaluator(
-          dict(zip(data.query_ids, data.queries)), dict(zip(data.doc_ids, data.docs)),
-          {q: {d for d, r in j.items() if r > 0} for q, j in data.qrels.items()}, name=dataset_name, **kwargs)
+      queries, corpus, qrels = _plain_beir(names[dataset_name])
+      return InformationRetrievalEvaluator(queries, corpus, {q: {d for d, r in j.items() if r > 0}
+                                                             for q, j in qrels.items()}, name=dataset_name, **kwargs)
 
   ev = Local(dataset_names=list(names)[:len(folders)], show_progress_bar=False, write_csv=False, mrr_at_k=[10],
              ndcg_at_k=[10], accuracy_at_k=[10], precision_recall_at_k=[100], map_at_k=[100])
@@ -213,7 +227,7 @@ def _mteb_task(folder):
   from datasets import Dataset
   from mteb.abstasks.retrieval import AbsTaskRetrieval
   from mteb.abstasks.task_metadata import TaskMetadata
-  data = retrieval.read_beir(folder)
+  queries, corpus, qrels = _plain_beir(folder)
 
   class LocalRetrieval(AbsTaskRetrieval):
     metadata = TaskMetadata(
@@ -226,9 +240,9 @@ def _mteb_task(folder):
 
     def load_data(self, num_proc=None, **kwargs):
       self.dataset = {"default": {"test": {
-          "corpus": Dataset.from_list([{"id": i, "title": "", "text": t} for i, t in zip(data.doc_ids, data.docs)]),
-          "queries": Dataset.from_list([{"id": i, "text": t} for i, t in zip(data.query_ids, data.queries)]),
-          "relevant_docs": data.qrels, "top_ranked": None}}}
+          "corpus": Dataset.from_list([{"id": i, "title": "", "text": t} for i, t in corpus.items()]),
+          "queries": Dataset.from_list([{"id": i, "text": t} for i, t in queries.items()]),
+          "relevant_docs": qrels, "top_ranked": None}}}
       self.data_loaded = True
   return LocalRetrieval()
 
@@ -238,10 +252,9 @@ def _mteb_sts_task(folder):
   from datasets import Dataset, DatasetDict
   from mteb.abstasks.sts import AbsTaskSTS
   from mteb.abstasks.task_metadata import TaskMetadata
-  data = retrieval.read_beir(folder)
-  docs = dict(zip(data.doc_ids, data.docs))
-  rows = [(q, docs[f"d{i}"], 1.0) for i, q in enumerate(data.queries)]
-  rows += [(q, docs[f"d{(i + 1) % len(docs)}"], 0.0) for i, q in enumerate(data.queries)]
+  queries, docs, _ = _plain_beir(folder)
+  rows = [(q, docs[f"d{i}"], 1.0) for i, q in enumerate(queries.values())]
+  rows += [(q, docs[f"d{(i + 1) % len(docs)}"], 0.0) for i, q in enumerate(queries.values())]
 
   class LocalSTS(AbsTaskSTS):
     metadata = TaskMetadata(

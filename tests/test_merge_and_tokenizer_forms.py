@@ -212,11 +212,23 @@ def train_spm(path, **ids):
 
 
 def charsmap(path):
-  """The model's precompiled normalisation map (NormalizerSpec.precompiled_charsmap), as HF's converters read it."""
-  from bertjax.data import vocab_files
-  top = vocab_files.proto_records(path.read_bytes())
-  norm = dict(vocab_files.proto_records(next(v for k, v in top if k == 3)))
-  return norm.get(2)
+  """The model's precompiled normalisation map (NormalizerSpec.precompiled_charsmap), as HF's converters read it:
+  parsed by protobuf with sentencepiece's own schema, the descriptor its sentencepiece_model_pb2 carries (that
+  module's gencode asks a newer protobuf runtime than the lock's, so the descriptor is loaded into a fresh pool)."""
+  import ast
+  import pathlib
+
+  import sentencepiece
+  from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+  src = (pathlib.Path(sentencepiece.__file__).parent / "sentencepiece_model_pb2.py").read_text()
+  raw = next(n.args[0].value for n in ast.walk(ast.parse(src))
+             if isinstance(n, ast.Call) and getattr(n.func, "attr", "") == "AddSerializedFile")
+  pool = descriptor_pool.DescriptorPool()
+  pool.Add(descriptor_pb2.FileDescriptorProto.FromString(raw))
+  model = message_factory.GetMessageClass(pool.FindMessageTypeByName("sentencepiece.ModelProto"))()
+  model.ParseFromString(path.read_bytes())
+  assert model.normalizer_spec.precompiled_charsmap, "the model has no precompiled charsmap to compare with"
+  return model.normalizer_spec.precompiled_charsmap
 
 
 def deberta_folder(tmp_path):
@@ -273,7 +285,7 @@ def test_xlmr_sentencepiece_bpe_model_reads_with_fairseq_ids(tmp_path):
                                         _spm_precompiled_charsmap=charsmap(folder / "sentencepiece.bpe.model"))
   assert hf.mask_token_id == tok.mask_id
   ours = export.sentencepiece_as_hf(path)
-  for text in TEXTS + ["€ unknown ☃"]:
+  for text in TEXTS + ["€ unknown ☃", "ﬁne ＣＡＴ on the ｍａｔ"]:  # the last needs the NFKC map
     ids = tok.encode(text)
     assert ids == [i + 1 if i else 3 for i in sp.encode(text)]  # fairseq's offset, spm's <unk> as 3
     assert hf(text)["input_ids"] == [0, *ids, 2], text
