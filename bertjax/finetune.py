@@ -28,6 +28,7 @@ from bertjax.core import checkpoint as checkpoint_lib
 from bertjax.core import files, goodput, optim, trainer, writers
 from bertjax.core import sharding as sharding_lib
 from bertjax.data import tokenizer as tokenizer_lib
+from bertjax.data.tasks import batching, rowfile
 from bertjax.data.tasks.batching import Plan, bucket_multiple, make_batch, predict_all, predict_packed
 from bertjax.model.config import INIT_RATES
 from bertjax.tasks import EvalSet
@@ -116,10 +117,15 @@ def use_packing(config, task: tasks_lib.Task, train: dict) -> bool:
   """Whether the training rows are packed: `data.packing`, or `data.auto_packing` when the task kind packs and
   its texts average at most half of `max_seq_length` (two or more to a row: most of an unpacked batch would
   be padding, and one row shape is one compiled program where length buckets make several)."""
+  streamed = not isinstance(train, dict)  # a file larger than the row buffer, encoded batch by batch
   if config.data.packing:
+    if streamed:
+      raise TaskDataError(f"data.packing lays every example out in memory, and {train.path} is larger than the "
+                          f"row buffer ({rowfile.ENV}, {rowfile.buffer_size()} bytes): raise it, or train "
+                          "without packing")
     return True
   kind = tasks_lib.kind(task)
-  if not config.data.auto_packing or not kind.can_pack(task):
+  if streamed or not config.data.auto_packing or not kind.can_pack(task):
     return False
   lengths = kind.text_lengths(train)
   return len(lengths) > 0 and float(np.mean(lengths)) <= config.data.max_seq_length / 2
@@ -143,7 +149,7 @@ def prepare_data(config, task: tasks_lib.Task, tok, dp: int) -> TrainData:
   """The task kind's features, packed when `use_packing` says so, and the epochs' batches (`Plan`)."""
   kind = tasks_lib.kind(task)
   train, evals, stats = kind.load(task, config, tok)
-  n_train, gbs = len(train["input_ids"]), config.train.global_batch_size
+  n_train, gbs = batching.num_rows(train), config.train.global_batch_size
   if gbs % dp:
     raise TaskDataError(f"global_batch_size {gbs} is not divisible by the data-parallel size {dp}")
   rows_per_step, note = gbs, ""
@@ -152,7 +158,7 @@ def prepare_data(config, task: tasks_lib.Task, tok, dp: int) -> TrainData:
     train, rows_per_step, note = pack_train(train, task, config, dp)
     if not config.data.packing:
       note += " (short examples; --config.data.auto_packing=False keeps them one per row)"
-  n_rows = len(train["input_ids"])
+  n_rows = batching.num_rows(train)
   if n_rows == 0:
     raise TaskDataError("no training examples")
   # Packed rows are nearly full: cutting a batch to its longest row saves little and compiles one program per
@@ -160,7 +166,7 @@ def prepare_data(config, task: tasks_lib.Task, tok, dp: int) -> TrainData:
   bucket = 0 if packed else bucket_multiple(config.data.max_seq_length, config.data.length_buckets)
   grouping = config.data.group_by_length and bucket
   plan = Plan(n_rows, rows_per_step, config.train.num_epochs, config.seed, config.train.warmup_fraction,
-              np.sum(train["input_mask"], axis=1) if grouping else None, bucket if grouping else 0)
+              batching.row_lengths(train) if grouping else None, bucket if grouping else 0)
   return TrainData(train, evals, stats, n_train, packed, rows_per_step, plan, bucket, note)
 
 
@@ -202,7 +208,7 @@ def build(config, task: tasks_lib.Task, mcfg, data: TrainData, mesh) -> trainer.
   tcfg.num_steps, tcfg.warmup_steps = data.plan.total_steps, data.plan.warmup_steps
   tx, lr_fn = unit_optimizer(tcfg)
   module = tasks_lib.kind(task).head(task, mcfg.for_platform(mesh.devices.flat[0].platform))
-  dummy = make_batch(data.train, np.arange(min(data.rows_per_step, len(data.train["input_ids"]))),
+  dummy = make_batch(data.train, np.arange(min(data.rows_per_step, batching.num_rows(data.train))),
                      data.rows_per_step)
   return trainer.build(config, module, tx, lr_fn, dummy, *make_steps(module, task, tx, lr_fn, config.train.prng_impl,
                                                                   data.plan.total_steps),

@@ -171,6 +171,17 @@ def read_bytes(path) -> bytes:
     return _fs(path).cat_file(os.fspath(path))
 
 
+def read_range(path, start: int, end: int) -> bytes:
+  """Bytes [start, end) of a file: on an object store one ranged request, so that a reader holds what it asked
+  for and no more (a remote file object reads ahead in blocks of megabytes)."""
+  if not is_remote(path):
+    with builtins.open(_local(path), "rb") as f:
+      f.seek(start)
+      return f.read(max(0, end - start))
+  with _remote(path):
+    return _fs(path).cat_file(os.fspath(path), start=start, end=end)
+
+
 def read_text(path) -> str:
   return read_bytes(path).decode("utf-8")
 

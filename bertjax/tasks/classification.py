@@ -62,12 +62,15 @@ class Classification(Kind):
                                                  self.regression)) for s in task.eval_splits]
       return train, evals, {}
 
+    columns = (d.text_a_column, d.text_b_column, d.label_column)
+
     def read(p):
-      return task_data.local_examples(p, task, d.text_a_column, d.text_b_column, d.label_column)
-    train = task_data.encode_pairs(read(d.train_file), tok, seq, self.regression)
-    if len(np.unique(train["labels"])) < 2:
+      return task_data.local_examples(p, task, *columns)
+    train = task_data.pair_features(d.train_file, task, columns, tok, seq, self.regression)
+    labels = train["labels"] if isinstance(train, dict) else train.labels
+    if len(np.unique(labels)) < 2:
       raise task_data.TaskDataError(f"{d.train_file}: every row has the {'score' if self.regression else 'label'} "
-                                    f"{train['labels'][0]!r}; a model learns nothing from it")
+                                    f"{labels[0]!r}; a model learns nothing from it")
     evals = [EvalSet("validation", task_data.encode_pairs(read(d.eval_file), tok, seq, self.regression))] \
         if d.eval_file else []
     return train, evals, {}

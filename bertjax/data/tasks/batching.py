@@ -66,10 +66,27 @@ class Plan:
     return [self.batches(e) for e in range(1, self.num_epochs + 1)]
 
 
-def make_batch(feats: dict, idx: np.ndarray, batch_size: int, bucket: int = 0) -> dict:
+def take(feats, idx: np.ndarray) -> dict:
+  """The rows `idx` of training features: a dict of arrays indexed, or a file larger than the row buffer
+  (`rows.StreamedPairs`) read and encoded for just these rows."""
+  if isinstance(feats, dict):
+    return {k: v[idx] for k, v in feats.items()}
+  return feats.take(idx)
+
+
+def num_rows(feats) -> int:
+  return len(feats["input_ids"]) if isinstance(feats, dict) else len(feats)
+
+
+def row_lengths(feats) -> np.ndarray:
+  """Every row's real token count (what length grouping sorts by)."""
+  return np.sum(feats["input_mask"], axis=1) if isinstance(feats, dict) else feats.lengths()
+
+
+def make_batch(feats, idx: np.ndarray, batch_size: int, bucket: int = 0) -> dict:
   """The rows `idx` of `feats` as one batch of `batch_size` rows (zero rows of weight 0 fill a partial batch),
   per-token features cut to the bucket length of its longest row."""
-  b = {k: v[idx] for k, v in feats.items()}
+  b = take(feats, idx)
   w = np.ones(len(idx), np.float32)
   if len(idx) < batch_size:
     extra = batch_size - len(idx)

@@ -2,8 +2,6 @@
 featurisation as run_classifier.py does it. The task registry is `bertjax.tasks`."""
 from __future__ import annotations
 
-import csv
-import io
 import math
 import os
 from typing import Sequence
@@ -12,6 +10,7 @@ import numpy as np
 
 from bertjax import errors
 from bertjax.core import files
+from bertjax.data.tasks import rowfile
 
 TaskDataError = errors.TaskDataError
 
@@ -62,33 +61,47 @@ def glue_examples(task, split: str, data_dir: str | None = None) -> list[dict]:
   return out
 
 
-# A text field may be a whole document: no cap below what fits in memory (the csv module's default is 131,072).
-csv.field_size_limit(2 ** 31 - 1)
-
-
 def local_examples(path: str, task, text_a: str, text_b: str = "", label: str = "label") -> list[dict]:
   """Examples from a .csv, .tsv or .jsonl file with named columns; labels must be in the declared set of `task` (a
   `bertjax.tasks.Task`)."""
+  path = _found(path)
+  convert = Converter(path, task, text_a, text_b, label)
+  out = [convert(line, row) for line, row in read_rows(path)]
+  if not out:
+    raise TaskDataError(f"{path}: no rows")
+  return out
+
+
+def _found(path) -> str:
   path = os.fspath(path)
   files.reach(path)
   if not files.isfile(path):
     raise TaskDataError(f"{path}: file not found")
-  rows = list(read_rows(path))
-  if not rows:
-    raise TaskDataError(f"{path}: no rows")
-  needed = [c for c in (text_a, text_b, label) if c]
-  first_line, first = rows[0]
-  missing = [c for c in needed if c not in first]
-  if missing:
-    raise TaskDataError(f"{path}: missing column(s) {missing}; the file has {sorted(first)}")
-  index = {name: i for i, name in enumerate(task.labels)}
-  out = []
-  for line, row in rows:
-    missing = [c for c in needed if c not in row or row[c] is None]
+  return path
+
+
+class Converter:
+  """One row of a task file as an example {"text_a", "text_b", "label"}, checked: the first row it sees must hold
+  every named column; each row a value for them, non-empty texts and a label in `task`'s declared set."""
+
+  def __init__(self, path: str, task, text_a: str, text_b: str = "", label: str = "label"):
+    self.path, self.task, self.text_a, self.text_b, self.label = path, task, text_a, text_b, label
+    self.needed = [c for c in (text_a, text_b, label) if c]
+    self.index = {name: i for i, name in enumerate(task.labels)}
+    self.first = True
+
+  def __call__(self, line, row: dict) -> dict:
+    path, text_a, text_b = self.path, self.text_a, self.text_b
+    if self.first:
+      missing = [c for c in self.needed if c not in row]
+      if missing:
+        raise TaskDataError(f"{path}: missing column(s) {missing}; the file has {sorted(row)}")
+      self.first = False
+    missing = [c for c in self.needed if c not in row or row[c] is None]
     if missing:
       raise TaskDataError(f"{path}:{line}: missing value(s) for {missing}")
-    value = row[label]
-    if task.kind == "regression":
+    value = row[self.label]
+    if self.task.kind == "regression":
       try:
         y = float(value)
       except (TypeError, ValueError):
@@ -97,32 +110,59 @@ def local_examples(path: str, task, text_a: str, text_b: str = "", label: str = 
         raise TaskDataError(f"{path}:{line}: label {value!r} is not a finite number")
     else:
       key = str(value)
-      if key not in index:
-        raise TaskDataError(f"{path}:{line}: label {key!r} is not in the declared set {list(task.labels)}")
-      y = index[key]
+      if key not in self.index:
+        raise TaskDataError(f"{path}:{line}: label {key!r} is not in the declared set {list(self.task.labels)}")
+      y = self.index[key]
     empty = [c for c in (text_a, text_b) if c and not str(row[c]).strip()]
     if empty:
       raise TaskDataError(f"{path}:{line}: empty text in column(s) {empty}; remove the row or fill it in")
-    out.append({"text_a": str(row[text_a]), "text_b": str(row[text_b]) if text_b else "", "label": y})
-  return out
+    return {"text_a": str(row[text_a]), "text_b": str(row[text_b]) if text_b else "", "label": y}
+
+
+class StreamedPairs:
+  """The featurised sentence (pair) examples of a task file larger than the row buffer, made batch by batch:
+  one pass checks every row (the errors `local_examples` gives) and keeps its offset; `take(idx)` reads and
+  encodes the rows a batch needs. Features of row i equal `encode_pairs(local_examples(path, ...))[k][i]`."""
+
+  def __init__(self, path: str, task, columns: tuple, tok, max_seq_length: int, regression: bool):
+    self.path, self.tok, self.seq, self.regression = path, tok, max_seq_length, regression
+    self.file = rowfile.RowFile(path)
+    self.convert = Converter(path, task, *columns)
+    seen = set()  # up to two distinct labels: enough to know whether a model can learn from them
+    for line, row in self.file.scan():
+      y = self.convert(line, row)["label"]
+      if len(seen) < 2:
+        seen.add(y)
+    if not len(self.file):
+      raise TaskDataError(f"{path}: no rows")
+    self.labels = np.array(sorted(seen), np.float32 if regression else np.int32)
+
+  def __len__(self) -> int:
+    return len(self.file)
+
+  def take(self, idx) -> dict[str, np.ndarray]:
+    examples = [self.convert(None, row) for row in self.file.rows(idx)]
+    return encode_pairs(examples, self.tok, self.seq, self.regression)
+
+  def lengths(self, chunk: int = 1024) -> np.ndarray:
+    """Every row's token count ([CLS] and [SEP]s included), encoded in file order a chunk at a time."""
+    n = len(self)
+    return np.concatenate([np.sum(self.take(np.arange(s, min(n, s + chunk)))["input_mask"], axis=1)
+                           for s in range(0, n, chunk)]) if n else np.zeros(0, np.int64)
+
+
+def pair_features(path: str, task, columns: tuple, tok, max_seq_length: int, regression: bool = False):
+  """The training features of a sentence (pair) task file: encoded whole (a dict of arrays) when the file fits the
+  row buffer ($BERTJAX_ROW_BUFFER), else a `StreamedPairs` that reads and encodes each batch's rows."""
+  path = _found(path)
+  if files.size(path) <= rowfile.buffer_size():
+    return encode_pairs(local_examples(path, task, *columns), tok, max_seq_length, regression)
+  return StreamedPairs(path, task, columns, tok, max_seq_length, regression)
 
 
 def read_rows(path: str):
-  text = files.utf8_text(path, TaskDataError)
-  if path.endswith(".jsonl"):
-    for n, line in enumerate(text.split("\n"), 1):  # a JSON string may hold U+2028, which splitlines() cuts at
-      if line.strip():
-        yield n, files.json_object(line, f"{path}:{n}", TaskDataError)
-    return
-  delimiter = "\t" if path.endswith(".tsv") else ","
-  with io.StringIO(text, newline="") as f:
-    reader = csv.DictReader(f, delimiter=delimiter, quoting=csv.QUOTE_MINIMAL)
-    try:
-      for row in reader:
-        yield reader.line_num, row
-    except csv.Error as e:
-      raise TaskDataError(f"{path}:{reader.line_num}: not readable as {'TSV' if delimiter == chr(9) else 'CSV'} "
-                          f"({e})") from None
+  """(line, row dict) of every row of a .csv, .tsv or .jsonl file, streamed in bounded memory (`rowfile`)."""
+  yield from rowfile.RowFile(path).scan()
 
 
 def truncate_pair(a: list, b: list, max_tokens: int) -> None:
