@@ -117,15 +117,13 @@ def use_packing(config, task: tasks_lib.Task, train: dict) -> bool:
   """Whether the training rows are packed: `data.packing`, or `data.auto_packing` when the task kind packs and
   its texts average at most half of `max_seq_length` (two or more to a row: most of an unpacked batch would
   be padding, and one row shape is one compiled program where length buckets make several)."""
-  streamed = not isinstance(train, dict)  # a file larger than the row buffer, encoded batch by batch
+  if config.data.packing and not isinstance(train, dict):  # a file larger than the row buffer, encoded per batch
+    raise TaskDataError(f"data.packing lays every example out in memory; {train.path} is larger than the row "
+                        f"buffer ({rowfile.ENV}={rowfile.buffer_size()} bytes): raise it, or train without packing")
   if config.data.packing:
-    if streamed:
-      raise TaskDataError(f"data.packing lays every example out in memory, and {train.path} is larger than the "
-                          f"row buffer ({rowfile.ENV}, {rowfile.buffer_size()} bytes): raise it, or train "
-                          "without packing")
     return True
   kind = tasks_lib.kind(task)
-  if streamed or not config.data.auto_packing or not kind.can_pack(task):
+  if not isinstance(train, dict) or not config.data.auto_packing or not kind.can_pack(task):
     return False
   lengths = kind.text_lengths(train)
   return len(lengths) > 0 and float(np.mean(lengths)) <= config.data.max_seq_length / 2

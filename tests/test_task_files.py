@@ -151,6 +151,13 @@ def test_a_streamed_file_gives_every_step_the_batch_of_the_file_read_whole(bucke
   streamed = task_rows.pair_features(remote, task, columns, tok, 32)
   assert isinstance(streamed, task_rows.StreamedPairs) and len(streamed) == 150
   np.testing.assert_array_equal(row_lengths(streamed), row_lengths(whole))
+  c = finetune_config.get_config("task=local")
+  c.data.packing = True
+  with pytest.raises(errors.TaskDataError, match=r"^data.packing lays every example out in memory; gs://.*/train.csv "
+                                                 r"is larger than the row buffer \(BERTJAX_ROW_BUFFER=4096 bytes\)"):
+    finetune.use_packing(c, task, streamed)
+  c.data.packing, c.data.auto_packing = False, True
+  assert finetune.use_packing(c, task, whole) and not finetune.use_packing(c, task, streamed)
   steps = [idx for epoch in Plan(150, 16, 2, 7, 0.1, row_lengths(whole), 16).epoch_batches() for idx in epoch]
   resumed = task_rows.pair_features(remote, task, columns, tok, 32)  # a new process: its offsets scanned again
   again = [idx for epoch in Plan(150, 16, 2, 7, 0.1, row_lengths(resumed), 16).epoch_batches() for idx in epoch]
