@@ -8,7 +8,7 @@ same learning rate, batch, epochs and length.
 Data (offline, real English): the documentation of Python's standard library: a function's or class's docstring,
 its first paragraph as the query and the rest as the document. Pairs are split 80/20 by a hash of the query; the
 held-out queries are searched over every document (the training documents are distractors) and both final models
-are scored by the same evaluator (`bertjax.embeddings.beir_scores`, trec_eval's metrics): bertjax's model through
+are scored by the same evaluator (`bertjax.embeddings.kinds.beir_scores`, trec_eval's metrics): bertjax's model through
 its sentence-transformers export, sentence-transformers' from its own saved folder. Time: bertjax's whole command
 (data, compile, training, checkpoint) against sentence-transformers' `trainer.train()`.
 """
@@ -83,8 +83,9 @@ def write_data(folder: str) -> dict:
 
 
 def evaluate(model_dir: str, beir: str) -> dict:
-  from bertjax.embeddings.dense import encoder as embeddings
-  r = embeddings.beir_scores(embeddings.Encoder.load(model_dir), beir, top_k=100, batch_size=64)
+  from bertjax import embeddings
+  r = embeddings.beir_scores(embeddings.Encoder.load(model_dir), "dense", beir,
+                             embeddings.Options(top_k=100, batch_size=64))
   return {k: r[k] for k in ("ndcg@10", "mrr@10", "recall@100", "map")}
 
 

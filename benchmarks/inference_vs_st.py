@@ -1,5 +1,5 @@
 """Inference as whole commands, side by side with sentence-transformers on the same texts and the same weights:
-`python -m bertjax embeddings` (dense --beir, dense --corpus, sparse --beir, multi-vector --beir, --rerank)
+`python -m bertjax embeddings` (dense beir, dense corpus, sparse beir, multi-vector beir, rerank)
 against a script doing the same work with `SentenceTransformer.encode` + `util.semantic_search`,
 `SparseEncoder`, `MultiVectorEncoder` and `CrossEncoder.predict` with their defaults; each command run twice:
 cold (an empty compile cache for bertjax; the first start for both) and warm (bertjax's persistent compile
@@ -164,13 +164,13 @@ print(json.dumps({"seconds": time.time() - t0}))
 
 
 def bertjax_cmd(kind: str, model: str, beir: str, out: str, first: str) -> list[str]:
-  base = [sys.executable, "-m", "bertjax", "embeddings", "--model", model]
+  base = [sys.executable, "-m", "bertjax", "embeddings"]
   if kind == "corpus":
-    return base + ["--corpus", os.path.join(beir, "corpus.jsonl"), "--out", out, "--id_field", "_id",
+    return base + ["corpus", os.path.join(beir, "corpus.jsonl"), "--model", model, "--out", out, "--id_field", "_id",
                    "--text_field", "text", "--overwrite"]
   if kind == "rerank":
-    return base + ["--beir", beir, "--rerank", first, "--depth", "10", "--run", out]
-  return base + ["--beir", beir, "--run", out, "--top_k", "100"]
+    return base + ["rerank", beir, first, "--model", model, "--depth", "10", "--run", out]
+  return base + ["beir", beir, "--model", model, "--run", out, "--top_k", "100"]
 
 
 def timed(cmd: list[str], env: dict) -> float:

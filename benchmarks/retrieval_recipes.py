@@ -19,7 +19,7 @@ Budget: the pair arm runs `--pair_epochs` (3) and the triplet arms `--triplet_ep
 encode the same number of texts had each pair kept a negative (the triplet arms encode fewer, as many as mining
 keeps); each row's seconds are its whole command (bertjax: start-up, data, compile, training,
 checkpoint) or the trainer's `train()` (sentence-transformers). Evaluation: one evaluator for both sides
-(`python -m bertjax embeddings --beir`, trec_eval's metrics), on each model's sentence-transformers folder.
+(`python -m bertjax embeddings beir`, trec_eval's metrics), on each model's sentence-transformers folder.
 Summary: per arm and side the mean nDCG@10 with its 95% t interval over seeds, each arm's gain over (a) paired by
 seed, and bertjax - sentence-transformers paired by seed.
 """
@@ -113,7 +113,7 @@ def train_teacher(model: str, folder: str, seq: int, epochs: int) -> dict:
   trainer.train()
   seconds = time.perf_counter() - t
   m.save(out)
-  r = cli(["--model", out, "--beir", f"{folder}/beir", "--rerank", f"{folder}/minilm.run", "--depth", "20"])
+  r = cli(["rerank", f"{folder}/beir", f"{folder}/minilm.run", "--model", out, "--depth", "20"])
   held = {"rows": len(y), "seconds": seconds, "rerank_top20_ndcg@10": r["ndcg@10"], "settings": settings}
   with open(record, "w", encoding="utf-8") as f:
     json.dump(held, f, indent=2)
@@ -137,7 +137,7 @@ def score(folder: str) -> None:
 
 
 def evaluate(model_dir: str, folder: str) -> dict:
-  r = cli(["--model", model_dir, "--beir", f"{folder}/beir", "--top_k", "100"])
+  r = cli(["beir", f"{folder}/beir", "--model", model_dir, "--top_k", "100"])
   return {k: r[k] for k in ("ndcg@10", "mrr@10", "recall@100")}
 
 
@@ -265,7 +265,7 @@ def main(argv=None):
   if a.limit:
     rows = read_rows(f"{folder}/train.csv")[:a.limit]
     write_rows(f"{folder}/train.csv", ["anchor", "positive"], [(r["anchor"], r["positive"]) for r in rows])
-  base = cli(["--model", model, "--beir", f"{folder}/beir", "--run", f"{folder}/minilm.run", "--top_k", "100"])
+  base = cli(["beir", f"{folder}/beir", "--model", model, "--run", f"{folder}/minilm.run", "--top_k", "100"])
   base = {k: base[k] for k in ("ndcg@10", "mrr@10", "recall@100")}
   data["mining"] = mine(model, folder)
   teacher = train_teacher(model, folder, a.teacher_seq, 1 if a.limit else a.teacher_epochs)

@@ -106,7 +106,7 @@ def build_init(kind: str, minilm: str, folder: str, seq: int) -> str:
 def first_stage(minilm: str, folder: str) -> dict:
   """The untrained MiniLM's run over the BEIR folder (the reranker's candidates) and its own metrics."""
   run = os.path.join(folder, "minilm.run")
-  r = cli(["--model", minilm, "--beir", os.path.join(folder, "beir"), "--run", run, "--top_k", "100"])
+  r = cli(["beir", os.path.join(folder, "beir"), "--model", minilm, "--run", run, "--top_k", "100"])
   return {k: r[k] for k in ("ndcg@10", "mrr@10", "map")}
 
 
@@ -149,10 +149,9 @@ def cli(args: list[str]) -> dict:
 def evaluate(kind: str, model_dir: str, folder: str) -> dict:
   beir = os.path.join(folder, "beir")
   if kind == "rerank":
-    r = cli(["--model", model_dir, "--beir", beir, "--rerank", os.path.join(folder, "minilm.run"),
-             "--depth", str(DEPTH)])
+    r = cli(["rerank", beir, os.path.join(folder, "minilm.run"), "--model", model_dir, "--depth", str(DEPTH)])
   else:
-    r = cli(["--model", model_dir, "--beir", beir, "--top_k", "100"])
+    r = cli(["beir", beir, "--model", model_dir, "--top_k", "100"])
   keep = ("ndcg@10", "mrr@10", "map") + (() if kind == "rerank" else ("recall@100",))
   out = {k: r[k] for k in keep}
   for k in ("query active dims", "document active dims"):

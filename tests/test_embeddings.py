@@ -395,7 +395,7 @@ def test_corpus_embedding_resumes_a_killed_run_and_equals_sentence_transformers(
     return real(batch, *a)
   real, enc.encode = enc.encode, dies_after_two
   with pytest.raises(Killed):
-    embeddings.embed_corpus(enc, ids, docs, str(out), block=4, log=lambda *a, **k: None)
+    embeddings.embed_corpus(enc, ids, docs, str(out), embeddings.Options(block=4), log=lambda *a, **k: None)
   first = {p.name: p.stat().st_mtime_ns for p in out.glob("block-*.npy")}
   assert sorted(first) == ["block-00000.npy", "block-00001.npy"]
   assert embeddings_cli.main(["--model", path, "--corpus", str(corpus), "--out", str(out), "--block", "4"]) == 0

@@ -13,8 +13,8 @@ from test_sparse import splade_folder  # noqa: F401
 
 from bertjax import errors
 from bertjax.cli import embeddings as embeddings_cli
-from bertjax.embeddings import suite
-from bertjax.embeddings.dense.encoder import Encoder, beir_scores
+from bertjax.embeddings import kinds, retrieval, suite
+from bertjax.embeddings.dense.encoder import Encoder
 
 MODULES = (("posixpath", "shutil"), ("textwrap", "string", "json"), ("inspect",))
 
@@ -96,14 +96,14 @@ def test_the_suite_is_each_sets_evaluation_and_their_mean_as_nanobeir_reports_it
   nDCG@10 / MRR@10 / Recall@100 and the same primary metric, under the same name."""
   st = pytest.importorskip("sentence_transformers")
   out = str(tmp_path / "report.json")
-  assert embeddings_cli.main(["--model", minilm, "--beir_suite", *sets, "--out", out, "--batch_size", "16"]) == 0
+  assert embeddings_cli.main(["suite", *sets, "--model", minilm, "--out", out, "--batch_size", "16"]) == 0
   printed = capsys.readouterr().out.strip().splitlines()
   summary = json.loads(printed[-1])
   assert any(line.startswith("mean ") for line in printed)
   report = json.load(open(out))
   assert report["suite"] == sets and summary["suite"] == sets
   enc = Encoder.load(minilm)
-  single = [beir_scores(enc, folder, batch_size=16) for folder in sets]
+  single = [kinds.beir_scores(enc, "dense", folder, retrieval.Options(batch_size=16)) for folder in sets]
   for folder, want in zip(sets, single):
     got = report["sets"][folder]
     np.testing.assert_allclose([got[m] for m in suite.SUITE_METRICS], [want[m] for m in suite.SUITE_METRICS],
@@ -144,23 +144,23 @@ class _Words:
 
 def test_each_sets_result_is_the_single_folder_evaluation_and_the_aggregate_their_mean(sets):
   model = _Words()
-  report = suite.run(model, "dense", "words", sets, suite.Options(top_k=100), log=lambda *a, **k: None)
-  single = [beir_scores(model, folder, top_k=100) for folder in sets]
+  report = suite.run(model, "dense", "words", sets, retrieval.Options(top_k=100), log=lambda *a, **k: None)
+  single = [kinds.beir_scores(model, "dense", folder, retrieval.Options(top_k=100)) for folder in sets]
   for folder, want in zip(sets, single):
     assert report["sets"][folder] == want
   assert report["mean"] == {m: pytest.approx(np.mean([s[m] for s in single])) for m in suite.SUITE_METRICS}
   assert report["NanoBEIR_mean_cosine_ndcg@10"] == report["mean"]["ndcg@10"] > 0.2
-  dot = suite.run(model, "dense", "words", sets, suite.Options(top_k=100, score="dot"), log=lambda *a, **k: None)
+  dot = suite.run(model, "dense", "words", sets, retrieval.Options(top_k=100, score="dot"), log=lambda *a, **k: None)
   assert dot["primary_metric"] == "NanoBEIR_mean_dot_ndcg@10"
   assert "mean" in suite.table(report).splitlines()[-2] and len(suite.table(report).splitlines()) == len(sets) + 4
 
 
 def test_a_suite_resumes_after_one_set_and_refuses_another_models_report(sets, tmp_path):
   out = str(tmp_path / "r.json")
-  opts = suite.Options(top_k=100)
+  opts = retrieval.Options(top_k=100)
   first = suite.run(_Words(), "dense", "words", sets[:1], opts, out, log=lambda *a, **k: None)
   assert list(json.load(open(out))["sets"]) == sets[:1]
-  full = suite.run(_Words(), "dense", "words", sets, suite.Options(top_k=100), str(tmp_path / "full.json"),
+  full = suite.run(_Words(), "dense", "words", sets, retrieval.Options(top_k=100), str(tmp_path / "full.json"),
                    log=lambda *a, **k: None)
   # A finished set is read back, not evaluated again: the rerun embeds only the other two sets' texts.
   model, lines = _Words(), []
@@ -172,27 +172,27 @@ def test_a_suite_resumes_after_one_set_and_refuses_another_models_report(sets, t
                                               r"--overwrite"):
     suite.run(_Words("other"), "dense", "words", sets, opts, out)
   with pytest.raises(errors.DataError, match=r"a report made with other settings"):
-    suite.run(_Words(), "dense", "words", sets, suite.Options(top_k=10), out)
+    suite.run(_Words(), "dense", "words", sets, retrieval.Options(top_k=10), out)
   fresh = suite.run(_Words("other"), "dense", "other", sets[1:], opts, out, overwrite=True, log=lambda *a, **k: None)
   assert list(json.load(open(out))["sets"]) == sets[1:] and fresh["model"] == "other"
 
 
 @pytest.mark.parametrize("argv,message", [
     (["--beir_suite"], r"argument --beir_suite: expected at least one argument"),
-    (["--beir_suite", "{set0}", "{model}"], r"--beir_suite: .* is not a BEIR folder \(no corpus.jsonl, "
+    (["suite"], r"the following arguments are required: FOLDER"),
+    (["--beir_suite", "{set0}", "{model}"], r"embeddings suite: .* is not a BEIR folder \(no corpus.jsonl, "
                                             r"queries.jsonl, qrels/test.tsv\)"),
-    (["--beir_suite", "{set0}", "{set0}/"], r"--beir_suite: .*set0/ is given twice"),
+    (["suite", "{set0}", "{set0}/"], r"embeddings suite: .*set0/ is given twice"),
     (["--beir_suite", "{set0}", "--out", "{set0}/corpus.jsonl"], r"--out .*: exists and is not a report this "
                                                                  r"command wrote"),
-    (["--beir_suite", "{set0}", "--run", "{tmp}/run.trec"], r"--run: not an option for --beir_suite"),
-    (["--beir_suite", "{set0}", "--precision", "int8"],
-     r"--precision int8: (not an option for --beir_suite|for --corpus and --beir)"),
+    (["--beir_suite", "{set0}", "--run", "{tmp}/run.trec"], r"--run: not an option for `embeddings suite`"),
+    (["suite", "{set0}", "--precision", "int8"], r"--precision: not an option for `embeddings suite`"),
 ])
 def test_a_suite_that_cannot_run_is_one_line_before_the_model_loads(sets, minilm, tmp_path, capsys, argv, message):
   import re
   argv = [a.format(set0=sets[0], model=minilm, tmp=tmp_path) for a in argv]
   with pytest.raises(SystemExit) as e:
-    embeddings_cli.main(["--model", minilm, *argv])
+    embeddings_cli.main([*argv, "--model", minilm])
   assert e.value.code == 2
   err = capsys.readouterr().err.strip().splitlines()
   assert len(err) == 1 and re.search(message, err[0]), err
@@ -210,7 +210,7 @@ def test_a_sparse_or_multi_vector_suite_is_each_sets_beir_command_averaged(kind,
                                                                            sets, tmp_path, capsys):
   path = splade_folder[0] if kind == "sparse" else mve_folder[0]
   out = str(tmp_path / "r.json")
-  summary = _cli_json(["--model", path, "--beir_suite", *sets[:2], "--out", out, "--top_k", "50"], capsys)
+  summary = _cli_json(["suite", *sets[:2], "--model", path, "--out", out, "--top_k", "50"], capsys)
   report = json.load(open(out))
   assert report["settings"]["kind"] == kind
   assert summary["primary_metric"] == f"NanoBEIR_mean_{'dot' if kind == 'sparse' else 'maxsim'}_ndcg@10"

@@ -324,7 +324,7 @@ def test_every_option_works_for_a_multivector_model_or_is_one_line(mve, tmp_path
       assert got[(qid, did)] == pytest.approx(multivector.maxsim(np.asarray(q[i]), np.asarray(d[j])), abs=1e-4)
   for flag, value in (("--cache_dir", str(tmp_path / "cache")), ("--max_active_dims", "4"), ("--pooling", "cls"),
                       ("--depth", "5")):
-    _one_line_error(capsys, ["--model", folder, "--beir", beir, flag, value], rf"{flag}.*(multi-vector|--rerank)")
+    _one_line_error(capsys, ["--model", folder, "--beir", beir, flag, value], rf"{flag}.*(multi-vector|rerank)")
   assert not (tmp_path / "cache").exists()
 
 
@@ -347,7 +347,7 @@ def test_every_rerank_option_works_or_is_one_line(cross, base, tmp_path, capsys)
   for flag, value in (("--cache_dir", str(tmp_path / "cache")), ("--pooling", "cls"), ("--max_active_dims", "4"),
                       ("--score", "dot"), ("--block", "4")):
     _one_line_error(capsys, ["--model", folder, "--beir", beir, "--rerank", str(first), flag, value],
-                    rf"{flag}: not an option for --rerank")
+                    rf"{flag}: not an option for `embeddings rerank`")
   _one_line_error(capsys, ["--model", base["enc"], "--beir", beir, "--max_active_dims", "4"],
                   r"--max_active_dims: not an option for a dense embedding model")
 

@@ -162,10 +162,12 @@ def test_corpus_blocks_hold_precision_and_ranges_and_refuse_another_precision(mi
   set of another width are one line each."""
   from bertjax.embeddings import blocks
   from bertjax.embeddings.dense.encoder import embed_corpus
+  from bertjax.embeddings.retrieval import Options
   enc, texts = minilm["enc"], [h for h, _ in minilm["pairs"][:10]]  # short texts: few shapes to compile
   ids, out = [f"d{i}" for i in range(10)], str(tmp_path / "emb")
   quiet = lambda *a, **k: None  # noqa: E731
-  assert embed_corpus(enc, ids, texts, out, 4, 8, log=quiet, precision="int8")["embedded now"] == 3
+  int8 = Options(block=4, batch_size=8, precision="int8")
+  assert embed_corpus(enc, ids, texts, out, int8, quiet)["embedded now"] == 3
   for b in range(3):
     held = np.load(os.path.join(out, f"block-{b:05d}.npz"), allow_pickle=False)
     vectors = enc.encode_document(texts[4 * b:4 * b + 4], 8)
@@ -174,12 +176,12 @@ def test_corpus_blocks_hold_precision_and_ranges_and_refuse_another_precision(mi
     assert str(held["precision"]) == "int8" and held["embeddings"].dtype == np.int8
     assert np.mean(held["embeddings"] == want) > 0.99  # floor() at a step boundary may flip a code
   with pytest.raises(blocks.BlockStoreError) as e:
-    embed_corpus(enc, ids, texts, out, 4, 8, log=quiet, precision="binary")
+    embed_corpus(enc, ids, texts, out, Options(block=4, batch_size=8, precision="binary"), quiet)
   assert "holds int8 embeddings, and this run asks for binary" in str(e.value) and "\n" not in str(e.value)
-  assert embed_corpus(enc, ids, texts, out, 4, 8, log=quiet, precision="int8")["embedded now"] == 0  # resumed
+  assert embed_corpus(enc, ids, texts, out, int8, quiet)["embedded now"] == 0  # resumed
   with pytest.raises(quantize.QuantizeError) as e:
-    embed_corpus(enc, ids, texts, str(tmp_path / "e2"), 4, 8, log=quiet, precision="int8",
-                 calibration=np.zeros((3, 10), np.float32))
+    embed_corpus(enc, ids, texts, str(tmp_path / "e2"),
+                 Options(block=4, batch_size=8, precision="int8", calibration=np.zeros((3, 10), np.float32)), quiet)
   assert str(e.value) == "--calibration: embeddings 10 wide, and this model's are 384 wide"
 
 
@@ -238,7 +240,7 @@ def test_bad_inputs_are_one_line(tmp_path, capsys):
   (beir / "queries.jsonl").write_text('{"_id": "1", "text": "first"}\n')
   (beir / "qrels" / "test.tsv").write_text("1\ta\t1\n")
   _one_line_error(capsys, ["--model", str(splade), "--beir", str(beir), "--precision", "int8"],
-                  "--precision int8: a sparse or multi-vector model cannot be quantized")
+                  "--precision: not an option for a sparse encoder")
   _one_line_error(capsys, ["--model", str(splade), "--beir", str(beir), "--precision", "int4"],
                   "argument --precision: invalid choice: 'int4'")
 

@@ -16,6 +16,7 @@ from bertjax.core import files
 from bertjax.embeddings import folders as st_lib
 from bertjax.embeddings.dense import encoder as encoder_lib
 from bertjax.embeddings.model import EmbeddingModel, Pooling
+from bertjax.embeddings.retrieval import Options
 
 WORDS = ("the model reads text and finds documents near each query while a block of vectors waits in a bucket "
          "for the next run to resume from where the last one stopped").split()
@@ -121,7 +122,7 @@ def test_a_killed_corpus_embedding_resumes_from_the_blocks_in_the_bucket(st_mode
     return real(batch, *a)
   real, enc.encode = enc.encode, dies_after_two
   with pytest.raises(Killed):
-    encoder_lib.embed_corpus(enc, ids, docs, out, block=5, batch_size=4, log=lambda *a, **k: None)
+    encoder_lib.embed_corpus(enc, ids, docs, out, Options(block=5, batch_size=4), log=lambda *a, **k: None)
   assert files.listdir(out) == ["block-00000.json", "block-00000.npy", "block-00001.json", "block-00001.npy",
                                 "ids.json", "manifest.json"]
   first = _generations(out)

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from bertjax.core import files
+from bertjax.embeddings import kinds
 from bertjax.embeddings.dense.encoder import Encoder
 from bertjax.embeddings.model import Pooling
 from bertjax.embeddings.sparse import encoder as sparse
@@ -51,7 +52,7 @@ class MtebEncoder:
                pooling: Pooling | None = None, model_prompts: dict[str, str] | None = None, batch_size: int = 32,
                **kwargs: Any) -> None:
     self.model_name, self.batch_size = model_name, batch_size
-    self.is_sparse = sparse.SparseEncoder.is_model(model_name)
+    self.is_sparse = kinds.kind_of(model_name) == "sparse"
     self.model = sparse.SparseEncoder.load(model_name) if self.is_sparse else Encoder.load(model_name, pooling)
     self.revision = revision or self.model.fingerprint[:12]
     own = getattr(self.model, "prompts", None)
@@ -61,7 +62,7 @@ class MtebEncoder:
 
   @property
   def similarity_fn_name(self) -> str:
-    return "dot" if self.is_sparse else "cosine"
+    return {"cos": "cosine", "dot": "dot"}[kinds.SCORES["sparse" if self.is_sparse else "dense"][0]]
 
   @property
   def mteb_model_meta(self):

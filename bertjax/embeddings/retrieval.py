@@ -43,6 +43,28 @@ class Beir:
   empty_docs: int
 
 
+@dataclasses.dataclass(frozen=True)
+class Options:
+  """How a BEIR folder is searched and a corpus embedded: the one object the embeddings command fills and
+  `kinds.beir_scores`, `suite.run` and `dense.encoder.embed_corpus` read. None: the model kind's own (`kinds.settle`
+  fills in its block and score; a prefix left None is the model's own prompt)."""
+  split: str = "test"  # the judgements qrels/SPLIT.tsv
+  top_k: int = 1000  # documents kept per query in the run
+  block: int | None = None  # documents embedded at a time
+  batch_size: int = 32
+  score: str | None = None  # cos or dot
+  query_prefix: str | None = None  # text put before each query
+  doc_prefix: str | None = None  # text put before each document
+  pooling: str = ""  # a dense model's pooling ("": its own, else mean)
+  max_active_dims: int = 0  # a sparse encoder's terms kept per vector (0: all)
+  precision: str = "float32"  # corpus embeddings stored and searched quantized (`quantize`)
+  calibration: np.ndarray | None = dataclasses.field(default=None, compare=False)  # int8 / uint8 ranges
+  rescore_multiplier: int = 2  # quantized search: candidates per result rescored by the float query
+  run_file: str = ""  # the run written here in TREC format
+  cache_dir: str = ""  # corpus embeddings kept here block by block, so a rerun resumes
+  overwrite: bool = False  # write over a run file or folder this command did not write
+
+
 def _decoded(path: str, f) -> Iterator[tuple[int, str]]:
   """(line number, text) of a binary file's lines (a byte-order mark before the first dropped, as spreadsheet
   programs write one); a line that is not UTF-8 is a one-line error."""

@@ -1,8 +1,8 @@
 """BEIR evaluation over several folders in one run, as sentence-transformers' NanoBEIREvaluator reports it: each
-set's nDCG@10, MRR@10, Recall@100 and MAP (exact search, trec_eval's measures, as one `--beir` run gives them) and
+set's nDCG@10, MRR@10, Recall@100 and MAP (exact search, trec_eval's measures, as `embeddings beir` gives them) and
 their unweighted mean over the sets, the primary metric named `NanoBEIR_mean_{cosine|dot|maxsim}_ndcg@10`.
 
-    python -m bertjax embeddings --model M --beir_suite scifact/ nfcorpus/ arguana/ --out report.json
+    python -m bertjax embeddings suite --model M scifact/ nfcorpus/ arguana/ --out report.json
 
 With a report file the run is resumable: each finished set is written into it as it finishes, and a rerun skips
 the sets already there when the report was written by the same model (its weights' fingerprint) with the same
@@ -10,7 +10,6 @@ settings; a report of another model or other settings is refused unless `overwri
 """
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import os
@@ -21,13 +20,8 @@ import numpy as np
 
 from bertjax import errors
 from bertjax.core import files
-from bertjax.embeddings import retrieval
-from bertjax.embeddings.dense.encoder import Encoder, beir_scores
-from bertjax.embeddings.model import Pooling
-from bertjax.embeddings.multivector import encoder as multivector
-from bertjax.embeddings.sparse import encoder as sparse
+from bertjax.embeddings import kinds, retrieval
 
-KINDS = ("dense", "sparse", "multivector")
 SUITE_METRICS = ("ndcg@10", "mrr@10", "recall@100", "map")
 _FORMAT = "bertjax beir suite 1"
 
@@ -36,31 +30,8 @@ class SuiteError(errors.DataError):
   pass
 
 
-@dataclasses.dataclass(frozen=True)
-class Options:
-  split: str = "test"
-  top_k: int = 1000
-  block: int = 65536
-  batch_size: int = 32
-  score: str = "cos"  # dense: cos or dot; sparse: dot; multi-vector: the folder's MaxSim
-  query_prefix: str | None = None  # None: the model's own query / document prompts
-  doc_prefix: str | None = None
-  max_active_dims: int = 0  # sparse: keep each vector's largest terms (0: all)
-
-
-def kind_of(path: str) -> str:
-  """dense, sparse or multivector: which of bertjax's encoders reads the model at `path`."""
-  if sparse.SparseEncoder.is_model(path):
-    return "sparse"
-  return "multivector" if multivector.is_model(path) else "dense"
-
-
-def load(path: str, kind: str, pooling: Pooling | None = None, max_active_dims: int = 0):
-  if kind == "sparse":
-    return sparse.SparseEncoder.load(path, max_active_dims=max_active_dims or None)
-  if kind == "multivector":
-    return multivector.MultiVectorEncoder.load(path)
-  return Encoder.load(path, pooling)
+# The options a report records: a rerun resumes a report of the same settings (block and batch size change no score).
+SETTINGS = ("split", "top_k", "score", "query_prefix", "doc_prefix", "max_active_dims")
 
 
 def fingerprint(model, kind: str) -> str:
@@ -88,19 +59,19 @@ def check_folders(folders: Sequence[str], split: str) -> list[str]:
   """The keys of the sets, each a BEIR folder (corpus.jsonl, queries.jsonl, qrels/SPLIT.tsv), none twice; else
   one line naming the folder. Only the files' presence: their content is checked as each set is read."""
   if not folders:
-    raise SuiteError("--beir_suite: give one or more BEIR folders")
+    raise SuiteError("embeddings suite: give one or more BEIR folders")
   keys: dict[str, str] = {}
   for folder in folders:
     key = set_key(folder)
     if key in keys:
-      raise SuiteError(f"--beir_suite: {folder} is given twice")
+      raise SuiteError(f"embeddings suite: {folder} is given twice")
     keys[key] = folder
     if not files.isdir(folder):
-      raise SuiteError(f"--beir_suite: {folder}: no such folder")
+      raise SuiteError(f"embeddings suite: {folder}: no such folder")
     missing = [n for n in ("corpus.jsonl", "queries.jsonl", f"qrels/{split}.tsv")
                if not files.isfile(files.join(folder, *n.split("/")))]
     if missing:
-      raise SuiteError(f"--beir_suite: {folder} is not a BEIR folder (no {', '.join(missing)})")
+      raise SuiteError(f"embeddings suite: {folder} is not a BEIR folder (no {', '.join(missing)})")
   return list(keys)
 
 
@@ -126,21 +97,6 @@ def check_report(path: str, overwrite: bool) -> None:
     read_report(path)
 
 
-def evaluate_set(model, kind: str, data: retrieval.Beir, opts: Options) -> dict:
-  """One set's metrics, as the single-folder `--beir` evaluation computes them."""
-  if kind != "multivector":
-    return beir_scores(model, data, opts.split, opts.top_k, block=opts.block, batch_size=opts.batch_size,
-                       query_prefix=opts.query_prefix, doc_prefix=opts.doc_prefix, score=opts.score)
-  prompts = {k: v for k, v in (("query_prompt", opts.query_prefix), ("document_prompt", opts.doc_prefix))
-             if v is not None}  # given: they replace the model's own prompts
-  if prompts:
-    model = dataclasses.replace(model, settings=dataclasses.replace(model.settings, **prompts))
-  s, rows = multivector.search(model, data.queries, data.docs, opts.top_k, opts.block, opts.batch_size)
-  return {**retrieval.evaluate_run(retrieval.make_run(data, s, rows), data.qrels), "queries": len(data.queries),
-          "documents": len(data.docs), "queries without judgements": data.skipped_queries,
-          "empty documents": data.empty_docs}
-
-
 def aggregate(sets: dict[str, dict], kind: str, score: str) -> dict:
   """NanoBEIREvaluator's aggregate: each metric's unweighted mean over the sets, and its primary metric
   `NanoBEIR_mean_{score}_ndcg@10`."""
@@ -149,13 +105,14 @@ def aggregate(sets: dict[str, dict], kind: str, score: str) -> dict:
   return {"mean": mean, "primary_metric": primary, primary: mean["ndcg@10"]}
 
 
-def run(model, kind: str, model_path: str, folders: Sequence[str], opts: Options, out: str = "",
+def run(model, kind: str, model_path: str, folders: Sequence[str], opts: retrieval.Options, out: str = "",
         overwrite: bool = False, log: Callable[..., None] = print) -> dict:
-  """Evaluates every set in turn; with `out`, each finished set goes into the report at once and the sets a
-  matching report already holds are skipped. Returns the report."""
+  """Evaluates every set in turn, each as the single-folder `kinds.beir_scores` does; with `out`, each finished
+  set goes into the report at once and the sets a matching report already holds are skipped. Returns the
+  report."""
+  opts = kinds.settle(kind, opts)
   keys = check_folders(folders, opts.split)
-  settings = {**{k: v for k, v in dataclasses.asdict(opts).items() if k not in ("block", "batch_size")},
-              "kind": kind}
+  settings = {**{k: getattr(opts, k) for k in SETTINGS}, "kind": kind}
   fp = fingerprint(model, kind)
   old = read_report(out) if out and not overwrite else None
   if old is not None and (old.get("fingerprint") != fp or old.get("settings") != settings):
@@ -168,7 +125,7 @@ def run(model, kind: str, model_path: str, folders: Sequence[str], opts: Options
     if key in done:
       log(f"[{n}/{len(keys)}] {key}: in {out} already, skipped", flush=True)
       continue
-    done[key] = evaluate_set(model, kind, retrieval.read_beir(folder, opts.split), opts)
+    done[key] = kinds.beir_scores(model, kind, retrieval.read_beir(folder, opts.split), opts)
     log(f"[{n}/{len(keys)}] {key}: nDCG@10 {done[key]['ndcg@10']:.4f}", flush=True)
     if out:
       files.write_whole(out, json.dumps(report, indent=1))

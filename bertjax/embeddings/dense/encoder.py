@@ -5,8 +5,8 @@ embed them in batches.
     enc = embeddings.Encoder.load("all-MiniLM-L6-v2")        # a sentence-transformers folder
     vectors = enc.encode(["a sentence", "another one"])     # [2, 384] float32, unit length
 
-  python -m bertjax embeddings --model MODEL --sts pairs.csv --columns sentence1,sentence2,score   # STS
-  python -m bertjax embeddings --model MODEL --beir scifact/ --run scifact.trec    # retrieval (docs/embeddings.md)
+  python -m bertjax embeddings sts --model MODEL pairs.csv --columns sentence1,sentence2,score   # STS
+  python -m bertjax embeddings beir --model MODEL scifact/ --run scifact.trec    # retrieval (docs/embeddings.md)
 """
 from __future__ import annotations
 
@@ -234,6 +234,9 @@ class Encoder:
     return result
 
 
+BLOCK = 65536  # documents embedded at a time: a block of 384-wide float32 vectors is 100 MB
+
+
 def check_sizes(**sizes: int) -> None:
   """Each of --top_k, --block, --batch_size (by name) a positive integer, or one line naming it."""
   for name, value in sizes.items():
@@ -253,76 +256,22 @@ def sts_scores(encoder: Encoder, pairs: Sequence[tuple[str, str, float]], batch_
   return {"spearman": scores.spearman(cos, gold), "pearson": scores.pearson(cos, gold), "pairs": len(pairs)}
 
 
-def beir_scores(encoder: Encoder, folder: str | retrieval.Beir, split: str = "test", top_k: int = 1000,
-                run_file: str = "", cache_dir: str = "", block: int = 65536, batch_size: int = 32,
-                query_prefix: str | None = None, doc_prefix: str | None = None, score: str = "cos",
-                overwrite: bool = False, precision: str = "float32", calibration: np.ndarray | None = None,
-                rescore_multiplier: int = 2) -> dict:
-  """nDCG@10, MRR@10, Recall@100 and MAP of exact search (cosine or dot product) over a BEIR folder's corpus,
-  the run (top `top_k` per query) written to `run_file` in TREC format; `cache_dir` keeps the corpus embeddings
-  block by block so an interrupted run resumes (`blocks.BlockStore`). Neither is written over when it holds what
-  this command did not write, unless `overwrite`. Queries take `query_prefix` and documents `doc_prefix` before
-  their text; None: the model's own query / document prompts (a sentence-transformers folder's). A `precision`
-  other than float32 searches the corpus quantized, with rescoring (`quantize.search`)."""
-  if score not in ("cos", "dot"):
-    raise errors.ConfigError(f"--score {score!r}: cos or dot")
-  check_sizes(top_k=top_k, block=block, batch_size=batch_size)
-  if run_file:
-    retrieval.check_run_file(run_file, overwrite)
-  beir = folder if isinstance(folder, retrieval.Beir) else retrieval.read_beir(folder, split)
-  prep = scores.unit_rows if score == "cos" else (lambda x: x)
-  sparse = hasattr(encoder, "max_active_dims")  # a SparseEncoder: dot products of term vectors
-  if sparse and score != "dot":
-    raise errors.ConfigError("a sparse encoder scores by dot product: --score dot")
-  if sparse and precision != "float32":
-    raise quantize.QuantizeError("a sparse encoder's term vectors cannot be quantized: leave out --precision")
-  counts = {"query": [], "document": []}
-
-  def counted(side, vectors):
-    if sparse:
-      counts[side].append(np.count_nonzero(vectors, axis=1))
-    return vectors
-  doc_prompt = encoder.prompts.document if doc_prefix is None else doc_prefix
-  store = None
-  if cache_dir:
-    key = blocks_lib.corpus_key(f"{encoder.fingerprint}|{doc_prompt}|{score}", beir.docs, block)
-    store = blocks_lib.BlockStore(cache_dir, quantize.store_key(key, precision, calibration), "--cache_dir", overwrite)
-  queries = counted("query", prep(encoder.encode_query(beir.queries, batch_size, prompt=query_prefix)))
-
-  def embed(texts):
-    if store is not None:
-      encoder.lengths.reset()  # a stored block is padded as a fresh run pads it
-    return prep(encoder.encode_document(texts, batch_size, prompt=doc_prompt))
-  if precision != "float32":
-    coded = quantize.corpus_blocks(embed, beir.docs, block, precision, calibration, store)
-    s, rows = quantize.search(queries, coded, top_k, precision, rescore_multiplier)
-  else:
-    s, rows = retrieval.search(queries, (counted("document", b) for b in
-                                         retrieval.corpus_blocks(embed, beir.docs, block, store)), top_k)
-  run = retrieval.make_run(beir, s, rows)
-  if run_file:
-    retrieval.write_trec(run, run_file)
-  out = {**retrieval.evaluate_run(run, beir.qrels), "queries": len(beir.queries), "documents": len(beir.docs),
-         "queries without judgements": beir.skipped_queries, "empty documents": beir.empty_docs}
-  if sparse:  # the non-zero terms per vector: what an inverted index of them would hold
-    out.update({f"{side} active dims": float(np.mean(np.concatenate(c))) for side, c in counts.items()})
-  return out
-
-
-def embed_corpus(encoder: Encoder, ids: Sequence[str], texts: Sequence[str], out: str, block: int = 65536,
-                 batch_size: int = 32, prefix: str | None = None, log=print, overwrite: bool = False,
-                 precision: str = "float32", calibration: np.ndarray | None = None) -> dict:
+def embed_corpus(encoder: Encoder, ids: Sequence[str], texts: Sequence[str], out: str,
+                 opts: retrieval.Options = retrieval.Options(), log=print) -> dict:
   """Embeds a corpus into `out`: `block-NNNNN.npy` ([rows, width] float32) with its record, and `ids.json`
   (every id, in row order), `manifest.json` binding the folder to the model, prefix, ids and texts
   (`blocks.BlockStore`). A killed run resumes at its first missing block (none embedded twice); each host embeds
   the blocks b with b % hosts == its index, its rows split over its devices, texts longest first. Another
-  `precision` stores each block quantized (`block-NNNNN.npz`: embeddings, precision, ranges; `quantize`)."""
+  `opts.precision` stores each block quantized (`block-NNNNN.npz`: embeddings, precision, ranges; `quantize`).
+  Reads `opts.block` (None: BLOCK), batch_size, doc_prefix, precision, calibration and overwrite."""
+  block, batch_size = BLOCK if opts.block is None else opts.block, opts.batch_size
+  precision, calibration = opts.precision, opts.calibration
   check_sizes(block=block, batch_size=batch_size)
   if not len(texts):
     raise errors.DataError("the corpus holds no documents")
-  prefix = encoder.prompts.document if prefix is None else prefix  # None: the folder's document prompt
+  prefix = encoder.prompts.document if opts.doc_prefix is None else opts.doc_prefix  # None: the folder's own
   key = blocks_lib.corpus_key(f"{encoder.fingerprint}|{prefix}|corpus", texts, block, ids)
-  store = blocks_lib.BlockStore(out, quantize.store_key(key, precision, calibration), "--out", overwrite)
+  store = blocks_lib.BlockStore(out, quantize.store_key(key, precision, calibration), "--out", opts.overwrite)
   if jax.process_index() == 0 and not files.isfile(files.join(out, "ids.json")):
     files.write_whole(files.join(out, "ids.json"), json.dumps(list(ids)))
   n_blocks = -(-len(texts) // block)

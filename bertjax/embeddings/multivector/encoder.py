@@ -39,6 +39,7 @@ from bertjax.embeddings import folders as st_lib
 from bertjax.embeddings.dense.encoder import _max_seq_length, finetune_kind, model_path
 from bertjax.embeddings.model import normalize
 
+BLOCK = 1024  # documents embedded at a time: each is a vector per token
 _DENSE_ACTIVATIONS = ("torch.nn.modules.linear.Identity",)
 
 
@@ -335,7 +336,7 @@ def _block_maxsim(mean: bool):
   return jax.jit(f)
 
 
-def search(enc: MultiVectorEncoder, queries: Sequence[str], docs: Sequence[str], k: int, block: int = 1024,
+def search(enc: MultiVectorEncoder, queries: Sequence[str], docs: Sequence[str], k: int, block: int = BLOCK,
            batch_size: int = 32, budget_bytes: int = 1 << 28) -> tuple[np.ndarray, np.ndarray]:
   """Exact MaxSim top-k of every query over the documents, embedded `block` at a time: (scores, document
   indices), each [Q, k], best first. Each block's documents are split over the devices; queries go in groups

@@ -46,6 +46,8 @@ from bertjax.embeddings.sparse.folders import (  # noqa: F401  (the folder layer
 )
 from bertjax.model.heads import BertForPreTraining
 
+BLOCK = 2048  # documents embedded at a time: each vector spans the vocabulary (30522 float32 terms)
+
 
 def activate(logits, mask, activation: str = "relu"):
   """log(1 + ReLU(logits)) at the real tokens (0 at padding); log1p_relu takes log(1 + ·) once more."""
