@@ -6,7 +6,6 @@ import inspect
 import json
 import os
 import sys
-import types
 
 import helpers
 import numpy as np
@@ -35,38 +34,6 @@ def docstring_pairs(n=60):
   assert len(pairs) == n
   pairs += [(pairs[0][0], pairs[5][1]), (pairs[1][0], pairs[9][1])]  # anchors with two positives
   return pairs
-
-
-class _Dataset:
-  """The little of `datasets.Dataset` that mine_hard_negatives uses (datasets is not installed here)."""
-  def __init__(self, cols):
-    self.cols = cols
-    self.column_names = list(cols)
-
-  @classmethod
-  def from_dict(cls, d):
-    return cls(dict(d))
-
-  def __len__(self):
-    return len(next(iter(self.cols.values()))) if self.cols else 0
-
-  def __getitem__(self, name):
-    return self.cols[name]
-
-  def rows(self):
-    return [dict(zip(self.cols, v)) for v in zip(*self.cols.values())]
-
-  def to_pandas(self):
-    cols = self.cols
-
-    class Grouped:
-      def __init__(self, key):
-        self.key = key
-
-      def count(self):
-        counts = collections.Counter(cols[self.key])
-        return types.SimpleNamespace(to_dict=lambda: {c: dict(counts) for c in cols if c != self.key})
-    return types.SimpleNamespace(groupby=Grouped)
 
 
 class CachedEncoder:
@@ -100,20 +67,11 @@ def models():
 
 
 def st_mine(hard_negatives, model, pairs, corpus, cache, **options):
-  saved = sys.modules.get("datasets")
-  sys.modules["datasets"] = types.SimpleNamespace(Dataset=_Dataset)
-  was = hard_negatives.is_datasets_available
-  hard_negatives.is_datasets_available = lambda: True
-  try:
-    data = _Dataset({"anchor": [a for a, _ in pairs], "positive": [p for _, p in pairs]})
-    return hard_negatives.mine_hard_negatives(data, model, corpus=corpus, verbose=False, cache_folder=cache,
-                                                **options).rows()
-  finally:
-    hard_negatives.is_datasets_available = was
-    if saved is None:
-      sys.modules.pop("datasets", None)
-    else:
-      sys.modules["datasets"] = saved
+  """sentence-transformers' mine_hard_negatives on a real `datasets.Dataset` of the pairs: its rows."""
+  from datasets import Dataset
+  data = Dataset.from_dict({"anchor": [a for a, _ in pairs], "positive": [p for _, p in pairs]})
+  return hard_negatives.mine_hard_negatives(data, model, corpus=corpus, verbose=False, cache_folder=cache,
+                                            **options).to_list()
 
 
 def _negatives(rows, fmt):
