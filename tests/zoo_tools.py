@@ -56,9 +56,14 @@ def hf_forward(path: str, meta: dict, exp: dict) -> dict:
     n = 2 if head == "ForQuestionAnswering" else 3
     module = model.for_task(cfg, HEADS[head], n)
     if cfg.classifier_head == "pooler" and "pooler" not in params["bert"]:
+      # HF's token-classification and QA models have no pooler and do not use one; bertjax's module still asks
+      # for its parameters, so they are NaN: an output that reads them is NaN and fails, and a pooled head
+      # without a pooler is refused rather than compared with an invented one.
+      assert head != "ForSequenceClassification", f"{path}: from_hf gave no pooler for a pooled classifier"
       import jax
-      fresh = module.init(jax.random.key(0), b)["params"]
-      params = {**params, "bert": {**params["bert"], "pooler": fresh["bert"]["pooler"]}}
+      shapes = jax.eval_shape(module.init, jax.random.key(0), b)["params"]["bert"]["pooler"]
+      nan = jax.tree_util.tree_map(lambda x: np.full(x.shape, np.nan, x.dtype), shapes)
+      params = {**params, "bert": {**params["bert"], "pooler": nan}}
     out = module.apply({"params": params}, b)
     if head == "ForQuestionAnswering":
       return {"out_start_logits": np.asarray(out["start_logits"]), "out_end_logits": np.asarray(out["end_logits"])}
