@@ -347,7 +347,7 @@ def test_corpus_embedding_killed_with_sigkill_resumes_to_the_same_bytes(tmp_path
   corpus.write_text("".join(json.dumps({"_id": f"d{i}", "text": t}) + "\n" for i, t in enumerate(real_sentences(40))))
 
   def cmd(out):
-    return [sys.executable, "-m", "bertjax", "embeddings", "--model", path, "--corpus", str(corpus), "--out",
+    return [sys.executable, "-m", "bertjax", "embeddings", "corpus", str(corpus), "--model", path, "--out",
             str(out), "--block", "2", "--batch_size", "2"]
   killed = subprocess.Popen(cmd(tmp_path / "a"), cwd=helpers.ROOT, env=helpers.env(), stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
@@ -395,10 +395,10 @@ def test_corpus_embedding_resumes_a_killed_run_and_equals_sentence_transformers(
     return real(batch, *a)
   real, enc.encode = enc.encode, dies_after_two
   with pytest.raises(Killed):
-    embeddings.embed_corpus(enc, ids, docs, str(out), embeddings.Options(block=4), log=lambda *a, **k: None)
+    embeddings.embed_corpus(enc, ids, docs, str(out), retrieval.Options(block=4), log=lambda *a, **k: None)
   first = {p.name: p.stat().st_mtime_ns for p in out.glob("block-*.npy")}
   assert sorted(first) == ["block-00000.npy", "block-00001.npy"]
-  assert embeddings_cli.main(["--model", path, "--corpus", str(corpus), "--out", str(out), "--block", "4"]) == 0
+  assert embeddings_cli.main(["corpus", str(corpus), "--model", path, "--out", str(out), "--block", "4"]) == 0
   assert {p.name: p.stat().st_mtime_ns for p in out.glob("block-0000[01].npy")} == first  # not embedded again
   got = np.concatenate([np.load(f) for f in sorted(out.glob("block-*.npy"))])
   assert json.loads((out / "ids.json").read_text()) == ids
@@ -585,13 +585,13 @@ def test_sts_evaluation_equals_sentence_transformers_evaluator(tmp_path):
   theirs = ev(st.SentenceTransformer(path, device="cpu"))
   root = __import__("os").path.dirname(__import__("os").path.dirname(__import__("os").path.abspath(__file__)))
   env = dict(__import__("os").environ, PYTHONPATH=root, JAX_PLATFORMS="cpu")
-  out = subprocess.run([sys.executable, "-m", "bertjax", "embeddings", "--model", path, "--sts",
-                        str(tmp_path / "sts.jsonl")], capture_output=True, text=True, env=env, timeout=300)
+  out = subprocess.run([sys.executable, "-m", "bertjax", "embeddings", "sts", str(tmp_path / "sts.jsonl"), "--model",
+                        path], capture_output=True, text=True, env=env, timeout=300)
   assert out.returncode == 0, out.stderr[-2000:]
   ours = json.loads(out.stdout.splitlines()[-1])
   np.testing.assert_allclose([ours["spearman"], ours["pearson"]],
                              [theirs["spearman_cosine"], theirs["pearson_cosine"]], atol=1e-4)
-  bad = subprocess.run([sys.executable, "-m", "bertjax", "embeddings", "--model", path, "--sts",
-                        str(tmp_path / "sts.jsonl"), "--columns", "sentence1,sentence2,label"],
+  bad = subprocess.run([sys.executable, "-m", "bertjax", "embeddings", "sts", str(tmp_path / "sts.jsonl"), "--model",
+                        path, "--columns", "sentence1,sentence2,label"],
                        capture_output=True, text=True, env=env, timeout=300)
   assert bad.returncode == 2 and bad.stderr.strip().splitlines()[-1].startswith("error:") and "label" in bad.stderr

@@ -125,7 +125,7 @@ def test_packed_rows_give_each_text_its_unpacked_token_vectors_and_loss(mve_fold
 
 @ATTEND_SLOW
 def test_maxsim_beir_search_equals_ir_measures_on_sentence_transformers_scores(mve_folder, tmp_path, capsys):
-  """`python -m bertjax embeddings --beir` with a MultiVectorEncoder folder: exact MaxSim over the corpus in
+  """`python -m bertjax embeddings beir` with a MultiVectorEncoder folder: exact MaxSim over the corpus in
   blocks of 7 documents split over the 8-device mesh; the metrics equal ir-measures' on the run of
   sentence-transformers' own MaxSim scores, and the run file holds those scores."""
   import json
@@ -137,7 +137,7 @@ def test_maxsim_beir_search_equals_ir_measures_on_sentence_transformers_scores(m
   queries = {f"q{i}": " ".join(rng.choice(WORDS, 3)) for i in range(6)}
   qrels = {q: {f"d{j}": 1 for j in rng.choice(23, 2, replace=False)} for q in queries}
   beir = helpers.write_beir(tmp_path / "beir", docs, queries, qrels)
-  assert embeddings_cli.main(["--model", path, "--beir", str(beir), "--run", str(tmp_path / "run.trec"),
+  assert embeddings_cli.main(["beir", str(beir), "--model", path, "--run", str(tmp_path / "run.trec"),
                               "--block", "7", "--top_k", "23"]) == 0
   got = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
   sims = theirs.similarity(theirs.encode_query(list(queries.values())),

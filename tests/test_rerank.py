@@ -85,7 +85,7 @@ def test_roberta_cross_encoder_with_three_labels_predicts_as_sentence_transforme
 
 
 def test_reranking_a_run_equals_ir_measures_on_cross_encoder_scores(bert_cross_encoder, tmp_path, capsys):
-  """`python -m bertjax embeddings --beir F --rerank RUN --depth 5`: each judged query's top 5 documents of the run
+  """`python -m bertjax embeddings rerank F RUN --depth 5`: each judged query's top 5 documents of the run
   re-scored; the metrics before and after equal ir-measures' on the input run and on the run of
   CrossEncoder.predict's scores, and the new run file holds those scores."""
   ir_measures = pytest.importorskip("ir_measures")
@@ -99,7 +99,7 @@ def test_reranking_a_run_equals_ir_measures_on_cross_encoder_scores(bert_cross_e
   first = {q: {d: float(s) for d, s in zip(docs, rng.normal(size=len(docs)))} for q in queries}
   (tmp_path / "first.trec").write_text("".join(f"{q} Q0 {d} 0 {s:.6f} bm25\n" for q, ds in first.items()
                                                for d, s in ds.items()))
-  assert embeddings_cli.main(["--model", path, "--beir", str(beir), "--rerank", str(tmp_path / "first.trec"),
+  assert embeddings_cli.main(["rerank", str(beir), str(tmp_path / "first.trec"), "--model", path,
                               "--depth", "5", "--run", str(tmp_path / "new.trec"), "--batch_size", "4"]) == 0
   got = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
   measures = {"ndcg@10": ir_measures.nDCG @ 10, "mrr@10": ir_measures.RR @ 10, "recall@100": ir_measures.R @ 100,

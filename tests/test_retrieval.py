@@ -100,7 +100,7 @@ def test_the_beir_command_on_minilm_ranks_as_sentence_transformers_and_scores_as
   path = str(gt.get_model_path())
   pairs = _docstring_beir(str(tmp_path / "beir"))
   run_file, cache = str(tmp_path / "run.trec"), str(tmp_path / "cache")
-  argv = ["--model", path, "--beir", str(tmp_path / "beir"), "--run", run_file, "--cache_dir", cache,
+  argv = ["beir", str(tmp_path / "beir"), "--model", path, "--run", run_file, "--cache_dir", cache,
           "--block", "16", "--top_k", "20", "--batch_size", "8"]
   assert embeddings_cli.main(argv) == 0
   got = json.loads(capsys.readouterr().out.strip().splitlines()[-1])

@@ -255,7 +255,7 @@ def test_the_regularizer_ramp_is_sentence_transformers_scheduler():
 
 
 def test_sparse_beir_search_equals_sentence_transformers_scores_with_ir_measures(splade_folder, tmp_path, capsys):
-  """`python -m bertjax embeddings --beir` with a SparseEncoder folder: exact search over the term vectors in
+  """`python -m bertjax embeddings beir` with a SparseEncoder folder: exact search over the term vectors in
   blocks on the 8-device mesh, pruned to 12 terms a vector; the metrics equal ir-measures' on the run that
   sentence-transformers' own vectors give, and the run file holds the same documents."""
   ir_measures = pytest.importorskip("ir_measures")
@@ -266,7 +266,7 @@ def test_sparse_beir_search_equals_sentence_transformers_scores_with_ir_measures
   queries = {f"q{i}": " ".join(rng.choice(WORDS, 3)) for i in range(9)}
   qrels = {q: {f"d{j}": 1 for j in rng.choice(37, 2, replace=False)} for q in queries}
   beir = helpers.write_beir(tmp_path / "beir", docs, queries, qrels)
-  assert embeddings_cli.main(["--model", path, "--beir", str(beir), "--run", str(tmp_path / "run.trec"),
+  assert embeddings_cli.main(["beir", str(beir), "--model", path, "--run", str(tmp_path / "run.trec"),
                               "--max_active_dims", "12", "--block", "7", "--top_k", "37"]) == 0
   got = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
   q = theirs.encode(list(queries.values()), convert_to_tensor=True, convert_to_sparse_tensor=False,
@@ -332,7 +332,7 @@ def test_inference_free_encoding_and_search_equal_sentence_transformers(inferenc
   queries = {f"q{i}": " ".join(rng.choice(WORDS, 3)) for i in range(7)}
   qrels = {q: {f"d{j}": 1 for j in rng.choice(23, 2, replace=False)} for q in queries}
   beir = helpers.write_beir(tmp_path / "beir", docs, queries, qrels)
-  assert embeddings_cli.main(["--model", path, "--beir", str(beir), "--block", "5", "--top_k", "23"]) == 0
+  assert embeddings_cli.main(["beir", str(beir), "--model", path, "--block", "5", "--top_k", "23"]) == 0
   got = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
   sims = theirs.encode_query(list(queries.values()), **kw).numpy() @ theirs.encode_document(
       list(docs.values()), **kw).numpy().T

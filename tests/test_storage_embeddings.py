@@ -85,10 +85,10 @@ def test_a_corpus_embedded_into_a_bucket_equals_the_local_folder(st_model, tmp_p
   files.copy(st_model, f"{bucket}/models/st")
   files.copy(corpus, f"{bucket}/data/corpus.jsonl")
   argv = ["--block", "4", "--batch_size", "4"]
-  assert embeddings_cli.main(["--model", st_model, "--corpus", corpus, "--out", str(tmp_path / "local"), *argv]) == 0
+  assert embeddings_cli.main(["corpus", corpus, "--model", st_model, "--out", str(tmp_path / "local"), *argv]) == 0
   local = _last_json(capsys)
   out = f"{bucket}/emb"
-  assert embeddings_cli.main(["--model", f"{bucket}/models/st", "--corpus", f"{bucket}/data/*.jsonl", "--out", out,
+  assert embeddings_cli.main(["corpus", f"{bucket}/data/*.jsonl", "--model", f"{bucket}/models/st", "--out", out,
                               *argv]) == 0
   remote = _last_json(capsys)
   assert remote == {**local, "out": out} and remote["blocks"] == 4
@@ -99,7 +99,7 @@ def test_a_corpus_embedded_into_a_bucket_equals_the_local_folder(st_model, tmp_p
   assert not os.path.exists(tmp_path / "gs:") and not os.path.exists(os.path.join(helpers.ROOT, "gs:"))
   # A second run finds every block done and writes nothing.
   before = _generations(out)
-  assert embeddings_cli.main(["--model", f"{bucket}/models/st", "--corpus", f"{bucket}/data/*.jsonl", "--out", out,
+  assert embeddings_cli.main(["corpus", f"{bucket}/data/*.jsonl", "--model", f"{bucket}/models/st", "--out", out,
                               *argv]) == 0
   assert _last_json(capsys)["embedded now"] == 0 and _generations(out) == before
 
@@ -126,7 +126,7 @@ def test_a_killed_corpus_embedding_resumes_from_the_blocks_in_the_bucket(st_mode
   assert files.listdir(out) == ["block-00000.json", "block-00000.npy", "block-00001.json", "block-00001.npy",
                                 "ids.json", "manifest.json"]
   first = _generations(out)
-  argv = ["--model", st_model, "--corpus", corpus, "--block", "5", "--batch_size", "4"]
+  argv = ["corpus", corpus, "--model", st_model, "--block", "5", "--batch_size", "4"]
   assert embeddings_cli.main([*argv, "--out", out]) == 0
   assert _last_json(capsys)["embedded now"] == 2  # blocks 2 and 3 only
   after = _generations(out)
@@ -167,7 +167,7 @@ def _one_line(capsys, exc, pattern):
 
 def test_objects_the_tool_did_not_write_are_refused_without_overwrite(st_model, tmp_path, bucket, capsys):
   corpus = _corpus(tmp_path / "corpus.jsonl", 6)
-  base = ["--model", st_model, "--corpus", corpus, "--block", "4"]
+  base = ["corpus", corpus, "--model", st_model, "--block", "4"]
   foreign = f"{bucket}/foreign"
   files.write_whole(f"{foreign}/block-00000.npy", b"someone else's")
   files.write_whole(f"{foreign}/notes.txt", b"keep me")
@@ -186,7 +186,7 @@ def test_objects_the_tool_did_not_write_are_refused_without_overwrite(st_model, 
   # A run file that is not a run, and a cache prefix of foreign blocks, before the model loads.
   beir = _beir(tmp_path / "beir")
   files.write_whole(f"{bucket}/run.trec", b"not a run\n")
-  beir_argv = ["--model", st_model, "--beir", beir, "--block", "8"]
+  beir_argv = ["beir", beir, "--model", st_model, "--block", "8"]
   with pytest.raises(SystemExit) as e:
     embeddings_cli.main([*beir_argv, "--run", f"{bucket}/run.trec"])
   _one_line(capsys, e, "is not a run this command wrote")
@@ -205,7 +205,7 @@ def test_objects_the_tool_did_not_write_are_refused_without_overwrite(st_model, 
 def test_a_missing_bucket_is_one_line(st_model, tmp_path, gcs_server, capsys):
   corpus = _corpus(tmp_path / "corpus.jsonl", 3)
   with pytest.raises(SystemExit) as e:
-    embeddings_cli.main(["--model", st_model, "--corpus", corpus, "--out", "gs://no-such-bucket-here/emb"])
+    embeddings_cli.main(["corpus", corpus, "--model", st_model, "--out", "gs://no-such-bucket-here/emb"])
   _one_line(capsys, e, "gs://no-such-bucket-here: the bucket does not exist")
 
 
@@ -235,7 +235,7 @@ def test_a_corpus_embedding_killed_with_sigkill_resumes_in_the_bucket(st_model, 
   env = {**helpers.env(), **gcs_server.env()}
 
   def cmd(where):
-    return [sys.executable, "-m", "bertjax", "embeddings", "--model", st_model, "--corpus", corpus, "--out", where,
+    return [sys.executable, "-m", "bertjax", "embeddings", "corpus", corpus, "--model", st_model, "--out", where,
             "--block", "2", "--batch_size", "2"]
   killed = subprocess.Popen(cmd(out), cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
   deadline = time.time() + 180
@@ -308,7 +308,7 @@ def test_sparse_multivector_and_cross_encoder_folders_in_a_bucket(make_vocab, tm
     assert _tree(remote) == _tree(local), kind
     results = []
     for model, where in ((local, str(tmp_path / f"{kind}.trec")), (remote, f"{bucket}/runs/{kind}.trec")):
-      assert embeddings_cli.main(["--model", model, "--beir", f"{bucket}/beir", "--run", where, "--top_k", "10",
+      assert embeddings_cli.main(["beir", f"{bucket}/beir", "--model", model, "--run", where, "--top_k", "10",
                                   "--batch_size", "4"]) == 0
       results.append((_last_json(capsys), files.read_bytes(where)))
     assert results[0] == results[1], kind
@@ -324,7 +324,7 @@ def test_sparse_multivector_and_cross_encoder_folders_in_a_bucket(make_vocab, tm
   got = []
   for model, run, new in ((str(tmp_path / "ce"), str(tmp_path / "multivector.trec"), str(tmp_path / "re.trec")),
                           (f"{bucket}/models/ce", f"{bucket}/runs/multivector.trec", f"{bucket}/runs/re.trec")):
-    assert embeddings_cli.main(["--model", model, "--beir", f"{bucket}/beir", "--rerank", run, "--depth", "5",
+    assert embeddings_cli.main(["rerank", f"{bucket}/beir", run, "--model", model, "--depth", "5",
                                 "--run", new, "--batch_size", "4"]) == 0
     got.append((_last_json(capsys), files.read_bytes(new)))
   assert got[0] == got[1] and got[0][0]["pairs scored"] == 40
