@@ -36,12 +36,14 @@ MODES = {"sts": "scored sentence pairs: Spearman and Pearson of the embeddings' 
          "corpus": "embed a corpus into resumable blocks",
          "rerank": "a cross-encoder re-scoring a TREC run's top documents per query"}
 # Each mode's subject, read from the positional arguments.
-SUBJECTS = {"sts": [("pairs", {"help": ".csv / .tsv / .jsonl with two text columns and a score column"})],
-            "beir": [("folder", {"help": "a BEIR folder: corpus.jsonl, queries.jsonl, qrels/SPLIT.tsv"})],
+SUBJECTS = {"sts": [("pairs", {"metavar": "PAIRS",
+                               "help": ".csv / .tsv / .jsonl with two text columns and a score column"})],
+            "beir": [("folder", {"metavar": "FOLDER",
+                                 "help": "a BEIR folder: corpus.jsonl, queries.jsonl, qrels/SPLIT.tsv"})],
             "suite": [("folders", {"nargs": "+", "metavar": "FOLDER", "help": "BEIR folders"})],
             "corpus": [("files", {"nargs": "+", "metavar": "FILE",
                                   "help": "files or globs (JSONL, Parquet, text; compressed)"})],
-            "rerank": [("folder", {"help": "the BEIR folder the run is of"}),
+            "rerank": [("folder", {"metavar": "FOLDER", "help": "the BEIR folder the run is of"}),
                        ("candidates", {"metavar": "RUN", "help": "the TREC run whose top --depth are re-scored"})]}
 ALL = tuple(MODES)
 # Every option: its argparse arguments and the modes that take it (a mode refuses the others by construction).
@@ -53,7 +55,8 @@ OPTIONS = {
     "--columns": (dict(default="sentence1,sentence2,score", help="the text, text and score columns"), ("sts",)),
     "--split": (dict(default="test", help="the judgements qrels/SPLIT.tsv"), ("beir", "suite", "rerank")),
     "--top_k": (dict(type=int, default=1000, help="documents kept per query in the run"), ("beir", "suite", "rerank")),
-    "--run": (dict(dest="run_file", default="", help="write the run here in TREC format"), ("beir", "rerank")),
+    "--run": (dict(dest="run_file", metavar="TREC", default="", help="write the run here in TREC format"),
+              ("beir", "rerank")),
     "--cache_dir": (dict(default="", help="keep the corpus embeddings here; a rerun resumes"), ("beir",)),
     "--block": (dict(type=int, default=None, help="documents embedded at a time (default 65536; 2048 for a sparse "
                                                    "encoder, 1024 for a multi-vector one)"),
@@ -159,7 +162,7 @@ def _options(args, kind: str) -> retrieval.Options:
   """The options object of this line, settled for the model's kind (its block and score; what it refuses)."""
   fields = {f.name for f in dataclasses.fields(retrieval.Options)} - {"calibration"}  # a path here, read below
   opts = retrieval.Options(**{k: v for k, v in vars(args).items() if k in fields and v is not None})
-  if opts.precision == "float32" and args.mode == "beir" and args.rescore_multiplier is not None:
+  if opts.precision == "float32" and vars(args).get("rescore_multiplier") is not None:
     raise errors.ConfigError("--rescore_multiplier is for `embeddings beir` with a quantized --precision")
   if opts.rescore_multiplier < 0:
     raise errors.ConfigError(f"--rescore_multiplier {opts.rescore_multiplier}: an integer >= 1 (0: no rescoring)")
