@@ -175,7 +175,16 @@ def _create(input_files, tokenizer_path, tok, out_dir, opts, reader, *, do_lower
 def _identity(creation: dict) -> str:
   """What an unfinished build's shards depend on: the settings, the tokenizer's content and the inputs' sizes."""
   keys = ("input", "tokenizer_sha256", "do_lower_case", "reader", "heldout_every", "options", "tfds_data_dir")
-  inputs = [files.size(p) if files.isfile(p) else None for p in creation["input"]]
+  listed: dict[str, dict] = {}  # one listing a folder, not one request an input (a corpus comes in many shards)
+  inputs = []
+  for p in creation["input"]:
+    folder = files.parent(p)
+    if folder not in listed:
+      try:
+        listed[folder] = files.sizes(folder)
+      except (OSError, errors.Error):
+        listed[folder] = {}
+    inputs.append(listed[folder].get(files.basename(p)))
   raw = json.dumps([{k: creation[k] for k in keys}, inputs], sort_keys=True, default=str)
   return hashlib.sha256(raw.encode()).hexdigest()
 

@@ -60,7 +60,6 @@ class ShardWriter:
   def __init__(self, data_dir: str, max_seq_length: int, max_predictions_per_seq: int):
     self.folder = version_dir(data_dir)
     self._features = features(max_seq_length, max_predictions_per_seq)
-    self._staging: str | None = None
 
   def record_path(self, split: str, index: int) -> str:
     return files.join(self.folder, BUILT, f"{split}-{index:05d}.json")
@@ -85,10 +84,8 @@ class ShardWriter:
   def write(self, split: str, index: int, feats: list[dict], empty_documents: int = 0) -> dict:
     target = files.join(self.folder, shard_name(split, index))
     remote = files.is_remote(self.folder)
-    if remote:
-      if self._staging is None:  # this worker's own staging folder, one shard at a time
-        self._staging = tempfile.mkdtemp(prefix="bertjax-shard-")
-      local = os.path.join(self._staging, shard_name(split, index))
+    if remote:  # staged in a folder of this worker's own, one shard at a time
+      local = os.path.join(tempfile.mkdtemp(prefix="bertjax-shard-"), shard_name(split, index))
     else:
       files.makedirs(self.folder)
       local = f"{target}.tmp-{os.getpid()}"
@@ -107,15 +104,12 @@ class ShardWriter:
     finally:
       if os.path.exists(local):
         os.remove(local)
+      if remote:
+        os.rmdir(os.path.dirname(local))
     record = {"examples": len(feats), "bytes": nbytes, "empty_documents": int(empty_documents)}
     files.makedirs(files.parent(self.record_path(split, index)))
     files.write_whole(self.record_path(split, index), json.dumps(record))
     return record
-
-  def close(self) -> None:
-    if self._staging is not None:
-      os.rmdir(self._staging)
-      self._staging = None
 
 
 def built_records(data_dir: str) -> dict[str, dict[int, dict]]:
