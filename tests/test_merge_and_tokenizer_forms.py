@@ -145,7 +145,7 @@ def test_merging_sentence_transformers_folders_keeps_their_pooling_and_head(tmp_
   assert merge_cli.main([a, b, "--weights", "0.7,0.3", "--out", str(tmp_path / "m")]) == 0
   expected = st.SentenceTransformer(a, device="cpu")
   with torch.no_grad():
-    for p, q in zip(expected[0].parameters(), other[0].parameters()):
+    for p, q in zip(expected[0].parameters(), other[0].parameters(), strict=True):
       p.mul_(0.7).add_(0.3 * q)
   merged = st.SentenceTransformer(str(tmp_path / "m" / "hf"), device="cpu")
   assert [type(m).__name__ for m in merged] == [type(m).__name__ for m in expected]
