@@ -113,9 +113,10 @@ def run_bertjax(variant, seq, batch, preds, dtype, shard, steps, regime, example
   import jax
 
   from bertjax import pretrain as train
-  from bertjax.core import accounting
   from bertjax.core import sharding as sharding_lib
+  from bertjax.core import trainer
   from bertjax.objectives import electra as electra_objective
+  from bertjax.objectives import mlm as mlm_objective
   from configs import common
   pack = regime != "fixed"
   c = family_config(family, variant, seq, preds, batch, shard, dtype)
@@ -130,14 +131,14 @@ def run_bertjax(variant, seq, batch, preds, dtype, shard, steps, regime, example
   if len(batches) < need:
     raise ValueError(f"{len(batches)} batches, need {need}: raise --examples")
   run = train.build(c, mcfg)
-  state = train.init_state(run, 0)
+  state = trainer.init_state(run, 0)
   with sharding_lib.use_mesh(run.mesh, run.rules):
     compile_s, times, timed = _timed(run.train_step, state, [b for b, _ in batches], warmup, steps,
                                      run.batch_sharding, profile)
   if family == "electra":
     flops = [electra_objective.step_flops_of(mcfg, run.module.gen_cfg, seq, preds, batch)] * steps
   else:
-    flops = [accounting.batch_flops(mcfg, b) for b, _ in batches[warmup:warmup + steps]]
+    flops = [mlm_objective.batch_flops(mcfg, b) for b, _ in batches[warmup:warmup + steps]]
   step = statistics.median(times)
   tokens = [float(np.asarray(b["input_mask"]).sum()) for b in timed]
   seqs = [float(np.asarray(b["next_sentence_weights"]).sum()) for b in timed]
@@ -208,7 +209,7 @@ def run_bertjax_finetune(variant, seq, batch, dtype, shard, steps, examples, ove
     compile_s, times, timed = _timed(lambda s, b: t.train_step(s, b, np.uint32(0), lr), state, rows, warmup, steps,
                                      t.batch_sharding, profile)
   step = statistics.median(times)
-  flops = [accounting.batch_flops(mcfg, rows[warmup + i], mlm=False) for i in range(steps)]
+  flops = [accounting.batch_flops(mcfg, rows[warmup + i]) for i in range(steps)]
   tokens = [float(b["input_mask"].sum()) for b in timed]
   seqs = [float(b["example_weights"].sum()) for b in timed]
   return {"compile_s": compile_s, "step_time_s": step, "tokens_per_s": statistics.median(tokens) / step,

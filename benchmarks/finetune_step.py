@@ -95,7 +95,7 @@ def main():
       for _ in range(3):
         state, m = train_step(state, b, np.uint32(0), lr)
         jax.block_until_ready(m)
-  flops = accounting.batch_flops(mcfg, b, mlm=False)
+  flops = accounting.batch_flops(mcfg, b)
   print(f"batch {a.batch} x {a.length}, {accounting.count_params(state.params):,} parameters: train step "
         f"{whole * 1e3:.0f} ms ({flops / 1e9:.1f} GFLOP, {flops / whole / 1e12:.3f} TFLOP/s, {cores_busy:.2f} of "
         f"{os.cpu_count()} cores busy; {mcfg.attention_at(a.length)} attention, XLA temporaries "

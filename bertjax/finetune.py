@@ -322,7 +322,7 @@ def _train(run: run_lib.Run, task, mcfg, data: TrainData, report: dict, eval_bat
       log_due=lambda step: trainer.every(step, config.log_every, total),
       save_due=lambda step: end_of_epoch(step) or trainer.every(step, config.checkpoint_every),
       evaluate=evaluator, eval_due=end_of_epoch)
-  state, step, stopped = run.loop(batches(), total, hooks,
+  state, step, stopped = run.loop(batches(), [run_lib.Stage(t, total)], hooks,
                                   step_args=(np.uint32(config.seed), np.float32(config.train.learning_rate)))
   result = {"report": report, "state": state, "task": task, "preempted": stopped is not None, "step": step,
             "plan": data.plan, "model_config": mcfg, "train_features": data.train, "goodput": run.close(stopped)}

@@ -5,7 +5,7 @@ state resumed or initialised, the metrics writer, the goodput clock (`bertjax.co
 
     with run.opened(workdir, "pretrain"):
       r = run.start(config, workdir, trainer, init=...)   # resume order: the workdir, then `init`, then fresh
-      state, step, stopped = r.loop(batches, total, hooks)
+      state, step, stopped = r.loop(batches, [run.Stage(trainer, total)], hooks)
       goodput = r.close(stopped)                           # the job's goodput (`bertjax.core.goodput`)
 """
 from __future__ import annotations
@@ -169,6 +169,15 @@ def write_config(workdir: str, config, **json_files: dict) -> None:
 
 # ----------------------------------------------------------------------------- the run
 @dataclasses.dataclass
+class Stage:
+  """Steps up to `end` run by one trainer (a pre-training phase; a fine-tuning run is one stage). `enter(state,
+  step) -> state` runs where the stage takes over (a phase announces itself, or resets the optimizer)."""
+  trainer: trainer_lib.Trainer
+  end: int
+  enter: Callable[[Any, int], Any] = lambda state, step: state
+
+
+@dataclasses.dataclass
 class Run:
   """A run under way: its trainer, checkpoints and state; `saved` is what the resumed checkpoint keeps beside the
   state (the data position, a fine-tuning run's report), None for a fresh start; `clock` times the attempt for
@@ -205,13 +214,24 @@ class Run:
     if self.writer is not None:
       self.writer.flush()
 
-  def loop(self, batches, total: int, hooks: trainer_lib.Hooks, step_args: tuple = ()):
-    """Steps start+1..total (`trainer.loop`); returns (state, last step run, the stop's reason or None)."""
-    self.state, step, stopped = trainer_lib.loop(self.trainer, self.state, batches, self.start, total, hooks,
-                                                 self.config.train.stop_after_steps, step_args, self.clock)
+  def loop(self, batches, stages: list[Stage], hooks: trainer_lib.Hooks, step_args: tuple = ()):
+    """The run's steps, stage after stage (`Stage`; a stage a resumed run has passed is skipped), on the loop of
+    `bertjax.core.trainer` with one rhythm of `hooks`; train.stop_after_steps counts from the run's start across
+    stages. Returns (state, last step run, the `trainer.Stop` or None)."""
+    step, stopped, stop_after = self.start, None, self.config.train.stop_after_steps
+    for stage in stages:
+      if stage.end <= step:
+        continue
+      self.trainer = stage.trainer
+      self.state = stage.enter(self.state, step)
+      remaining = stop_after - (step - self.start) if stop_after else 0
+      self.state, step, stopped = trainer_lib.loop(stage.trainer, self.state, batches, step, stage.end, hooks,
+                                                   remaining, step_args, self.clock)
+      if stopped is not None:
+        break
     return self.state, step, stopped
 
-  def close(self, stopped: str | None = None) -> dict:
+  def close(self, stopped: trainer_lib.Stop | None = None) -> dict:
     """Waits for the last save, closes the writer and ends the attempt's goodput record (`stopped`: the loop's
     stop reason, None for a finished run); returns the job's goodput summary (`goodput.summarise`)."""
     with self.clock.timing("checkpoint_save"):

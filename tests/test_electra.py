@@ -213,3 +213,44 @@ def test_discriminator_auc_matches_sklearn():
   bins = np.clip(np.floor(1 / (1 + np.exp(-z)) * 200), 0, 199).astype(int)
   pos, neg = np.bincount(bins, y, 200), np.bincount(bins, 1 - y, 200)
   assert float(electra.auc_from_histograms(pos, neg)) == pytest.approx(roc_auc_score(y, z), abs=3e-3)
+
+
+def test_accumulated_step_equals_one_step_of_the_whole_batch():
+  """grad_accum_steps=4 over 16 rows gives the gradient, the loss and its metrics of one step over the 16 rows
+  within 1e-6 relative: each micro-batch draws its rows' masks and samples of the whole batch's draw and divides by
+  the whole batch's totals (were it to mask with its own draw or normalise by its own counts, the losses would
+  differ by far more). The optimizer keeps the gradient it is given as its state, so the step hands it back."""
+  import optax
+
+  from bertjax import pretrain
+  from bertjax.core import trainer
+  from configs import electra as electra_config
+  rng = np.random.default_rng(0)
+  b, length = 16, 32
+  lengths = rng.integers(12, length + 1, (b, 1))
+  mask = (np.arange(length)[None] < lengths).astype(np.int32)
+  ids = rng.integers(5, 128, (b, length)).astype(np.int32)
+  ids[:, 0] = 2
+  ids[np.arange(b), lengths[:, 0] - 1] = 3
+  batch = {"input_ids": ids * mask, "input_mask": mask, "segment_ids": np.zeros_like(mask),
+           "masked_lm_positions": np.zeros((b, 5), np.int32), "masked_lm_ids": np.zeros((b, 5), np.int32),
+           "masked_lm_weights": np.zeros((b, 5), np.float32), "next_sentence_weights": np.ones((b,), np.float32)}
+  out = []
+  for accum in (1, 4):
+    c = electra_config.get_config("variant=tiny,seq=32,preds=5,batch=16,steps=6,shard=dp,vocab=128")
+    c.model.dropout_rate = c.model.attention_dropout_rate = 0.0
+    c.model.hidden_size, c.model.num_heads, c.model.intermediate_size, c.model.num_layers = 64, 2, 128, 1
+    c.train.grad_accum_steps = accum
+    t = pretrain.build(c, model.BertConfig.from_dict(c.model.to_dict()), jax.devices()[:1], special_ids=(2, 3, 4))
+    state = trainer.init_state(t, 0)
+    keep = optax.GradientTransformation(lambda params: jax.tree_util.tree_map(np.zeros_like, params),
+                                        lambda grads, state, params=None: (grads, grads))
+    state = state.replace(opt_state=keep.init(state.params))
+    new, metrics = jax.jit(electra.train_step(t.module, keep, lambda step: 1.0, c))(state, batch)
+    out.append((jax.device_get(new.opt_state), jax.device_get(metrics)))
+  (g1, m1), (g4, m4) = out
+  for key in ("loss", "mlm_loss", "disc_loss", "mlm_accuracy", "disc_accuracy"):
+    assert float(m4[key]) == pytest.approx(float(m1[key]), rel=1e-6), key
+  scale = max(float(np.abs(a).max()) for a in jax.tree_util.tree_leaves(g1))  # leaves of zero gradient hold noise
+  for a, b_ in zip(jax.tree_util.tree_leaves(g1), jax.tree_util.tree_leaves(g4)):
+    np.testing.assert_allclose(b_, a, rtol=1e-6, atol=1e-6 * scale)

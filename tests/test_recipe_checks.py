@@ -17,7 +17,7 @@ from bertjax.data import tokenizer as tokenizer_lib
 from bertjax.data.pretraining import dataset
 from bertjax.data.pretraining import examples as pretraining
 from bertjax.data.pretraining import pipeline as input_pipeline
-from bertjax.pretrain import checks, loop, plan, start
+from bertjax.pretrain import checks, plan, start
 from configs import common, continued, modernbert_phases
 
 
@@ -121,11 +121,11 @@ def test_dynamic_masking_may_read_data_made_with_another_cap(data_dir):
     c.lock()
     checks.validate(c, 1, creation)
     opts = pretraining.CreationOptions(**{**creation["options"], "max_predictions_per_seq": cap})
-    fn = loop.fit_predictions(input_pipeline.dynamic_masking(vocab, opts, 0), cap)
+    fn = input_pipeline.fit_predictions(input_pipeline.dynamic_masking(vocab, opts, 0), cap)
     for g in range(8):
       ex = dict(source[g])
       out = fn(ex, g)
-      assert all(len(out[k]) == cap for k in loop.PREDICTION_KEYS)
+      assert all(len(out[k]) == cap for k in input_pipeline.PREDICTION_KEYS)
       assert 0 < out["masked_lm_weights"].sum() <= cap
       np.testing.assert_array_equal(pretraining.unmask(out), pretraining.unmask(ex))
   c = tt.small_config(data_dir)

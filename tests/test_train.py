@@ -17,7 +17,7 @@ from helpers import ROOT, env, main_cmd, small_config
 from bertjax import errors, predict
 from bertjax import model as model_lib
 from bertjax import pretrain as train
-from bertjax.core import accounting, optim
+from bertjax.core import accounting, optim, trainer
 from bertjax.core import checkpoint as checkpoint_lib
 from bertjax.core import writers as metrics
 from bertjax.data.pretraining import dataset
@@ -43,7 +43,7 @@ def fixed_batches(n=3, b=16, seq=32, preds=5, vocab=128, seed=0):
 def run_steps(config, devices, batches):
   mcfg = model_lib.BertConfig.from_dict(config.model.to_dict())
   run = train.build(config, mcfg, devices)
-  state = train.init_state(run, 0)
+  state = trainer.init_state(run, 0)
   losses = []
   from bertjax.core import sharding as sharding_lib
   with sharding_lib.use_mesh(run.mesh, run.rules):
@@ -173,6 +173,65 @@ def test_gradient_accumulation_equals_the_full_batch():
   np.testing.assert_allclose(l1, l2, atol=1e-5)
   jax.tree_util.tree_map(lambda a, b: np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5),
                          s1.params, s2.params)
+
+
+def test_the_mlm_loss_a_researcher_edits_is_the_one_training_runs(monkeypatch):
+  """`mlm.mlm_losses` is the documented hook for the MLM loss: doubling it doubles the MLM term of the loss the
+  train step reports and moves its gradient (an edit that training ignored would leave both as they were)."""
+  from bertjax.core import sharding as sharding_lib
+  batch = fixed_batches(1)[0]
+  c = small_config()
+  c.model.dropout_rate = c.model.attention_dropout_rate = 0.0
+  mcfg = model_lib.BertConfig.from_dict(c.model.to_dict())
+
+  def step():
+    run = train.build(c, mcfg, jax.devices()[:1])
+    with sharding_lib.use_mesh(run.mesh, run.rules):
+      _, m = run.train_step(trainer.init_state(run, 0), jax.device_put(batch, run.batch_sharding))
+    return jax.device_get(m), run
+  base, _ = step()
+  monkeypatch.setattr(mlm_objective, "mlm_losses", lambda logits, ids: 2.0 * mlm_objective.losses.cross_entropy(
+      logits, ids))
+  doubled, run = step()
+  assert float(doubled["mlm_loss"]) == pytest.approx(2 * float(base["mlm_loss"]), rel=1e-5)
+  assert float(doubled["loss"]) == pytest.approx(float(base["loss"]) + float(base["mlm_loss"]), rel=1e-5)
+  assert abs(float(doubled["grad_norm"]) - float(base["grad_norm"])) > 0.1 * float(base["grad_norm"])
+
+
+def test_a_new_objective_is_one_module_and_a_registry_line(monkeypatch):
+  """docs/architecture.md's worked objective (masked-LM without NSP, accumulating in the core) registered by one
+  line trains what the MLM objective with train.use_nsp=False trains, with and without micro-batches."""
+  from bertjax import objectives
+  from bertjax.objectives import base
+
+  def train_step(model, tx, lr_fn, config):
+    def step_fn(state, batch):
+      rng = base.dropout_key(config, state.step)
+      whole = batch["masked_lm_weights"].sum() + 1e-5
+
+      def loss_fn(params, micro, i):
+        out = model.apply({"params": params}, micro, deterministic=False,
+                          rngs={"dropout": jax.random.fold_in(rng, i)})
+        sums = mlm_objective.pretraining_sums(out, micro)
+        return sums["mlm_loss_sum"] / whole, sums
+
+      grads, sums = trainer.accumulate(jax.value_and_grad(loss_fn, has_aux=True), state.params, batch,
+                                       config.train.grad_accum_steps)
+      return base.apply_gradients(state, grads, mlm_objective.from_sums(sums, use_nsp=False)[1], tx, lr_fn, batch)
+    return step_fn
+
+  example = base.Objective("mlm_only", lambda config, mcfg: [], mlm_objective.module, train_step,
+                           mlm_objective.eval_step, lambda sums, config: mlm_objective.from_sums(sums, False)[1],
+                           mlm_objective.step_flops)
+  monkeypatch.setitem(objectives.REGISTRY, "mlm_only", example)
+  batches = fixed_batches(2)
+  for accum in (1, 2):
+    ours, theirs = small_config(grad_accum_steps=accum), small_config(grad_accum_steps=accum, use_nsp=False)
+    for c in (ours, theirs):
+      c.model.dropout_rate = c.model.attention_dropout_rate = 0.0
+    ours.objective = "mlm_only"
+    np.testing.assert_allclose(run_steps(ours, jax.devices()[:1], batches)[0],
+                               run_steps(theirs, jax.devices()[:1], batches)[0], rtol=1e-6)
 
 
 def test_schedule_and_decay_mask_follow_the_original():
@@ -460,7 +519,7 @@ def test_init_from_hf_checkpoint(tmp_path, data_dir):
   from bertjax import convert
   c = small_config(data_dir)
   mcfg = model_lib.BertConfig.from_dict(c.model.to_dict())
-  params = jax.device_get(train.init_state(train.build(c, mcfg), 5).params)
+  params = jax.device_get(trainer.init_state(train.build(c, mcfg), 5).params)
   convert.to_hf(mcfg, params, str(tmp_path / "hf"))
   c.init_checkpoint = str(tmp_path / "hf")
   c.train.num_steps = 1
@@ -468,7 +527,7 @@ def test_init_from_hf_checkpoint(tmp_path, data_dir):
   summary, _ = run_loop(c, tmp_path / "w")
   # The first step's learning rate is 0 (warmup starts there): after it every parameter is still the HF
   # folder's, and none is the fresh init the run's own seed would have drawn.
-  fresh = jax.device_get(train.init_state(train.build(c, mcfg), c.seed).params)
+  fresh = jax.device_get(trainer.init_state(train.build(c, mcfg), c.seed).params)
   after = jax.device_get(summary["state"].params)
   at = lambda tree, path: np.asarray(functools.reduce(lambda t, k: t[k.key], path, tree))  # noqa: E731
   for path, value in jax.tree_util.tree_leaves_with_path(params):
@@ -506,7 +565,7 @@ def test_continued_pretraining_from_an_hf_encoder_draws_its_heads_and_resumes_ex
   from bertjax import convert
   c = small_config(data_dir)
   mcfg = model_lib.BertConfig.from_dict(c.model.to_dict())
-  params = jax.device_get(train.init_state(train.build(c, mcfg), 5).params)
+  params = jax.device_get(trainer.init_state(train.build(c, mcfg), 5).params)
   convert.to_hf(mcfg, {k: v for k, v in params["bert"].items() if k != "pooler"}, str(tmp_path / "hf"),
                 head="encoder")
 

@@ -48,8 +48,8 @@ def compile_step(config, topology: str, per_chip_batch: int, num_slices: int = 1
   """Compile the train step for `topology` at `per_chip_batch`; returns memory / FLOP figures and the verdict."""
   import jax
 
+  from bertjax import objectives
   from bertjax import pretrain as train
-  from bertjax.core import accounting
   from bertjax.core import sharding as sharding_lib
   devices, name = topology_devices(topology, num_slices)
   config = config.copy_and_resolve_references()
@@ -99,9 +99,8 @@ def compile_step(config, topology: str, per_chip_batch: int, num_slices: int = 1
     result.update(fits=False, error=f"memory analysis {result['total_gib']:.1f} GiB exceeds the chip's "
                                     f"{result['hbm_gib']:.0f} GiB HBM")
   tokens = config.train.global_batch_size * config.data.max_seq_length
-  preds = config.data.max_predictions_per_seq
-  result["model_tflops_per_chip"] = accounting.pretraining_step_flops(
-      mcfg, config.data.max_seq_length, preds, per_chip_batch) / 1e12
+  # The objective's count of the global batch's step, shared by the chips.
+  result["model_tflops_per_chip"] = objectives.get(config).step_flops(config, mcfg, run.module) / len(devices) / 1e12
   result["tokens_per_step"] = tokens
   return result
 

@@ -62,11 +62,12 @@ def pretraining_step_flops(cfg, seq_len: int, num_predictions: int, global_batch
   return model_flops_per_sequence(cfg, seq_len, num_predictions, final_layer_rows=rows) * global_batch
 
 
-def batch_flops(cfg, batch, mlm: bool = True) -> float:
+def batch_flops(cfg, batch, predicted=()) -> float:
   """Model FLOPs of one training step on a concrete batch (padded or packed), counted conservatively: tokens
-  are the rows' full length, attention Σ nᵢ² over each row's examples, the MLM head at real predictions only,
-  and, with `prune_final_layer`, every position but the real [CLS] tokens (and, with `mlm`, the real masked
-  positions) left out of the last layer, each kept query scored against its own example's tokens."""
+  are the rows' full length, attention Σ nᵢ² over each row's examples, the MLM head at the `predicted` (row,
+  position) pairs the objective names (`objectives.mlm.batch_flops`; none for a fine-tuning head) and, with
+  `prune_final_layer`, every position but the real [CLS] tokens and the predicted ones left out of the last
+  layer, each kept query scored against its own example's tokens."""
   mask = np.asarray(batch["input_mask"])
   seg = np.asarray(batch.get("attention_segment_ids", mask))
   rows, seq = mask.shape
@@ -75,8 +76,7 @@ def batch_flops(cfg, batch, mlm: bool = True) -> float:
                 for s in np.unique(seg[r][mask[r] > 0])]
   total = rows * model_flops_per_sequence(cfg, seq, 0, seq_len_squared=0.0)
   total += 3 * cfg.num_layers * 4 * sum(example_sq) * d
-  if mlm:
-    total += 3 * 2 * float(np.asarray(batch["masked_lm_weights"]).sum()) * (d * d + d * cfg.vocab_size)
+  total += 3 * 2 * float(len(predicted)) * (d * d + d * cfg.vocab_size)
   if not cfg.prune_final_layer:
     return total
   if "cls_positions" in batch:
@@ -85,9 +85,7 @@ def batch_flops(cfg, batch, mlm: bool = True) -> float:
     queries = [(r, int(batch["cls_positions"][r, c])) for r, c in zip(rr, cc)]
   else:
     queries = [(r, 0) for r in range(rows)]
-  if mlm:
-    rr, cc = np.nonzero(np.asarray(batch["masked_lm_weights"]) > 0)
-    queries += [(r, int(batch["masked_lm_positions"][r, c])) for r, c in zip(rr, cc)]
+  queries += list(predicted)
   keys = sum(int(((seg[r] == seg[r, t]) & (mask[r] > 0)).sum()) for r, t in queries)
   return total - pruned_final_layer_flops(cfg, mask.size - len(queries), sum(example_sq) - keys)
 

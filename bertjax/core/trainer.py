@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import enum
 import signal
 import sys
 from typing import Any, Callable
@@ -27,7 +28,6 @@ from bertjax.core import goodput as goodput_lib
 from bertjax.core import sharding as sharding_lib
 from bertjax.core import writers as metrics_lib
 
-PRNG_IMPLS = ("threefry2x32", "rbg", "unsafe_rbg")
 every = metrics_lib.every  # the one rule for periodic actions: every `interval` steps, and at the last step
 
 
@@ -187,6 +187,34 @@ def apply_gradients(state: TrainState, grads, tx: optax.GradientTransformation, 
   return new, optax.global_norm(grads)
 
 
+def accumulate(grad_fn: Callable, params, batch: dict, steps: int):
+  """(gradients, aux) of `batch` as `steps` micro-batches, summed: `grad_fn(params, micro_batch, i)` returns
+  ((loss, aux), gradients) with an aux of sums, i the micro-batch's index (0 for one). An objective whose loss
+  divides by the whole batch's totals gets exactly the full batch's gradient. Row r goes to micro-batch
+  r % steps, so each device's rows stay on that device. One micro-batch is the batch itself."""
+  if steps == 1:
+    (_, aux), grads = grad_fn(params, batch, 0)
+    return grads, aux
+  micro = jax.tree_util.tree_map(lambda x: x.reshape((x.shape[0] // steps, steps) + x.shape[1:]).swapaxes(0, 1),
+                                 batch)
+  first = jax.tree_util.tree_map(lambda x: x[0], micro)
+  aux_shape = jax.eval_shape(lambda: grad_fn(params, first, 0)[0][1])
+  zeros = (jax.tree_util.tree_map(jnp.zeros_like, params),
+           jax.tree_util.tree_map(lambda s: jnp.zeros(s.shape, s.dtype), aux_shape))
+
+  def body(carry, xs):
+    mb, i = xs
+    (_, aux), g = grad_fn(params, mb, i)
+    return (_tree_add(carry[0], g), _tree_add(carry[1], aux)), None
+
+  (grads, aux), _ = jax.lax.scan(body, zeros, (micro, jnp.arange(steps)))
+  return grads, aux
+
+
+def _tree_add(a, b):
+  return jax.tree_util.tree_map(jnp.add, a, b)
+
+
 def resume_or_init(t: Trainer, ckpt: checkpoint_lib.Checkpointer, seed: int, init_params: dict | None = None,
                    announce: Callable[[str], None] = print):
   """(state, saved data state or None, start step): the workdir's latest checkpoint, else a fresh state with
@@ -203,6 +231,20 @@ def resume_or_init(t: Trainer, ckpt: checkpoint_lib.Checkpointer, seed: int, ini
   params = merge_params(jax.device_get(fresh), init_params)
   checkpoint_lib.check_params_fit(params, t.abstract.params)
   return with_params(t, params), None, 0
+
+
+class Stop(enum.StrEnum):
+  """Why a loop ended before its last step: a signal (SIGTERM from a TPU preemption notice, SIGINT),
+  train.stop_after_steps, or a source read to its end under data.when_exhausted=stop."""
+  SIGTERM = "SIGTERM"
+  SIGINT = "SIGINT"
+  STEPS = "stop_after_steps"
+  EXHAUSTED = "a source ran out (data.when_exhausted=stop)"
+
+  @property
+  def preempted(self) -> bool:
+    """Whether the same command continues the run: every stop but the data's end."""
+    return self is not Stop.EXHAUSTED
 
 
 class StopFlag:
@@ -222,7 +264,7 @@ class StopFlag:
 
   def _handle(self, signum, frame):
     del frame
-    self.signal = signal.Signals(signum).name
+    self.signal = Stop(signal.Signals(signum).name)
     # A second signal of the same kind ends the process at once (e.g. while a program is still compiling, which
     # Python cannot interrupt): the handler is the system's default from here on.
     signal.signal(signum, signal.SIG_DFL)
@@ -272,7 +314,7 @@ def loop(t: Trainer, state, batches, start: int, total: int, hooks: Hooks, stop_
          step_args: tuple = (), clock: goodput_lib.Recorder | None = None):
   """The training loop of every mode: steps start+1..total over `batches` (an iterator of the batches of exactly
   those steps), the stop signals (SIGTERM/SIGINT, `stop_after_steps`) answered with a checkpoint, the
-  non-finite check before anything is logged or saved. Returns (state, last step run, the stop's reason or None).
+  non-finite check before anything is logged or saved. Returns (state, last step run, the `Stop` or None).
   The train step donates its state, so only the returned state is valid afterwards. `clock` (the run's goodput
   recorder) is told where the loop's time goes: the batch waits, the first (compiling) step, the steps, the
   evaluations and saves."""
@@ -298,7 +340,7 @@ def loop(t: Trainer, state, batches, start: int, total: int, hooks: Hooks, stop_
       in_flight.append(m["loss"])
       pending.append((step, m))
       if stop_after_steps and step - start >= stop_after_steps and stop.signal is None:
-        stop.signal = "stop_after_steps"
+        stop.signal = Stop.STEPS
       # Read the flag once per step: a signal arriving later in this step is acted on after the next one, never
       # between deciding to save and deciding to stop.
       stopping = stop.signal

@@ -95,6 +95,11 @@ def pack_row(examples: list[dict], row_length: int, row_predictions: int, max_pe
           "next_sentence_weights": nsw, "masked_lm_positions": mpos, "masked_lm_ids": mids, "masked_lm_weights": mw}
 
 
+def row_predictions(data_config) -> int:
+  """Masked positions per packed row: data.pack_row_predictions, 0 = max_predictions_per_seq + pack_max_per_row."""
+  return data_config.pack_row_predictions or data_config.max_predictions_per_seq + data_config.pack_max_per_row
+
+
 def dummy_row(row_length: int, row_predictions: int, max_per_row: int, batch: int) -> dict:
   """A zero batch of packed rows (shapes and dtypes for init and compile)."""
   row = pack_row([], row_length, row_predictions, max_per_row)

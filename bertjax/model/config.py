@@ -25,16 +25,12 @@ VARIANTS = {
 }
 
 
-# Row length from which attention_impl="by_length" runs blockwise attention. On the 2-core AVX2 CPU, MiniLM-L6's
-# fine-tuning step (16 rows, dropout on) is as fast blockwise at 256 tokens and at 384, with 37-49% less of XLA's
-# temporary memory (1.17 against 1.87 GiB at 256, 1.73 against 3.41 at 384), but 15-25% slower at 128. On an H200
-# (ModernBERT-base, bfloat16) blockwise leads from 1,024. docs/performance.md#attention-by-row-length has the
-# numbers and commands.
+# Row length from which attention_impl="by_length" runs blockwise attention: where blockwise is as fast as dense
+# and keeps less of XLA's temporary memory (docs/performance.md#attention-by-row-length has the measurements).
 BLOCKWISE_FROM = {"cpu": 256, "other": 1024}
-# DeBERTa's disentangled terms cost two gathers per block (and their scatter-adds backward). DeBERTa-v3-base's
-# fine-tuning step on the 2-core AVX-512 CPU: 8.52 s blockwise against 6.37 s dense at 2 x 512, 10.27 against
-# 11.63 s at 1 x 1,024 (2.64 against 3.64 GiB of XLA's temporaries), 34.3 s and 4.8 GiB against 32.8 s and
-# 10.2 GiB at 1 x 2,048 (docs/families.md, "The fine-tuning step beside HF's").
+# DeBERTa's disentangled terms cost two gathers per block (and their scatter-adds backward), so blockwise pays
+# off from longer rows (docs/families.md, "The fine-tuning step beside HF's, and what disentangled attention
+# costs", has the measurements).
 BLOCKWISE_FROM_DISENTANGLED = {"cpu": 1024, "other": 1024}
 
 

@@ -3,7 +3,7 @@
 An objective owns what differs between pre-training recipes: its own config checks, the module it trains, the
 example batch it is traced with, its jitted step and evaluation functions, how evaluation sums become metrics, its
 FLOPs per step, and what the rest of bertjax reads of its checkpoints (the encoder, the HF export). The loop
-(`bertjax.train`) names none of them. A new objective is one module here and one line in `REGISTRY`.
+(`bertjax.pretrain`) names none of them. A new objective is one module here and one line in `REGISTRY`.
 """
 from __future__ import annotations
 

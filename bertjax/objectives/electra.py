@@ -72,23 +72,47 @@ class ElectraDiscriminator(nn.Module):
     return out
 
 
-def _electra_mask(rng, ids, input_mask, num_predictions: int, mask_prob: float, special_ids, mask_id: int):
-  """(masked ids, positions [B, P], original ids there, weights [B, P]) by the original's dynamic masking."""
+def _candidates_and_counts(ids, input_mask, num_predictions: int, mask_prob: float, never):
+  """(the positions a mask may take [B, L]: real tokens but `never`, masks per row [B]: max(1, min(P,
+  round(n·mask_prob))), n every real token)."""
   candidates = input_mask.astype(bool)
-  for s in special_ids:
+  for s in never:
     candidates &= ids != s
   n = jnp.sum(input_mask, axis=-1).astype(jnp.float32)
-  count = jnp.clip(jnp.round(n * mask_prob).astype(jnp.int32), 1, num_predictions)
+  return candidates, jnp.clip(jnp.round(n * mask_prob).astype(jnp.int32), 1, num_predictions)
+
+
+def _draw(draw, key, shape, part):
+  """`draw(key, shape)`, or with `part` (i, n) the rows of micro-batch i of n (rows i, i + n, ...) of the draw
+  for the whole batch: a micro-batch masks and samples as its rows would in one step of the whole batch."""
+  if part is None:
+    return draw(key, shape)
+  i, n = part
+  whole = draw(key, (shape[0] * n,) + tuple(shape[1:]))
+  return whole.reshape((shape[0], n) + tuple(shape[1:]))[:, i]
+
+
+def _electra_mask(rng, ids, input_mask, num_predictions: int, mask_prob: float, special_ids, mask_id: int,
+                  part=None):
+  """(masked ids, positions [B, P], original ids there, weights [B, P]) by the original's dynamic masking."""
+  candidates, count = _candidates_and_counts(ids, input_mask, num_predictions, mask_prob, special_ids)
   k1, k2 = jax.random.split(rng)
-  score = jnp.where(candidates, jax.random.gumbel(k1, ids.shape), -jnp.inf)
+  score = jnp.where(candidates, _draw(jax.random.gumbel, k1, ids.shape, part), -jnp.inf)
   top, positions = jax.lax.top_k(score, num_predictions)
   weights = (jnp.arange(num_predictions)[None] < count[:, None]) & jnp.isfinite(top)
   positions = jnp.where(weights, positions, 0).astype(jnp.int32)
   originals = jnp.take_along_axis(ids, positions, axis=1) * weights
-  to_mask = weights & (jax.random.uniform(k2, positions.shape) < 0.85)
+  to_mask = weights & (_draw(jax.random.uniform, k2, positions.shape, part) < 0.85)
   rows = jnp.arange(ids.shape[0])[:, None]
   masked = ids.at[rows, jnp.where(to_mask, positions, ids.shape[1])].set(mask_id, mode="drop")
   return masked, positions, originals, weights.astype(jnp.float32)
+
+
+def masks_in(model: "ElectraForPreTraining", batch):
+  """The masked positions `model` draws in the batch's rows in all (what the generator's loss divides by)."""
+  candidates, count = _candidates_and_counts(unmask(batch), batch["input_mask"], batch["masked_lm_positions"].shape[1],
+                                             model.mask_prob, tuple(model.special_ids) + (model.mask_id,))
+  return jnp.sum(jnp.minimum(count, jnp.sum(candidates, axis=-1))).astype(jnp.float32)
 
 
 def unmask(batch):
@@ -118,17 +142,23 @@ class ElectraForPreTraining(nn.Module):
       disc_embeddings = DeltaEmbeddings(self.disc_cfg, self.embeddings, name="gdes")
     self.discriminator = ElectraDiscriminator(self.disc_cfg, disc_embeddings)
 
-  def __call__(self, batch, deterministic: bool = True):
+  def __call__(self, batch, deterministic: bool = True, part=None):
+    """`part` (i, n): the batch is micro-batch i of n (`trainer.accumulate`), masked and sampled as its rows
+    would be in the whole batch."""
     rng = self.make_rng("electra") if self.has_rng("electra") else jax.random.key(0)
     k_mask, k_sample = jax.random.split(rng)
     ids = unmask(batch)
     masked, positions, originals, weights = _electra_mask(
         k_mask, ids, batch["input_mask"], batch["masked_lm_positions"].shape[1], self.mask_prob,
-        tuple(self.special_ids) + (self.mask_id,), self.mask_id)
+        tuple(self.special_ids) + (self.mask_id,), self.mask_id, part)
     gen_batch = dict(batch, input_ids=masked, masked_lm_positions=positions)
     gen = self.generator(gen_batch, deterministic)
     logits = jax.lax.stop_gradient(gen["mlm_logits"]) / self.temperature
-    sampled = jax.random.categorical(k_sample, logits, axis=-1).astype(ids.dtype)
+    if part is None:
+      sampled = jax.random.categorical(k_sample, logits, axis=-1).astype(ids.dtype)
+    else:  # jax's categorical: the argmax of the logits plus Gumbel noise, here the whole batch's noise
+      noise = _draw(lambda k, shape: jax.random.gumbel(k, shape, logits.dtype), k_sample, logits.shape, part)
+      sampled = jnp.argmax(noise + logits, axis=-1).astype(ids.dtype)
     rows = jnp.arange(ids.shape[0])[:, None]
     fake = ids.at[rows, jnp.where(weights > 0, positions, ids.shape[1])].set(sampled, mode="drop")
     disc = self.discriminator(dict(batch, input_ids=fake), deterministic)
@@ -187,12 +217,14 @@ def auc_from_histograms(pos_hist, neg_hist):
   return jnp.sum((fpr[:-1] - fpr[1:]) * (tpr[:-1] + tpr[1:]) / 2.0)
 
 
-def electra_loss(sums, disc_weight: float = 50.0):
-  """(L_gen + λ·L_disc, metrics) from `electra_sums`, the denominators as the original's (+1e-6)."""
-  m = {"mlm_loss": sums["mlm_loss_sum"] / (sums["mlm_weight"] + 1e-6),
+def electra_loss(sums, disc_weight: float = 50.0, denominators=None):
+  """(L_gen + λ·L_disc, metrics) from `electra_sums`, the denominators as the original's (+1e-6).
+  `denominators` (generator's, discriminator's): the whole batch's, for a micro-batch's share of its loss."""
+  mlm_den, disc_den = denominators or (sums["mlm_weight"] + 1e-6, sums["disc_weight"] + 1e-6)
+  m = {"mlm_loss": sums["mlm_loss_sum"] / mlm_den,
        "mlm_accuracy": sums["mlm_correct"] / (sums["mlm_weight"] + 1e-6),
        "sampled_accuracy": sums["sampled_correct"] / (sums["mlm_weight"] + 1e-6),
-       "disc_loss": sums["disc_loss_sum"] / (sums["disc_weight"] + 1e-6),
+       "disc_loss": sums["disc_loss_sum"] / disc_den,
        "disc_accuracy": sums["disc_correct"] / (sums["disc_weight"] + 1e-6),
        "disc_baseline_accuracy": 1.0 - sums["replaced"] / (sums["disc_weight"] + 1e-6),
        "disc_precision": sums["disc_true_positive"] / (sums["disc_predicted"] + 1e-6),
@@ -227,13 +259,11 @@ def split(params: dict) -> tuple[dict, dict]:
 # ----------------------------------------------------------------------------- the objective
 def errors(config, mcfg) -> list[str]:
   out = []
-  if config.train.grad_accum_steps != 1:
-    out.append("objective 'electra' takes train.grad_accum_steps=1 (its masks are drawn per step in the graph)")
   if config.data.packing:
     out.append("objective 'electra' does not take data.packing (its masks are drawn per row in the graph)")
   if config.train.use_nsp:
     out.append("objective 'electra' has no NSP: set train.use_nsp=False")
-  if config.electra.get("embedding_sharing", "shared") not in ("shared", "gdes"):
+  if config.electra.embedding_sharing not in ("shared", "gdes"):
     out.append(f"electra.embedding_sharing {config.electra.embedding_sharing!r} is not one of ['shared', 'gdes']")
   freeze_at = config.electra.freeze_generator_at
   if not isinstance(freeze_at, int) or isinstance(freeze_at, bool) or freeze_at < 0:
@@ -252,26 +282,33 @@ def module(config, mcfg, special_ids=None):
   return ElectraForPreTraining(mcfg, gen, mask_prob=config.data.masked_lm_prob,
                                            temperature=config.electra.temperature, special_ids=(cls_id, sep_id),
                                            mask_id=mask_id,
-                                           embedding_sharing=config.electra.get("embedding_sharing", "shared"))
+                                           embedding_sharing=config.electra.embedding_sharing)
 
 
 def train_step(model, tx, lr_fn, config):
-  """state, batch -> state, metrics: L = L_gen + λ·L_disc in one step for both networks (ELECTRA)."""
+  """state, batch -> state, metrics: L = L_gen + λ·L_disc in one step for both networks (ELECTRA). With
+  micro-batches (`trainer.accumulate`) each draws the masks and samples of its rows in the whole batch and
+  divides by the whole batch's totals, so the step is the whole batch's."""
   weight = config.electra.disc_weight
   freeze_at = config.electra.freeze_generator_at
+  accum = config.train.grad_accum_steps
 
   def step_fn(state, batch):
     r_drop, r_electra = jax.random.split(base.dropout_key(config, state.step))
     joint = state.step < freeze_at if freeze_at else True
+    whole = None
+    if accum > 1:
+      whole = (masks_in(model, batch) + 1e-6, jnp.sum(batch["input_mask"].astype(jnp.float32)) + 1e-6)
 
-    def loss_fn(params):
-      out = model.apply({"params": params}, batch, deterministic=False,
-                        rngs={"dropout": r_drop, "electra": r_electra})
-      sums = electra_sums(out, batch)
-      loss, m = electra_loss(sums, weight)
+    def loss_fn(params, mb, i):
+      part, drop = (None, r_drop) if accum == 1 else ((i, accum), jax.random.fold_in(r_drop, i))
+      out = model.apply({"params": params}, mb, deterministic=False, part=part,
+                        rngs={"dropout": drop, "electra": r_electra})
+      sums = electra_sums(out, mb)
+      loss, m = electra_loss(sums, weight, whole)
       return jnp.where(joint, loss, weight * m["disc_loss"]), sums
 
-    (_, sums), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
+    grads, sums = trainer.accumulate(jax.value_and_grad(loss_fn, has_aux=True), state.params, batch, accum)
     _, metrics = electra_loss(sums, weight)
     hold = None
     if freeze_at:  # the generator stops at freeze_at: its updates (AdamW's momentum and decay too) are zero

@@ -3,40 +3,58 @@ BertForPreTraining; without it, the MLM-only objective of RoBERTa and ModernBERT
 
 MLM: cross-entropy at the gathered masked positions, weighted mean with denominator sum(weights) + 1e-5 (as
 google-research/bert's `run_pretraining.py`). NSP: 2-way cross-entropy on [CLS].
+
+The losses a researcher edits for an ablation are `mlm_losses` (per masked position) and `nsp_losses` (per
+example): the train step, evaluation and the helpers `mlm_loss` / `nsp_loss` all reach them through
+`pretraining_sums`.
 """
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from bertjax import model as model_lib
 from bertjax.core import accounting, losses, trainer
 from bertjax.objectives import base
 
 
+def mlm_losses(logits, ids):
+  """The MLM loss of each masked position [B, P] (cross-entropy; logits [B, P, V] in float32): what training
+  weighs by masked_lm_weights and averages."""
+  return losses.cross_entropy(logits, ids)
+
+
+def nsp_losses(logits, labels):
+  """The NSP loss of each example [B]: label 0 = B is the actual next segment, 1 = B is random (the original's
+  labels)."""
+  return losses.cross_entropy(logits, labels)
+
+
 def mlm_loss(logits, ids, weights):
-  """Mean cross-entropy over masked positions: sum(w·CE) / (sum(w) + 1e-5). logits [B, P, V]."""
-  return losses.weighted_mean(losses.cross_entropy(logits, ids), weights, eps=1e-5)
+  """Mean MLM loss over masked positions: sum(w·loss) / (sum(w) + 1e-5). logits [B, P, V]."""
+  return losses.weighted_mean(mlm_losses(logits, ids), weights, eps=1e-5)
 
 
 def nsp_loss(logits, labels, weights=None):
-  """NSP cross-entropy: label 0 = B is the actual next segment, 1 = B is random (the original's labels)."""
-  ce = losses.cross_entropy(logits, labels)
+  """Mean NSP loss (over the examples of weight > 0 when `weights` is given)."""
+  ce = nsp_losses(logits, labels)
   return jnp.mean(ce) if weights is None else jnp.sum(ce * weights) / jnp.maximum(jnp.sum(weights), 1e-5)
 
 
 def pretraining_sums(out, batch):
-  """Sums over the batch from which every pre-training loss and accuracy is a ratio (exact under micro-batching)."""
+  """Sums over the batch from which every pre-training loss and accuracy is a ratio (exact under micro-batching);
+  the losses are `mlm_losses` and `nsp_losses`."""
   w = batch["masked_lm_weights"].astype(jnp.float32)
   ids = batch["masked_lm_ids"]
-  sums = {"mlm_loss_sum": jnp.sum(losses.cross_entropy(out["mlm_logits"], ids) * w),
+  sums = {"mlm_loss_sum": jnp.sum(mlm_losses(out["mlm_logits"], ids) * w),
           "mlm_correct": jnp.sum((jnp.argmax(out["mlm_logits"], -1) == ids) * w),
           "mlm_weight": jnp.sum(w)}
   if "next_sentence_labels" in batch and "nsp_logits" in out:  # an MLM-only model has no NSP head
     labels = batch["next_sentence_labels"]
     nw = batch.get("next_sentence_weights")
     nw = jnp.ones(labels.shape, jnp.float32) if nw is None else nw.astype(jnp.float32)
-    sums.update(nsp_loss_sum=jnp.sum(losses.cross_entropy(out["nsp_logits"], labels) * nw),
+    sums.update(nsp_loss_sum=jnp.sum(nsp_losses(out["nsp_logits"], labels) * nw),
                 nsp_correct=jnp.sum((jnp.argmax(out["nsp_logits"], -1) == labels) * nw),
                 nsp_weight=jnp.sum(nw))
   return sums
@@ -82,7 +100,8 @@ def module(config, mcfg, special_ids=None):
 
 
 def train_step(model, tx, lr_fn, config):
-  """state, batch -> state, metrics. L = L_MLM + L_NSP; micro-batches sum to the full batch's exact gradient."""
+  """state, batch -> state, metrics. L = L_MLM + L_NSP over the whole batch's weights, so the micro-batches of
+  `trainer.accumulate` sum to the full batch's exact gradient."""
   accum = config.train.grad_accum_steps
   use_nsp = config.train.use_nsp
 
@@ -91,30 +110,14 @@ def train_step(model, tx, lr_fn, config):
     mlm_den = jnp.sum(batch["masked_lm_weights"].astype(jnp.float32)) + 1e-5
     nsp_den = jnp.maximum(jnp.sum(batch["next_sentence_weights"].astype(jnp.float32)), 1e-5)
 
-    def loss_fn(params, mb, r):
+    def loss_fn(params, mb, i):
+      r = rng if accum == 1 else jax.random.fold_in(rng, i)
       out = model.apply({"params": params}, mb, deterministic=False, rngs={"dropout": r})
       sums = pretraining_sums(out, mb)
       loss, _ = from_sums(sums, use_nsp, mlm_den, nsp_den)
       return loss, sums
 
-    grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
-    if accum == 1:
-      (_, sums), grads = grad_fn(state.params, batch, rng)
-    else:
-      # Row r goes to micro-batch r % accum, so each device's rows stay on that device.
-      micro = jax.tree_util.tree_map(
-          lambda x: x.reshape((x.shape[0] // accum, accum) + x.shape[1:]).swapaxes(0, 1), batch)
-      first = jax.tree_util.tree_map(lambda x: x[0], micro)
-      sums_shape = jax.eval_shape(lambda: grad_fn(state.params, first, rng)[0][1])
-      zeros = (jax.tree_util.tree_map(jnp.zeros_like, state.params),
-               jax.tree_util.tree_map(lambda s: jnp.zeros(s.shape, s.dtype), sums_shape))
-
-      def body(carry, xs):
-        mb, i = xs
-        (_, s), g = grad_fn(state.params, mb, jax.random.fold_in(rng, i))
-        return (_tree_add(carry[0], g), _tree_add(carry[1], s)), None
-
-      (grads, sums), _ = jax.lax.scan(body, zeros, (micro, jnp.arange(accum)))
+    grads, sums = trainer.accumulate(jax.value_and_grad(loss_fn, has_aux=True), state.params, batch, accum)
     _, metrics = from_sums(sums, use_nsp)
     return base.apply_gradients(state, grads, metrics, tx, lr_fn, batch,
                                 ema_decay=trainer.ema_decay(config))
@@ -135,14 +138,18 @@ def metrics(sums, config) -> dict:
   return from_sums(sums, config.train.use_nsp)[1]
 
 
+def batch_flops(mcfg, batch) -> float:
+  """Model FLOPs of one step on a concrete batch (`accounting.batch_flops`), the MLM head at its real masked
+  positions."""
+  rows, cols = np.nonzero(np.asarray(batch["masked_lm_weights"]) > 0)
+  predicted = [(r, int(batch["masked_lm_positions"][r, c])) for r, c in zip(rows, cols)]
+  return accounting.batch_flops(mcfg, batch, predicted)
+
+
 def step_flops(config, mcfg, module_) -> float:
   del module_
   return accounting.pretraining_step_flops(mcfg, config.data.max_seq_length, config.data.max_predictions_per_seq,
                                            config.train.global_batch_size)
-
-
-def _tree_add(a, b):
-  return jax.tree_util.tree_map(jnp.add, a, b)
 
 
 OBJECTIVE = base.Objective("mlm", errors, module, train_step, eval_step, metrics, step_flops)

@@ -9,13 +9,10 @@ from bertjax.pretrain.loop import (
                                    build,
                                    eval_source,
                                    evaluate,
-                                   init_state,
-                                   row_predictions,
                                    train_and_evaluate,
-                                   train_source,
 )
 from bertjax.pretrain.start import HEAD_NAMES, fit_init_params, load_init_params
 
-__all__ = ["ConfigError", "granularity", "resolve", "validate", "build", "eval_source", "evaluate", "init_state",
-           "row_predictions", "train_and_evaluate", "train_source", "HEAD_NAMES", "fit_init_params",
+__all__ = ["ConfigError", "granularity", "resolve", "validate", "build", "eval_source", "evaluate",
+           "train_and_evaluate", "HEAD_NAMES", "fit_init_params",
            "load_init_params"]

@@ -30,7 +30,9 @@ def validate(config, num_devices: int, creation: dict | None = None, tokenizer_v
              creations: dict | None = None) -> model_lib.BertConfig:
   """The model config, or one ConfigError listing every problem found: the run's own settings
   (`run.run_errors`), the batch over the mesh, the model, the data it was made with, the phases and their
-  sources (`creations`: {source: creation record}; see `bertjax.pretrain.plan`) and the objective's rules.
+  sources (`creations`: {source: creation record}; see `bertjax.pretrain.plan`) and the objective's rules. A run
+  of its own fixed settings checks its one folder's creation (`creation`, else `creations["data"]`) as its data
+  section; a run that moves (`plan.moves`) checks each phase against each source it reads.
   Fills the derived fields first (`resolve`)."""
   resolve(config)
   problems = []
@@ -40,9 +42,11 @@ def validate(config, num_devices: int, creation: dict | None = None, tokenizer_v
   except (ValueError, TypeError) as e:
     problems.append(str(e))
   problems += _train_errors(config) + run_lib.run_errors(config) + _mesh_errors(config, num_devices, mcfg)
-  problems += _data_errors(config, mcfg, creation)
-  if not plan.is_plain(config):
+  if plan.moves(config):
+    problems += _data_errors(config, mcfg, creation)
     problems += plan.errors_of(config, mcfg, creations or {}, granularity(config, num_devices))
+  else:
+    problems += _data_errors(config, mcfg, creation if creation is not None else (creations or {}).get("data"))
   try:
     problems += objectives.get(config).errors(config, mcfg)
   except ConfigError as e:
@@ -67,7 +71,7 @@ def _train_errors(config) -> list[str]:
   t = config.train
   fields = ("global_batch_size", "grad_accum_steps") + (() if phases_lib.names(config) else ("num_steps",))
   out = [f"train.{name} must be positive, got {getattr(t, name)}" for name in fields if getattr(t, name) <= 0]
-  if t.get("ema_decay", 0.0) and not 0 < t.ema_decay < 1:
+  if t.ema_decay and not 0 < t.ema_decay < 1:
     out.append(f"train.ema_decay must be in (0, 1) (0 keeps no average), got {t.ema_decay}")
   if t.learning_rate == 0:
     out.append("train.learning_rate is 0: pre-training would not change the weights")

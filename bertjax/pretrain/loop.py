@@ -1,7 +1,8 @@
-"""The pre-training run: the checks, the phases (`plan`), a trainer per distinct model the phases run, the
-pipeline (plain, or phased with its mixtures), then the loop on the skeleton every mode shares (`bertjax.run`;
-resume order: the workdir's latest checkpoint, else `init_checkpoint`, else from scratch). No objective is
-named here.
+"""The pre-training run, read top to bottom in `_train_and_evaluate`: the data and the checks, the phase plan
+(`plan`; a run of its own settings is a plan of one phase), a trainer per distinct model the phases run, the
+batches (`mixture.stream` picks the pipeline), the state (resume order: the workdir's latest checkpoint, else
+`init_checkpoint`, else from scratch), then the phases as stages of the loop every mode shares (`bertjax.run`),
+with `Logger` doing the logging, evaluation and checkpoints. No objective is named here.
 """
 from __future__ import annotations
 
@@ -18,7 +19,6 @@ from bertjax import run as run_lib
 from bertjax.core import accounting, files, goodput, optim, trainer, writers
 from bertjax.core import checkpoint as checkpoint_lib
 from bertjax.core import phases as phases_lib
-from bertjax.data import packing
 from bertjax.data import tokenizer as tokenizer_lib
 from bertjax.data.pretraining import dataset, mixture
 from bertjax.data.pretraining import examples as pretraining
@@ -43,79 +43,22 @@ def evaluate(eval_step, params, source, config, batch_sharding) -> dict:
 
 def build(config, mcfg: model_lib.BertConfig, devices=None, special_ids=None, lr_fn=None, mesh=None
           ) -> trainer.Trainer:
-  """The trainer of the config's objective (`bertjax.objectives`); `special_ids`: the tokenizer's (cls, sep, mask)
-  ids, for an objective that masks in the graph. The optimizer steps with a learning rate of 1 and the step
-  scales its update by `lr_fn` at the global step (default: the config's schedule)."""
+  """The trainer of the config's objective (`bertjax.objectives`), traced with the objective's example batch of
+  one micro-batch; `special_ids`: the tokenizer's (cls, sep, mask) ids, for an objective that masks in the graph.
+  The optimizer steps with a learning rate of 1 and the step scales its update by `lr_fn` at the global step
+  (default: the config's schedule)."""
   checks.resolve(config)
   objective = objectives.get(config)
   if mesh is None:
     mesh, _, _ = trainer.mesh_and_shardings(config, devices)
   mcfg = mcfg.for_platform(mesh.devices.flat[0].platform)
-  tx, schedule = optim.make(config.train, lr=optim.unit)
-  del schedule
+  tx, _ = optim.make(config.train, lr=optim.unit)
   if lr_fn is None:
     lr_fn = phases_lib.lr_function(phases_lib.plan(config, 1))
-  micro = config.train.global_batch_size // config.train.grad_accum_steps
-  if config.data.packing:
-    dummy = packing.dummy_row(config.data.max_seq_length, row_predictions(config), config.data.pack_max_per_row, micro)
-  else:
-    dummy = model_lib.dummy_batch(mcfg, micro, config.data.max_seq_length, config.data.max_predictions_per_seq)
-    dummy["next_sentence_weights"] = np.ones((micro,), np.float32)
+  example = objective.example_batch(config, mcfg, config.train.global_batch_size // config.train.grad_accum_steps)
   model = objective.module(config, mcfg, special_ids)
-  return trainer.build(config, model, tx, lr_fn, dummy, objective.train_step(model, tx, lr_fn, config),
+  return trainer.build(config, model, tx, lr_fn, example, objective.train_step(model, tx, lr_fn, config),
                        objective.eval_step(model, config), mesh=mesh)
-
-
-def row_predictions(config) -> int:
-  return config.data.pack_row_predictions or config.data.max_predictions_per_seq + config.data.pack_max_per_row
-
-
-init_state = trainer.init_state
-
-
-def train_source(config, creation: dict, tok, batch_sharding):
-  """The plain run's training batches: the data's train split (packed, or re-masked each read at the run's rate
-  and data.max_predictions_per_seq, as the config says), in the seed's order."""
-  seq = config.data.max_seq_length
-  transform = None
-  if config.data.dynamic_masking:
-    opts = pretraining.CreationOptions(**{**creation["options"], "masked_lm_prob": config.data.masked_lm_prob,
-                                          "max_predictions_per_seq": config.data.max_predictions_per_seq,
-                                          "whole_word_mask": config.data.whole_word_mask})
-    transform = fit_predictions(input_pipeline.dynamic_masking(pretraining.Vocab.of(tok()), opts, config.seed),
-                                config.data.max_predictions_per_seq)
-  source = dataset.load_source(config.data.data_dir, config.data.train_split, config.data.cache_limit)
-  if config.data.packing:
-    # The row plan is cached beside local data; a bucket's data may be shared and read-only, so it is planned anew.
-    cache = files.join(config.data.data_dir, f"packing_{config.data.train_split}_{seq}_{row_predictions(config)}_"
-                       f"{config.data.pack_max_per_row}.npz") if not files.is_remote(config.data.data_dir) else None
-    n_examples = len(source)
-    source = packing.PackedSource(source, seq, row_predictions(config), config.data.pack_max_per_row, cache=cache)
-    if jax.process_index() == 0:
-      print(f"packing: {n_examples} examples in {len(source)} rows "
-            f"({n_examples / max(len(source), 1):.2f} per row)", flush=True)
-  return input_pipeline.Pipeline(source, config.train.global_batch_size, seed=config.seed, sharding=batch_sharding,
-                                 transform=transform, prefetch=config.data.prefetch, window=config.data.shuffle_window)
-
-
-PREDICTION_KEYS = ("masked_lm_positions", "masked_lm_ids", "masked_lm_weights")
-
-
-def fit_predictions(remask, cap: int):
-  """`remask` (example, g) -> example drawing at most `cap` masks, on examples whose prediction arrays hold the
-  data's cap: widened with empty slots first (a run's cap above the data's), cut to `cap` after (below it)."""
-  def fn(example: dict, g: int) -> dict:
-    width = len(example["masked_lm_positions"])
-    if width < cap:
-      example = dict(example)
-      for k in PREDICTION_KEYS:
-        v = np.asarray(example[k])
-        example[k] = np.concatenate([v, np.zeros(cap - width, v.dtype)])
-    out = remask(example, g)
-    if width > cap:
-      out = {**out, **{k: np.asarray(out[k])[:cap] for k in PREDICTION_KEYS}}
-    return out
-  return fn
 
 
 def eval_source(config, creation: dict, tok, data_dir: str | None = None):
@@ -149,83 +92,60 @@ def train_and_evaluate(config, workdir: str, started: float | None = None) -> di
     return _train_and_evaluate(config, workdir, started)
 
 
-def _data(config):
-  """(creation of the run's first source, {source: creation}, its tokenizer (path, lower)); a missing source or
-  an empty data_dir is one line."""
-  names = plan.sources(config)
-  if not names:
-    raise ConfigError("invalid config: data.data_dir is empty: build data with python -m bertjax dataset")
-  if plan.is_plain(config):
-    creation = dataset.read_creation(config.data.data_dir)
-    return creation, {"data": creation}, dataset.tokenizer_of(config.data.data_dir, creation)
-  creations, problems = plan.read_creations(config)
-  run_lib.raise_if(problems)
-  first = next(iter(creations))
-  return creations[first], creations, dataset.tokenizer_of(names[first], creations[first])
-
-
 def _train_and_evaluate(config, workdir: str, started: float) -> dict:
-  creation, creations, (tok_path, tok_lower) = _data(config)
-  mcfg = checks.validate(config, jax.device_count(), creation if plan.is_plain(config) else None,
-                         creations=creations)
+  # The data and the checks, before anything compiles.
+  creations, (tok_path, tok_lower) = _data(config)
+  first = creations[next(iter(creations))]
+  mcfg = checks.validate(config, jax.device_count(), creations=creations)
   run_lib.raise_if(start.init_errors(config))
   _check_resume(config, workdir)
   tok_path, tok_lower = run_lib.keep_tokenizer(workdir, tok_path, tok_lower)
   tok = lambda: tokenizer_lib.load(tok_path, do_lower_case=tok_lower)  # noqa: E731  (read when needed)
-  if jax.process_index() == 0 and plan.is_plain(config) and config.train.warmup_steps >= config.train.num_steps:
-    print(f"warning: train.warmup_steps {config.train.warmup_steps} is not below train.num_steps "
-          f"{config.train.num_steps}: the learning rate never reaches its peak "
-          f"(--config.train.warmup_steps=N sets the warmup)", flush=True)
+  say = print if jax.process_index() == 0 else (lambda _: None)
+  if not phases_lib.names(config) and config.train.warmup_steps >= config.train.num_steps:
+    say(f"warning: train.warmup_steps {config.train.warmup_steps} is not below train.num_steps "
+        f"{config.train.num_steps}: the learning rate never reaches its peak "
+        f"(--config.train.warmup_steps=N sets the warmup)")
+
+  # The plan: the phases (a run of its own settings is one), one learning rate over the global step.
   gran = checks.granularity(config, jax.device_count())
-  init_lr = start.checked_rate(config, gran) if config.init_checkpoint else None
-  loaded = {}
-  if plan.is_plain(config):
-    sizes = {"data": None}
-  else:
-    loaded = {folder: dataset.load_source(folder, config.data.train_split, config.data.cache_limit)
-              for folder in plan.sources(config).values()}
-    sizes = {name: len(loaded[folder]) for name, folder in plan.sources(config).items()}
-  phases = plan.build_phases(config, gran, creations, sizes, init_lr)
+  loaded = plan.train_sources(config, say)
+  sizes = {name: len(loaded[folder]) for name, folder in plan.sources(config).items()}
+  phases = plan.build_phases(config, gran, creations, sizes, start.checked_rate(config, gran))
   lr_fn = phases_lib.lr_function([p.steps for p in phases])
+
+  # The trainers: one per distinct model the phases run.
+  objective = objectives.get(config)
   special = None
-  if objectives.get(config).needs_special_ids:
+  if objective.needs_special_ids:
     t = tok()
     special = (t.cls_id, t.sep_id, t.mask_id)
   trainers = _trainers(phases, mcfg, special, lr_fn)
   first_t = trainers[phases[0].model_key()]
-  if plan.is_plain(config):
-    pipeline = train_source(config, creation, tok, first_t.batch_sharding)
-    stop_at = None
-  else:
-    segs = plan.segments(phases, loaded, config, pretraining.Vocab.of(tok()))
-    pipeline = mixture.PhasedPipeline(segs, seed=config.seed, sharding=first_t.batch_sharding,
-                                      prefetch=config.data.prefetch, window=config.data.shuffle_window)
-    say = print if jax.process_index() == 0 else (lambda _: None)
-    for line in plan.describe(phases):
-      say(line)
-    stop_at = plan.announce_exhaustion(segs, {f: n for n, f in plan.sources(config).items()},
-                                       config.data.get("when_exhausted", "repeat"), say)
 
-  def init(abstract):
-    path, step = config.init_checkpoint, start.init_step(config)
-    say = print if jax.process_index() == 0 else lambda _: None
-    if step is not None:  # reset reads the params of init_step, as keep does (not the newest)
-      say(f"init_checkpoint {path}: step {step}, parameters (init_optimizer=reset)")
-    return start.fit_init_params(start.load_init_params(path, mcfg, config.data.max_seq_length, step), abstract, path,
-                                 announce=say)
-  keep_state = config.init_checkpoint and config.get("init_optimizer", "reset") == "keep"
-  run = run_lib.start(config, workdir, first_t, init=init if config.init_checkpoint and not keep_state else None,
-                      init_state=(lambda: start.restore_full(config, first_t)) if keep_state else None,
-                      keep_steps=[p.steps.end for p in phases[:-1]], started=started)
+  # The batches: the phases' segments, as one stream (`mixture.stream` picks the pipeline).
+  vocab = pretraining.Vocab.of(tok()) if config.data.dynamic_masking else None  # masks drawn in the pipeline
+  segs = plan.segments(phases, loaded, config, vocab, creations)
+  pipeline = mixture.stream(segs, seed=config.seed, sharding=first_t.batch_sharding, prefetch=config.data.prefetch,
+                            window=config.data.shuffle_window)
+  for line in plan.describe(phases):
+    say(line)
+  stop_at = plan.announce_exhaustion(segs, {f: n for n, f in plan.sources(config).items()},
+                                     config.data.when_exhausted, say)
+
+  # The state: the workdir's checkpoint, else the init checkpoint, else fresh.
+  run = _start(config, workdir, mcfg, first_t, phases, started)
   if run.saved is not None:
     pipeline.set_state(run.saved)
     logging.info("resumed from %s at step %d", run.ckpt.directory, run.start)
   run_lib.write_config(workdir, config)
-  eval_dir = config.data.get("eval_dir", "") or config.data.data_dir or phases[0].mixture[0][1]
+
+  # The loop: the phases as stages, logged, evaluated and checkpointed by the logger.
+  eval_dir = config.data.eval_dir or config.data.data_dir or phases[0].mixture[0][1]
   evals = eval_source(config, creations.get("data") or dataset.read_creation(eval_dir), tok, eval_dir)
-  static_rate = (creation["options"]["masked_lm_prob"] if plan.is_plain(config) and not config.data.dynamic_masking
-                 else None)
-  summary = _run(run, mcfg, phases, trainers, pipeline, evals, lr_fn, stop_at, static_rate)
+  static_rate = None if config.data.dynamic_masking else first["options"]["masked_lm_prob"]
+  logger = Logger(run, mcfg, phases, trainers, pipeline, evals, lr_fn, stop_at, static_rate)
+  summary = logger()
   pipeline.close()
   if run.is_main:
     try:
@@ -233,6 +153,35 @@ def _train_and_evaluate(config, workdir: str, started: float) -> dict:
     except FileNotFoundError:
       summary["plots"] = []
   return summary
+
+
+def _data(config):
+  """({source: creation}, the first source's tokenizer (path, lower)); a missing source or an empty data_dir is
+  one line."""
+  names = plan.sources(config)
+  if not names:
+    raise ConfigError("invalid config: data.data_dir is empty: build data with python -m bertjax dataset")
+  creations, problems = plan.read_creations(config)
+  run_lib.raise_if(problems)
+  first = next(iter(creations))
+  return creations, dataset.tokenizer_of(names[first], creations[first])
+
+
+def _start(config, workdir: str, mcfg, t: trainer.Trainer, phases, started: float) -> run_lib.Run:
+  """The run on the skeleton every mode shares, its state by the resume order: the workdir, else the init
+  checkpoint's parameters (init_optimizer=reset) or whole state (keep), else fresh; the phases' ends are kept."""
+  path, step = config.init_checkpoint, start.init_step(config)
+  keep_state = bool(path) and config.init_optimizer == "keep"
+  say = print if jax.process_index() == 0 else lambda _: None
+
+  def init(abstract):
+    if step is not None:  # reset reads the params of init_step, as keep does (not the newest)
+      say(f"init_checkpoint {path}: step {step}, parameters (init_optimizer=reset)")
+    return start.fit_init_params(start.load_init_params(path, mcfg, config.data.max_seq_length, step), abstract, path,
+                                 announce=say)
+  return run_lib.start(config, workdir, t, init=init if path and not keep_state else None,
+                       init_state=(lambda: start.restore_full(config, t)) if keep_state else None,
+                       keep_steps=[p.steps.end for p in phases[:-1]], started=started)
 
 
 def _check_resume(config, workdir: str) -> None:
@@ -261,85 +210,88 @@ def _trainers(phases, mcfg, special, lr_fn) -> dict:
   return out
 
 
-def _run(run: run_lib.Run, mcfg, phases, trainers, pipeline, evals, lr_fn, stop_at, static_rate=None) -> dict:
-  """The loop: phase after phase, a progress line every `log_every` steps (its metrics row also names the phase,
-  its masking rate and mixture: `plan.scalars`), evaluation every `eval_every` (and at step 0 of a fresh run),
-  checkpoints every `checkpoint_every`, at each phase's end and at a stop."""
-  config = run.config
-  total, begin_step = phases[-1].steps.end, run.start
-  if stop_at is not None:
-    total = min(total, stop_at)
-  peak, peak_source = accounting.peak_tflops_per_device(config.peak_tflops_per_device)
-  writer = run.open_writer()
-  progress = writers.Progress(total, begin_step)
-  t0 = run.trainer
-  run.say(f"bertjax: {accounting.count_params(run.state.params):,} parameters ({mcfg.num_layers} layers, hidden "
-          f"{mcfg.hidden_size}); mesh {dict(t0.mesh.shape)}; {jax.device_count()} {jax.devices()[0].platform} "
-          f"device(s); steps {begin_step}->{total}; peak {peak:.2f} TFLOP/s/device ({peak_source})")
-  summary = {"start_step": begin_step, "preempted": False, "eval": {}}
-  current = {"phase": phases[0], "flops": 0.0}
-  last_log = [time.time(), begin_step]
-  ends = {p.steps.end for p in phases}
+class Logger:
+  """The pre-training loop's rhythm: the phases as stages of `Run.loop`, a progress line and a metrics row every
+  `log_every` steps (the row also names the phase, its masking rate and mixture: `plan.scalars`), evaluation
+  every `eval_every` (and at step 0 of a fresh run), checkpoints every `checkpoint_every`, at each phase's end
+  and at a stop."""
 
-  def log(step, host):
-    now = time.time()
-    dt = (now - last_log[0]) / max(step - last_log[1], 1)
-    mean = {k: float(np.mean([h[k] for h in host])) for k in host[-1]}
-    mean.update(learning_rate=float(host[-1]["learning_rate"]), step_time_s=dt, tokens_per_s=mean.pop("tokens") / dt,
-                mfu=accounting.mfu(current["flops"], dt, peak, jax.device_count()))
-    writer.write(step, {**mean, **plan.scalars(phases, current["phase"], step, plan.is_plain(config), static_rate)})
-    progress.log(step, mean)
-    summary["train"] = mean
-    last_log[:] = [now, step]
+  def __init__(self, run: run_lib.Run, mcfg, phases, trainers, pipeline, evals, lr_fn, stop_at, static_rate):
+    self.run, self.mcfg, self.phases, self.trainers = run, mcfg, phases, trainers
+    self.pipeline, self.evals, self.lr_fn, self.static_rate = pipeline, evals, lr_fn, static_rate
+    self.total = phases[-1].steps.end if stop_at is None else min(phases[-1].steps.end, stop_at)
+    self.ends = {p.steps.end for p in phases}
+    self.phase, self.flops = phases[0], 0.0
+    self.last_log = (time.time(), run.start)
+    self.summary = {"start_step": run.start, "preempted": False, "eval": {}}
+    self.peak, self.peak_source = accounting.peak_tflops_per_device(run.config.peak_tflops_per_device)
 
-  def run_eval(step, state):
-    t = trainers[current["phase"].model_key()]
-    summary["eval"] = evaluate(t.eval_step, state.params, evals, config, t.batch_sharding)
-    writer.write(step, summary["eval"], "eval")
-    run.say(f"eval at step {step}: {_fmt(summary['eval'])}")
+  def __call__(self) -> dict:
+    """The phases run to the plan's end (or the stop); returns the run's summary."""
+    run, config, total = self.run, self.run.config, self.total
+    self.writer = run.open_writer()
+    self.progress = writers.Progress(total, run.start)
+    run.say(f"bertjax: {accounting.count_params(run.state.params):,} parameters ({self.mcfg.num_layers} layers, "
+            f"hidden {self.mcfg.hidden_size}); mesh {dict(run.trainer.mesh.shape)}; {jax.device_count()} "
+            f"{jax.devices()[0].platform} device(s); steps {run.start}->{total}; peak {self.peak:.2f} "
+            f"TFLOP/s/device ({self.peak_source})")
+    hooks = trainer.Hooks(
+        log=self.log, save=self.save, evaluate=self.evaluate, begin=self.begin,
+        log_due=lambda s: trainer.every(s, config.log_every, total) or s in self.ends,
+        save_due=lambda s: trainer.every(s, config.checkpoint_every, total) or s in self.ends,
+        eval_due=lambda s: self.evals is not None and trainer.every(s, config.eval_every, total))
+    stages = [run_lib.Stage(self.trainers[ph.model_key()], min(ph.steps.end, total),
+                            lambda state, step, ph=ph: self.enter(ph, state, step)) for ph in self.phases]
+    state, step, stopped = run.loop(self.pipeline, stages, hooks)
+    if stopped is None and step == total < self.phases[-1].steps.end:
+      stopped = trainer.Stop.EXHAUSTED
+    if stopped is not None:
+      run.say(f"{stopped}: saved a checkpoint at step {step}; exiting")
+      self.summary["preempted"] = stopped.preempted
+    self.summary["goodput"] = run.close(stopped)
+    self.summary.update(final_step=step, state=state, model_config=self.mcfg, phases=[p.name for p in self.phases])
+    return self.summary
 
-  def save(step, state):
-    # The rate of the last step taken: what a phase annealing from this checkpoint starts from (learning_rate -1).
-    run.checkpoint(step, state, {**pipeline.get_state(), "learning_rate": float(lr_fn(max(step - 1, 0)))})
-
-  state, step, stopping = run.state, begin_step, None
-  for ph in phases:
-    if ph.steps.end <= step or step >= total:
-      continue
-    t = trainers[ph.model_key()]
-    current.update(phase=ph, flops=objectives.get(ph.config).step_flops(ph.config, plan.model_config(mcfg, ph),
-                                                                        t.module))
+  def enter(self, ph: plan.Phase, state, step: int):
+    """Phase `ph` takes over at `step`: its FLOPs per step for MFU, its line, its optimizer reset."""
+    t = self.trainers[ph.model_key()]
+    self.phase = ph
+    self.flops = objectives.get(ph.config).step_flops(ph.config, plan.model_config(self.mcfg, ph), t.module)
     if step == ph.steps.start and ph.steps.start > 0:
-      run.say(f"phase {ph.name}: steps {ph.steps.start}->{ph.steps.end}")
+      self.run.say(f"phase {ph.name}: steps {ph.steps.start}->{ph.steps.end}")
       if ph.steps.reset_optimizer:
         state = _reset_optimizer(t, state)
-    first = step == begin_step
+    return state
 
-    def begin(s, first=first):
-      if first and begin_step == 0 and evals is not None and config.eval_every > 0:
-        run_eval(0, s)
-        summary["initial_eval"] = summary["eval"]
-    hooks = trainer.Hooks(
-        log=log, save=save, evaluate=run_eval, begin=begin,
-        log_due=lambda s: trainer.every(s, config.log_every, total) or s in ends,
-        save_due=lambda s: trainer.every(s, config.checkpoint_every, total) or s in ends,
-        eval_due=lambda s: evals is not None and trainer.every(s, config.eval_every, total))
-    stop_after = config.train.stop_after_steps
-    remaining = stop_after - (step - begin_step) if stop_after else 0
-    run.trainer = t
-    state, step, stopping = trainer.loop(t, state, pipeline, step, min(ph.steps.end, total), hooks, remaining,
-                                         clock=run.clock)
-    run.state = state
-    if stopping is not None:
-      break
-  if stopping is None and stop_at is not None and step == stop_at < phases[-1].steps.end:
-    stopping = "a source ran out (data.when_exhausted=stop)"
-  if stopping is not None:
-    run.say(f"{stopping}: saved a checkpoint at step {step}; exiting")
-    summary["preempted"] = stopping != "a source ran out (data.when_exhausted=stop)"
-  summary["goodput"] = run.close(stopping)
-  summary.update(final_step=step, state=state, model_config=mcfg, phases=[p.name for p in phases])
-  return summary
+  def begin(self, state) -> None:
+    """Before the first step of a fresh run: the evaluation at step 0."""
+    fresh = self.run.start == 0 and "initial_eval" not in self.summary
+    if fresh and self.evals is not None and self.run.config.eval_every > 0:
+      self.evaluate(0, state)
+      self.summary["initial_eval"] = self.summary["eval"]
+
+  def log(self, step: int, host: list) -> None:
+    now = time.time()
+    dt = (now - self.last_log[0]) / max(step - self.last_log[1], 1)
+    mean = {k: float(np.mean([h[k] for h in host])) for k in host[-1]}
+    mean.update(learning_rate=float(host[-1]["learning_rate"]), step_time_s=dt, tokens_per_s=mean.pop("tokens") / dt,
+                mfu=accounting.mfu(self.flops, dt, self.peak, jax.device_count()))
+    named = bool(self.run.config.data.sources)
+    self.writer.write(step, {**mean, **plan.scalars(self.phases, self.phase, step, named, self.static_rate)})
+    self.progress.log(step, mean)
+    self.summary["train"] = mean
+    self.last_log = (now, step)
+
+  def evaluate(self, step: int, state) -> None:
+    t = self.trainers[self.phase.model_key()]
+    self.summary["eval"] = evaluate(t.eval_step, state.params, self.evals, self.run.config, t.batch_sharding)
+    self.writer.write(step, self.summary["eval"], "eval")
+    self.run.say(f"eval at step {step}: {_fmt(self.summary['eval'])}")
+
+  def save(self, step: int, state) -> None:
+    # The rate of the last step taken: what a phase annealing from this checkpoint starts from (learning_rate -1).
+    self.run.checkpoint(step, state, {**self.pipeline.get_state(),
+                                      "learning_rate": float(self.lr_fn(max(step - 1, 0)))})
 
 
 def _reset_optimizer(t: trainer.Trainer, state):

@@ -16,9 +16,12 @@ import ml_collections
 
 from bertjax import errors
 from bertjax import model as model_lib
+from bertjax.core import files
 from bertjax.core import phases as phases_lib
+from bertjax.data import packing
 from bertjax.data.pretraining import dataset, mixture
 from bertjax.data.pretraining import examples as pretraining
+from bertjax.data.pretraining import pipeline as input_pipeline
 
 WHEN_EXHAUSTED = ("repeat", "stop")
 MODEL_FIELDS = ("rope_theta", "rope_theta_local", "local_attention")
@@ -26,18 +29,18 @@ MODEL_FIELDS = ("rope_theta", "rope_theta_local", "local_attention")
 
 def sources(config) -> dict[str, str]:
   """{source name: data folder}: data.sources, or {"data": data.data_dir}."""
-  named = dict(config.data.get("sources", {}) or {})
+  named = dict(config.data.sources)
   if named:
     return {str(k): str(v) for k, v in named.items()}
   return {"data": config.data.data_dir} if config.data.data_dir else {}
 
 
-def is_plain(config) -> bool:
-  """A run of one phase on one data folder with a fixed batch and masking rate: the plain pipeline (and
-  packing) serve it; anything that moves needs the phased one."""
-  return (not phases_lib.names(config) and not (config.data.get("sources", {}) or {})
-          and not phases_lib.train_setting(config, "batch_warmup_tokens")
-          and not config.data.get("masked_lm_prob_end", 0.0))
+def moves(config) -> bool:
+  """Whether the run is more than its own fixed settings over data.data_dir: named phases or sources, a batch
+  ramp or a moving masking rate. Such a run is checked phase by phase and source by source (`errors_of`); a run
+  of fixed settings is checked against its one folder's creation as the data section (`checks.validate`)."""
+  return bool(phases_lib.names(config) or config.data.sources or phases_lib.train_setting(config, "batch_warmup_tokens")
+              or config.data.masked_lm_prob_end)
 
 
 def parse_mixture(text: str, known: list[str]) -> tuple[list[tuple[str, float | None]], list[str]]:
@@ -79,7 +82,7 @@ def errors_of(config, mcfg, creations: dict[str, dict], granularity: int) -> lis
   (an unreadable one is already a problem of its own)."""
   out = phases_lib.field_errors(config, granularity)
   names = phases_lib.names(config)
-  if config.data.get("when_exhausted", "repeat") not in WHEN_EXHAUSTED:
+  if config.data.when_exhausted not in WHEN_EXHAUSTED:
     out.append(f"data.when_exhausted {config.data.when_exhausted!r} is not one of {list(WHEN_EXHAUSTED)}")
   total = config.train.num_steps
   if names and not out:
@@ -87,7 +90,7 @@ def errors_of(config, mcfg, creations: dict[str, dict], granularity: int) -> lis
     if total and total != plan_steps:
       out.append(f"the phases add up to {plan_steps} steps but train.num_steps is {total}: set "
                  f"--config.train.num_steps=0 (the phases' total) or change the phases")
-  if not is_plain(config) and config.data.packing:
+  if config.data.packing:
     out.append("data.packing with phases, sources or moving batch/masking is not supported: use unpacked data")
   known = list(sources(config))
   tok_of, vocab_of = {}, {}
@@ -169,9 +172,13 @@ def _model_errors(where: str, p, mcfg) -> list[str]:
 
 
 def read_creations(config) -> tuple[dict[str, dict], list[str]]:
-  """({source: creation record}, problems): a source whose folder holds no readable data is one line."""
+  """({source: creation record}, problems): a named source whose folder holds no readable data is one line; a run
+  of data.data_dir alone raises that folder's own error."""
   out, problems = {}, []
   for name, folder in sources(config).items():
+    if not config.data.sources:
+      out[name] = dataset.read_creation(folder)
+      continue
     if not folder:
       problems.append(f"data.sources.{name} is empty: give the folder `python -m bertjax dataset` made")
       continue
@@ -180,6 +187,24 @@ def read_creations(config) -> tuple[dict[str, dict], list[str]]:
     except (OSError, errors.Error) as e:
       problems.append(f"data.sources.{name}: {errors.one_line(e)}")
   return out, problems
+
+
+def train_sources(config, announce=print) -> dict:
+  """{folder: its train split} of every source, each example a packed row when data.packing (the row plan
+  cached beside local data; a bucket's data may be shared and read-only, so it is planned anew)."""
+  out = {}
+  for folder in sources(config).values():
+    source = dataset.load_source(folder, config.data.train_split, config.data.cache_limit)
+    if config.data.packing:
+      seq, preds = config.data.max_seq_length, packing.row_predictions(config.data)
+      cache = None if files.is_remote(folder) else files.join(
+          folder, f"packing_{config.data.train_split}_{seq}_{preds}_{config.data.pack_max_per_row}.npz")
+      n_examples = len(source)
+      source = packing.PackedSource(source, seq, preds, config.data.pack_max_per_row, cache=cache)
+      announce(f"packing: {n_examples} examples in {len(source)} rows ({n_examples / max(len(source), 1):.2f} per "
+               "row)")
+    out[folder] = source
+  return out
 
 
 # ----------------------------------------------------------------------------- the phases as run
@@ -227,29 +252,40 @@ def build_phases(config, granularity: int, creations: dict[str, dict], sizes: di
   return out
 
 
-def segments(phases: list[Phase], loaded: dict, config, vocab) -> list[mixture.Segment]:
+def segments(phases: list[Phase], loaded: dict, config, vocab, creations: dict[str, dict]) -> list[mixture.Segment]:
   """The data segments of the phases: each source read through its own shuffled order, continuing across
-  phases; masks drawn in the pipeline at each step's rate when the run masks dynamically."""
+  phases; masks drawn in the pipeline when the run masks dynamically (`_masking`)."""
   out, offsets = [], {}
   for ph in phases:
     srcs = tuple((folder, loaded[folder], w) for _, folder, w in ph.mixture)
-    transform = None
-    if config.data.dynamic_masking:
-      transform = _masking(ph, vocab, config)
+    transform = _masking(ph, vocab, config, creations, alone=len(phases) == 1) if config.data.dynamic_masking else None
     seg = mixture.Segment(ph.name, ph.steps.start, ph.steps.end, srcs, ph.steps.batch_sizes, dict(offsets), transform)
     out.append(seg)
     offsets = {**offsets, **seg.draws(seg.end)}
   return out
 
 
-def _masking(ph: Phase, vocab, config):
-  base = pretraining.CreationOptions(max_seq_length=ph.steps.settings.seq,
+def _masking(ph: Phase, vocab, config, creations: dict[str, dict], alone: bool):
+  """A phase's dynamic masking. The one phase of a run reading one source at one batch and one rate masks each
+  stream position by itself (`mixture.PerPosition`) at the run's rate and cap (data.max_predictions_per_seq,
+  the data's own widened or cut to it), so it reads as a plain stream; otherwise the mask of position g at step s
+  follows the phase's rate at s."""
+  s = ph.steps
+  if alone and len(ph.mixture) == 1 and len(set(s.batch_sizes)) == 1 and s.mask_rate(s.start) == s.mask_rate(s.end):
+    made = creations[ph.mixture[0][0]]["options"]
+    opts = pretraining.CreationOptions(**{**made, "masked_lm_prob": config.data.masked_lm_prob,
+                                          "max_predictions_per_seq": config.data.max_predictions_per_seq,
+                                          "whole_word_mask": config.data.whole_word_mask})
+    cap = config.data.max_predictions_per_seq
+    return mixture.PerPosition(input_pipeline.fit_predictions(input_pipeline.dynamic_masking(vocab, opts,
+                                                                                             config.seed), cap))
+  base = pretraining.CreationOptions(max_seq_length=s.settings.seq,
                                      max_predictions_per_seq=ph.config.data.max_predictions_per_seq,
                                      whole_word_mask=config.data.whole_word_mask)
   seed, name = config.seed, ph.name
 
   def fn(example: dict, g: int, step: int) -> dict:
-    opts = dataclasses.replace(base, masked_lm_prob=ph.steps.mask_rate(step))
+    opts = dataclasses.replace(base, masked_lm_prob=s.mask_rate(step))
     return pretraining.remask(example, vocab, opts, random.Random(f"{seed}/dynamic/{name}/{g}"))
   return fn
 
@@ -286,13 +322,13 @@ def resume_keys(config) -> tuple[str, ...]:
   return tuple(keys + (list(DEFERRED_KEYS) if names else []))
 
 
-def scalars(phases: list[Phase], phase: Phase, step: int, plain: bool, data_rate: float | None = None) -> dict:
+def scalars(phases: list[Phase], phase: Phase, step: int, named: bool, data_rate: float | None = None) -> dict:
   """What a metrics row says of the phase its steps ran in: the phase's index, the masking rate of the row's last
   update (step - 1; `data_rate`: the rate a run without dynamic masking reads its data's static masks at) and,
-  for a run of sources, the mixture's weights as `mixture/<source>`."""
+  for a run of `named` sources, the mixture's weights as `mixture/<source>`."""
   rate = data_rate if data_rate is not None else phase.steps.mask_rate(max(step - 1, phase.steps.start))
   out = {"phase": phases.index(phase), "masked_lm_prob": rate}
-  if not plain:
+  if named:
     out.update({f"mixture/{name}": w for name, _, w in phase.mixture})
   return out
 

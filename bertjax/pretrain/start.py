@@ -65,17 +65,17 @@ def fit_init_params(init: dict, abstract: dict, path: str, announce=print) -> di
 
 def init_step(config) -> int | None:
   """The step of the init workdir to start from (config.init_step; 0 = its newest)."""
-  return int(config.get("init_step", 0) or 0) or None
+  return config.init_step or None
 
 
 def init_errors(config) -> list[str]:
   """The init's own settings: keep needs a bertjax pre-training workdir (an HF folder has no optimizer state);
   init_step must be a step the init workdir holds (reset and keep alike start from it)."""
-  how = config.get("init_optimizer", "reset")
+  how = config.init_optimizer
   out = []
   if how not in INIT_OPTIMIZER:
     out.append(f"init_optimizer must be one of {list(INIT_OPTIMIZER)}, got {how!r}")
-  step = config.get("init_step", 0)
+  step = config.init_step
   if not isinstance(step, int) or step < 0:
     out.append(f"init_step must be an integer >= 0 (0: the newest checkpoint), got {step!r}")
   path = config.init_checkpoint

@@ -8,6 +8,10 @@ make-up rather than a random one. Draw j of a source reads example `shuffle(j)` 
 shuffle; a fresh permutation each time the source is read through again). A source read by several segments
 continues where the previous one stopped (`Segment.offsets`).
 
+`stream` picks the pipeline of a plan's segments: a plan of one segment reading one source at one batch size is
+the plain `Pipeline` (the source's own shuffled order), anything that mixes or moves a `PhasedPipeline`, so the
+loop that reads the batches never asks which.
+
 The state of a `PhasedPipeline` is the global step, with every source's position saved beside it: positions
 follow from the step and the plan, and a resumed run whose plan gives other positions (a changed mixture,
 batch or phase) is refused rather than silently reading other data.
@@ -86,6 +90,30 @@ class Segment:
     """Each source's position (examples drawn from it over the whole run) before global step `step`."""
     made = counts(self.positions_before(step), self.weights)
     return {key: int(self.offsets.get(key, 0)) + n for (key, _, _), n in zip(self.sources, made)}
+
+
+@dataclasses.dataclass(frozen=True)
+class PerPosition:
+  """A segment's transform of (example, stream position) alone, the same at every step: what lets a segment of
+  one source at one batch size be read as a plain `Pipeline`."""
+  fn: Callable[[dict, int], dict]
+
+  def __call__(self, example: dict, g: int, step: int) -> dict:
+    del step
+    return self.fn(example, g)
+
+
+def stream(segments: Sequence[Segment], *, seed: int = 0, sharding=None, prefetch: int = 2,
+           window: int = 0) -> pipeline_lib.Pipeline:
+  """The batches of `segments`: one segment over one source at one batch size, with no transform or a
+  `PerPosition` one, is the plain `Pipeline` over that source; anything else a `PhasedPipeline`."""
+  seg = segments[0]
+  if (len(segments) == 1 and len(seg.sources) == 1 and len(set(seg.batch_sizes)) == 1
+      and (seg.transform is None or isinstance(seg.transform, PerPosition))):
+    transform = seg.transform.fn if seg.transform is not None else None
+    return pipeline_lib.Pipeline(seg.sources[0][1], seg.batch_sizes[0], seed=seed, sharding=sharding,
+                                 transform=transform, prefetch=prefetch, window=window)
+  return PhasedPipeline(segments, seed=seed, sharding=sharding, prefetch=prefetch, window=window)
 
 
 def exhaustion(segment: Segment) -> dict[str, int]:

@@ -151,6 +151,26 @@ def dynamic_masking(vocab: pretraining.Vocab, opts: pretraining.CreationOptions,
   return fn
 
 
+PREDICTION_KEYS = ("masked_lm_positions", "masked_lm_ids", "masked_lm_weights")
+
+
+def fit_predictions(remask, cap: int):
+  """`remask` (example, g) -> example drawing at most `cap` masks, on examples whose prediction arrays hold the
+  data's cap: widened with empty slots first (a run's cap above the data's), cut to `cap` after (below it)."""
+  def fn(example: dict, g: int) -> dict:
+    width = len(example["masked_lm_positions"])
+    if width < cap:
+      example = dict(example)
+      for k in PREDICTION_KEYS:
+        v = np.asarray(example[k])
+        example[k] = np.concatenate([v, np.zeros(cap - width, v.dtype)])
+    out = remask(example, g)
+    if width > cap:
+      out = {**out, **{k: np.asarray(out[k])[:cap] for k in PREDICTION_KEYS}}
+    return out
+  return fn
+
+
 class Remasked:
   """A source whose examples are masked afresh at `opts.masked_lm_prob`, the same masks every time it is read
   (example g's mask is drawn from seed/eval/g): a held-out set at another masking rate than training's."""
