@@ -610,7 +610,8 @@ def test_main_entry_point_end_to_end(tmp_path, data_dir):
   assert "step 4/4" in out.stdout and "done at step 4" in out.stdout
   assert sorted(os.listdir(w / "checkpoints")) == ["2", "4"]
   rows = metrics.read_jsonl(str(w / "metrics.jsonl"))
-  assert {r["split"] for r in rows} == {"train", "eval"}
+  assert {r["split"] for r in rows} == {"train", "eval", "goodput"}
+  assert [r["step"] for r in rows if r["split"] == "goodput"] == [2, 4]  # at each log point
   assert any(f.startswith("events.out.tfevents") for f in os.listdir(w / "tensorboard"))
   for png in ("loss.png", "mlm_accuracy.png", "nsp_accuracy.png"):
     assert (w / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
