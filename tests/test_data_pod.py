@@ -245,7 +245,6 @@ def test_a_bucket_read_through_the_cache_equals_local_data_and_stays_under_its_l
 
 
 @pytest.mark.slow
-@pytest.mark.ci
 def test_pretraining_from_a_bucket_four_times_the_cache_equals_local_data(corpus, bucket, tmp_path, monkeypatch):
   """The real training loop on a bucket's data 4x the cache limit: parameters bitwise those of the same run on
   local data."""

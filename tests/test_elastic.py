@@ -85,12 +85,14 @@ def on_eight(tmp_path_factory, data_dir):
   return w
 
 
+@pytest.mark.slow
 def test_eight_devices_resume_on_four(on_eight, data_dir, tmp_path):
   out = train(resumed_from(on_eight, tmp_path / "four"), data_dir, 4, *RAMP)
   assert "mesh {'data': 1, 'fsdp': 4, 'tensor': 1}" in out.stdout and "steps 3->6" in out.stdout
   assert_same_run(on_eight, tmp_path / "four")
 
 
+@pytest.mark.slow
 def test_a_batch_the_new_devices_cannot_divide_is_one_line(on_eight, data_dir, tmp_path):
   w = resumed_from(on_eight, tmp_path / "three")
   out = train(w, data_dir, 3, *RAMP, check=False)

@@ -215,6 +215,7 @@ def test_discriminator_auc_matches_sklearn():
   assert float(electra.auc_from_histograms(pos, neg)) == pytest.approx(roc_auc_score(y, z), abs=3e-3)
 
 
+@pytest.mark.slow
 def test_accumulated_step_equals_one_step_of_the_whole_batch():
   """grad_accum_steps=4 over 16 rows gives the gradient, the loss and its metrics of one step over the 16 rows
   within 1e-6 relative: each micro-batch draws its rows' masks and samples of the whole batch's draw and divides by

@@ -608,7 +608,7 @@ def test_a_bad_prng_impl_stops_finetuning_before_it_starts(tmp_path, vocab):
   c = finetune_config.get_config("task=local,seq=32")
   c.train.prng_impl = "philox"
   with pytest.raises(ValueError, match="train.prng_impl 'philox' is not one of"):
-    finetune._finetune(c, str(tmp_path / "w"))
+    finetune._finetune(c, str(tmp_path / "w"), None, 0.0)
   assert not (tmp_path / "w").exists()
 
 
@@ -617,7 +617,7 @@ def test_a_seed_the_step_cannot_take_stops_finetuning_before_it_starts(tmp_path,
   c = finetune_config.get_config("task=local,seq=32")
   c.seed = seed
   with pytest.raises(ValueError, match=r"seed must be an integer in \[0, 2\*\*32\)"):
-    finetune._finetune(c, str(tmp_path / "w"))
+    finetune._finetune(c, str(tmp_path / "w"), None, 0.0)
   assert not (tmp_path / "w").exists()
 
 

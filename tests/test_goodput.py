@@ -102,6 +102,7 @@ def test_an_attempt_keeps_one_cumulative_record_and_the_next_reads_it(tmp_path):
   assert [r["attempt"] for r in goodput.read(str(tmp_path))] == [1, 2]
 
 
+@pytest.mark.slow
 def test_a_killed_pretraining_run_counts_its_lost_steps_when_resumed(tmp_path, data_dir, monkeypatch):
   """Attempt 1 checkpoints at step 2 and dies at step 4 after its log there, before that step's save (as a kill -9
   would leave it); attempt 2 resumes at 2 and runs 3..5: steps 3 and 4 ran twice, and every second of the job

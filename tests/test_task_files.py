@@ -169,7 +169,6 @@ def test_a_streamed_file_gives_every_step_the_batch_of_the_file_read_whole(bucke
 
 
 @pytest.mark.slow
-@pytest.mark.ci
 def test_finetuning_on_a_streamed_bucket_file_resumes_exactly(bucket, tmp_path, vocab, monkeypatch):
   """A run on a bucket file 2x the row buffer, stopped mid-epoch and continued, has the per-step losses of the
   uninterrupted run, and both have those of the same file read whole: the same rows in the same order."""
