@@ -1,5 +1,6 @@
 """RoBERTa (HF model type `roberta`): BERT's layer maths, learned positions counted from padding_idx + 1
-(`position_offset`), one segment type, MLM only (no pooler, no NSP head), LayerNorm eps 1e-5. Its
+(`position_offset`), one segment type, MLM only (no NSP head), LayerNorm eps 1e-5. HF's `RobertaModel` keeps
+BERT's tanh pooler, which the encoder reads where a folder holds one; the MLM and task models have none. Its
 sequence head is `RobertaClassificationHead` at <s>: dropout, dense, tanh, dropout, out_proj.
 
 XLM-RoBERTa (`xlm-roberta`) is the same model under its own names (`XLMRobertaForMaskedLM`, ...; the encoder's
@@ -32,9 +33,10 @@ def config_to_hf(cfg: model_lib.BertConfig, architecture: str = "RobertaForMaske
 def _rows(cfg: model_lib.BertConfig, head: str):
   flat = cfg.replace(position_offset=0)  # the BERT table's check wants plain positions
   enc = [(p, "roberta." + hf, kind) for p, hf, _, kind in bert.NAME_TABLE(flat, pretraining=False)
-         if p[0] != "pooler" and (cfg.type_vocab_size or "token_type_embeddings" not in p)]
-  if head == "encoder":
-    return enc
+         if cfg.type_vocab_size or "token_type_embeddings" not in p]
+  if head == "encoder":  # RobertaModel's pooler, where the folder holds one; an embedding model's export has none
+    return [r + ("extra",) if r[0][0] == "pooler" else r for r in enc]
+  enc = [r for r in enc if r[0][0] != "pooler"]  # the MLM and task models build no pooler
   if head == "pretraining":
     return table.under(enc, ("bert",)) + [
         (("mlm_transform", "kernel"), "lm_head.dense.weight", "dense"),
