@@ -27,10 +27,7 @@ FORMS = {"bert": ("formaskedlm", "forpretraining", "model"), "roberta": ("formas
          "xlm-roberta": ("formaskedlm", "model"), "modernbert": ("formaskedlm", "model")}
 FAST = {"st6/bert-formaskedlm"}
 # Known defects, kept visible: each mark goes when its fix lands (strict: a fixed defect fails the xfail).
-EXTRA_NORM = pytest.mark.xfail(strict=True, reason="bertjax holds ModernBERT's layer-0 attention norm (an Identity "
-                               "in HF, 32 constant scales), which TIES counts in the whole-model trim: the "
-                               "threshold moves and entries at the edge are kept or dropped unlike the authors'")
-KNOWN = {"linear": {}, "ties": {"st6/modernbert-model": EXTRA_NORM, "st6/modernbert-formaskedlm": EXTRA_NORM}}
+KNOWN = {"linear": {}, "ties": {}}
 
 
 def _cases(method):

@@ -7,10 +7,11 @@ average of the weights a run with train.ema_decay keeps) and HF folders. Methods
   ties     TIES-merging (Yadav et al. 2023) of task vectors τ_i = θ_i − θ_base, as the authors' code does it
            (`topk_values_mask`, `resolve_sign`, `disjoint_merge` over each model flattened into one vector):
            trim each τ_i over the whole model, keeping |τ| >= its k-th smallest magnitude, k = d − int(d·density)
-           (d: the model's parameter count; density 1 keeps all); elect each entry's sign as the sign of
-           Σ_i τ̂_i, an entry whose sum is 0 taking the majority sign (that of the sum of all elected signs);
-           take the mean of the nonzero τ̂_i that agree with it (the disjoint mean), θ = θ_base + λ·τ_m. mmBERT
-           merges its decay-phase variants this way, with the pre-decay checkpoint as the base.
+           (d: the parameter count of the model as HF holds it, entries no computation reads left out; density
+           1 keeps all); elect each entry's sign as the sign of Σ_i τ̂_i, an entry whose sum is 0 taking the
+           majority sign (that of the sum of all elected signs); take the mean of the nonzero τ̂_i that agree
+           with it (the disjoint mean), θ = θ_base + λ·τ_m. mmBERT merges its decay-phase variants this way, with
+           the pre-decay checkpoint as the base.
 
 Each input is merged in the form it holds (an HF BertForPreTraining, BertForMaskedLM or BertModel folder, a
 workdir's MLM model, ...) and written in that form; inputs of different forms or families are refused.
@@ -203,28 +204,45 @@ def threshold(magnitudes: np.ndarray, density: float) -> float:
   return float(np.partition(magnitudes, k - 1)[k - 1])
 
 
-def ties(trees: list[dict], base: dict, density: float, lam: float, weights_: list[float] | None = None) -> dict:
+def unread(cfg: model_lib.BertConfig, tree: dict) -> set[str]:
+  """The leaves (`_leaves` keys) of an unscanned tree that the model holds and no computation reads, which its HF
+  model does not have: the layer-0 attention norm of a stack whose first layer takes the embedding norm's output
+  as it is (ModernBERT's Identity there; bertjax keeps the entry so that every layer has one shape)."""
+  if cfg.first_attention_norm:
+    return set()
+  return {k for k in _leaves(tree) if "['encoder']['layer_0']['attention_ln']" in k}
+
+
+def ties(trees: list[dict], base: dict, density: float, lam: float, weights_: list[float] | None = None,
+         fixed: set[str] = frozenset()) -> dict:
   """TIES-merging of `trees` onto `base` (module docstring): one trim threshold per task over every parameter
   (the authors flatten a model into one vector), the sign election's zeros resolved to the majority sign, the
-  disjoint mean. `weights_` scale each trimmed task vector before the election (1 each by default). Accumulated
-  in float64, cast back to each parameter's dtype; one tensor at a time (the magnitudes of one task at once)."""
+  disjoint mean. `weights_` scale each trimmed task vector before the election (1 each by default). `fixed`: the
+  leaves (`_leaves` keys) that are no parameter of the model the authors' rule sees (`unread`): they keep the
+  base's values and count neither in the trim nor in the election. Accumulated in float64, cast back to each
+  parameter's dtype; one tensor at a time (the magnitudes of one task at once)."""
   import jax
   w = [1.0] * len(trees) if weights_ is None else list(weights_)
-  base_leaves, treedef = jax.tree_util.tree_flatten(base)
+  paths, treedef = jax.tree_util.tree_flatten_with_path(base)
+  base_leaves = [x for _, x in paths]
   task_leaves = [treedef.flatten_up_to(t) for t in trees]
   b64 = lambda j: np.asarray(base_leaves[j]).astype(np.float64)  # noqa: E731
   tau = lambda t, j: np.asarray(task_leaves[t][j]).astype(np.float64) - b64(j)  # noqa: E731
   n = len(base_leaves)
-  cut = [threshold(np.concatenate([np.abs(tau(t, j)).ravel() for j in range(n)]) if n else np.zeros(0), density)
+  held = [j for j, (p, _) in enumerate(paths) if jax.tree_util.keystr(p) not in fixed]
+  cut = [threshold(np.concatenate([np.abs(tau(t, j)).ravel() for j in held]) if held else np.zeros(0), density)
          for t in range(len(trees))]
 
   def trimmed(j):
     return np.stack([w[t] * np.where(np.abs(x) >= cut[t], x, 0.0) for t, x in ((t, tau(t, j))
                                                                                  for t in range(len(trees)))])
-  signs = [np.sign(trimmed(j).sum(axis=0)).astype(np.int8) for j in range(n)]
-  majority = np.sign(sum(int(s.sum(dtype=np.int64)) for s in signs))  # resolve_zero_signs(..., "majority")
+  signs = {j: np.sign(trimmed(j).sum(axis=0)).astype(np.int8) for j in held}
+  majority = np.sign(sum(int(s.sum(dtype=np.int64)) for s in signs.values()))  # resolve_zero_signs(..., "majority")
   out = []
   for j in range(n):
+    if j not in signs:
+      out.append(np.asarray(base_leaves[j]))
+      continue
     taus = trimmed(j)
     sign = np.where(signs[j] == 0, majority, signs[j])
     keep = np.where(sign > 0, taus > 0, taus < 0)
@@ -341,7 +359,7 @@ def merge(specs: list[str], out: str, method: str = "linear", weights_: list[flo
   if method == "linear":
     merged = linear(trees, weights_ or [1.0] * len(trees))
   else:
-    merged = ties(trees, base_in.params, density, lam, weights_)
+    merged = ties(trees, base_in.params, density, lam, weights_, unread(base_in.cfg, base_in.params))
   record = {"method": method, "inputs": specs, "weights": weights_, "base": base or None, "density": density,
             "lam": lam}
   record["architecture"] = write(out, merged, inputs[0], record, st_stack)
