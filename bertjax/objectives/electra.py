@@ -263,8 +263,8 @@ def errors(config, mcfg) -> list[str]:
     out.append("objective 'electra' does not take data.packing (its masks are drawn per row in the graph)")
   if config.train.use_nsp:
     out.append("objective 'electra' has no NSP: set train.use_nsp=False")
-  if config.electra.embedding_sharing not in ("shared", "gdes"):
-    out.append(f"electra.embedding_sharing {config.electra.embedding_sharing!r} is not one of ['shared', 'gdes']")
+  if embedding_sharing(config) not in ("shared", "gdes"):
+    out.append(f"electra.embedding_sharing {embedding_sharing(config)!r} is not one of ['shared', 'gdes']")
   freeze_at = config.electra.freeze_generator_at
   if not isinstance(freeze_at, int) or isinstance(freeze_at, bool) or freeze_at < 0:
     out.append(f"electra.freeze_generator_at must be a step >= 0 (0: joint throughout), got {freeze_at!r}")
@@ -276,13 +276,19 @@ def errors(config, mcfg) -> list[str]:
   return out
 
 
+def embedding_sharing(config) -> str:
+  """The run's electra.embedding_sharing; a workdir written before the setting existed (its config.json has no
+  such key) shared the embeddings as ELECTRA does."""
+  return config.electra.get("embedding_sharing", "shared")
+
+
 def module(config, mcfg, special_ids=None):
   cls_id, sep_id, mask_id = special_ids or (2, 3, 4)  # placeholders for timing and AOT builds without data
   gen = generator_config(mcfg, config.electra.generator_hidden, config.electra.generator_layers)
   return ElectraForPreTraining(mcfg, gen, mask_prob=config.data.masked_lm_prob,
                                            temperature=config.electra.temperature, special_ids=(cls_id, sep_id),
                                            mask_id=mask_id,
-                                           embedding_sharing=config.electra.embedding_sharing)
+                                           embedding_sharing=embedding_sharing(config))
 
 
 def train_step(model, tx, lr_fn, config):
