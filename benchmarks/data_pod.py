@@ -25,42 +25,14 @@ import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path[:0] = [ROOT, os.path.join(ROOT, "tests"), os.path.dirname(os.path.abspath(__file__))]
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
+import helpers  # noqa: E402  (tests/helpers.py: DiskWatch)
 import machine  # noqa: E402
-
-
-class DiskWatch:
-  """The most bytes the files under `root` held at once, polled every 5 ms from another thread."""
-
-  def __init__(self, root):
-    self.root, self.most, self._stop = str(root), 0, threading.Event()
-    self._thread = threading.Thread(target=self._run, daemon=True)
-
-  def _run(self):
-    while not self._stop.is_set():
-      total = 0
-      for d, _, names in os.walk(self.root):
-        for n in names:
-          try:
-            total += os.path.getsize(os.path.join(d, n))
-          except OSError:
-            pass
-      self.most = max(self.most, total)
-      time.sleep(0.005)
-
-  def __enter__(self):
-    self._thread.start()
-    return self
-
-  def __exit__(self, *exc):
-    self._stop.set()
-    self._thread.join()
 
 
 def shard_bytes(data_dir: str) -> int:
@@ -73,7 +45,7 @@ def build(corpus: str, vocab: str, out: str, opts, workers: int, tmp: str) -> di
   from bertjax.data.pretraining import dataset
   os.makedirs(tmp, exist_ok=True)
   os.environ["TMPDIR"] = tempfile.tempdir = tmp  # this process and its workers stage their shards under it
-  with DiskWatch(tmp) as watch:
+  with helpers.DiskWatch(tmp) as watch:
     start = time.perf_counter()
     rec = dataset.create([corpus], vocab, out, opts, workers=workers)
     seconds = time.perf_counter() - start
@@ -82,7 +54,7 @@ def build(corpus: str, vocab: str, out: str, opts, workers: int, tmp: str) -> di
   return {"workers": workers, "seconds": round(seconds, 2), "examples": examples,
           "shards": sum(r["shards"] for r in rec["report"].values()), "mb": round(size / 1e6, 1),
           "examples_per_s_per_worker": round(examples / seconds / workers), "mb_per_s_per_worker":
-          round(size / 1e6 / seconds / workers, 2), "staging_high_water_mb": round(watch.most / 1e6, 2)}
+          round(size / 1e6 / seconds / workers, 2), "staging_high_water_mb": round(watch.most_all / 1e6, 2)}
 
 
 def read_rate(data_dir: str, batch: int, steps: int, window: int, limit: int, cache_dir: str) -> dict:
@@ -92,7 +64,7 @@ def read_rate(data_dir: str, batch: int, steps: int, window: int, limit: int, ca
   os.environ["BERTJAX_CACHE"] = cache_dir
   cache_lib._SHARED.clear()  # noqa: SLF001  (a fresh, empty cache for each measurement)
   src = dataset.load_source(data_dir, "train", cache_limit=limit)
-  with DiskWatch(cache_dir) as watch:
+  with helpers.DiskWatch(cache_dir) as watch:
     p = input_pipeline.Pipeline(src, batch, seed=0, prefetch=2, window=window)
     start = time.perf_counter()
     for _ in range(steps):
@@ -100,7 +72,7 @@ def read_rate(data_dir: str, batch: int, steps: int, window: int, limit: int, ca
     seconds = time.perf_counter() - start
     p.close()
   return {"batches_per_s": round(steps / seconds, 1), "examples_per_s": round(steps * batch / seconds),
-          "cache_high_water_mb": round(watch.most / 1e6, 2),
+          "cache_high_water_mb": round(watch.most_all / 1e6, 2),
           "downloads": src.cache.downloads if src.cache is not None else 0}
 
 
@@ -116,14 +88,14 @@ def train_rate(data_dir: str, workdir: str, window: int, limit: int, steps: int,
          "--config.checkpoint_every=100000", f"--config.data.shuffle_window={window}",
          f"--config.data.cache_limit={limit}"]
   env = {**os.environ, "BERTJAX_CACHE": cache_dir}
-  with DiskWatch(cache_dir) as watch:
+  with helpers.DiskWatch(cache_dir) as watch:
     subprocess.run(cmd, check=True, env=env, cwd=ROOT, stdout=subprocess.DEVNULL)
   from bertjax.core import files
   rows = [json.loads(line) for line in files.read_text(files.join(workdir, "metrics.jsonl")).splitlines() if line]
   times = [r["step_time_s"] for r in rows if r.get("split") == "train" and r["step"] > 2 and "step_time_s" in r]
   mean = sum(times) / max(len(times), 1)
   return {"steps_per_s": round(1 / mean, 3) if mean else None, "steps_timed": len(times),
-          "cache_high_water_mb": round(watch.most / 1e6, 2)}
+          "cache_high_water_mb": round(watch.most_all / 1e6, 2)}
 
 
 def goodput_of_killed_run(data_dir: str, workdir: str, steps: int, env: dict) -> dict:

@@ -7,6 +7,8 @@ import random
 import re
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -146,3 +148,36 @@ def tiny_deberta_folder(texts, out, vocab_size=320):
       position_biased_input=False, type_vocab_size=0)).save_pretrained(out)
   shutil.copy(path, Path(out) / "vocab.txt")
   return out
+
+
+class DiskWatch:
+  """Polls the folders under `root` from another thread: the most bytes any one of them, and all together, held."""
+
+  def __init__(self, root):
+    self.root, self.most_one, self.most_all, self.seen = str(root), 0, 0, 0
+    self._stop = threading.Event()
+    self._thread = threading.Thread(target=self._run, daemon=True)
+
+  def _run(self):
+    while not self._stop.is_set():
+      total = 0
+      for d, _, names in os.walk(self.root):
+        here = 0
+        for n in names:
+          try:
+            here += os.path.getsize(os.path.join(d, n))
+          except OSError:
+            pass
+        self.most_one = max(self.most_one, here)
+        total += here
+        self.seen += bool(here)
+      self.most_all = max(self.most_all, total)
+      time.sleep(0.002)
+
+  def __enter__(self):
+    self._thread.start()
+    return self
+
+  def __exit__(self, *exc):
+    self._stop.set()
+    self._thread.join()

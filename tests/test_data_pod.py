@@ -3,8 +3,6 @@ workers that make them (local processes or Beam's out-of-process workers, each w
 interrupted build continued, and a bucket's data read through a bounded local cache in the same order as from
 local disk: windows of shards (order.py), prefetched, the cache's high-water mark under its limit."""
 import os
-import threading
-import time
 
 import grain
 import helpers
@@ -43,39 +41,6 @@ def _shard_bytes(data_dir: str) -> dict:
   return {n: files.read_bytes(files.join(folder, n)) for n in files.listdir(folder) if ".array_record-" in n}
 
 
-class DiskWatch:
-  """Polls the folders under `root` from another thread: the most bytes any one of them, and all together, held."""
-
-  def __init__(self, root):
-    self.root, self.most_one, self.most_all, self.seen = str(root), 0, 0, 0
-    self._stop = threading.Event()
-    self._thread = threading.Thread(target=self._run, daemon=True)
-
-  def _run(self):
-    while not self._stop.is_set():
-      total = 0
-      for d, _, names in os.walk(self.root):
-        here = 0
-        for n in names:
-          try:
-            here += os.path.getsize(os.path.join(d, n))
-          except OSError:
-            pass
-        self.most_one = max(self.most_one, here)
-        total += here
-        self.seen += bool(here)
-      self.most_all = max(self.most_all, total)
-      time.sleep(0.002)
-
-  def __enter__(self):
-    self._thread.start()
-    return self
-
-  def __exit__(self, *exc):
-    self._stop.set()
-    self._thread.join()
-
-
 # ---------------------------------------------------------------------------------------------- writing
 def test_local_workers_write_each_shard_into_the_bucket_as_they_make_it(corpus, bucket, tmp_path, monkeypatch):
   """Two local processes build into the bucket; each holds at most one shard on local disk at a time (the old
@@ -84,7 +49,7 @@ def test_local_workers_write_each_shard_into_the_bucket_as_they_make_it(corpus, 
   staging = tmp_path / "tmp"
   staging.mkdir()
   monkeypatch.setenv("TMPDIR", str(staging))  # the worker processes stage their shards under it
-  with DiskWatch(staging) as watch:
+  with helpers.DiskWatch(staging) as watch:
     rec = dataset.create([d / "corpus.txt"], vocab, f"{bucket}/data", OPTS, heldout_every=8, workers=2)
   local = _shard_bytes(str(d / "data"))
   assert _shard_bytes(f"{bucket}/data") == local and len(local) >= 15
@@ -136,7 +101,7 @@ def test_beam_workers_in_other_processes_write_the_bucket_and_equal_the_local_bu
   staging = tmp_path / "tmp"
   staging.mkdir()
   monkeypatch.setenv("TMPDIR", str(staging))
-  with DiskWatch(staging) as watch:
+  with helpers.DiskWatch(staging) as watch:
     rec = dataset.create([corpus_gs], vocab, f"{bucket}/beam", OPTS, heldout_every=8, workers=2,
                          beam_runner="DirectRunner")
   assert "--direct_running_mode=multi_processing" in rec["beam_options"]
@@ -227,7 +192,7 @@ def test_a_bucket_read_through_the_cache_equals_local_data_and_stays_under_its_l
   monkeypatch.setenv("BERTJAX_CACHE_LIMIT", str(limit))
   there = dataset.load_source(f"{bucket}/data", "train")
   steps = 2 * len(here) // 8 + 1
-  with DiskWatch(tmp_path / "cache") as watch:
+  with helpers.DiskWatch(tmp_path / "cache") as watch:
     a = input_pipeline.Pipeline(here, 8, seed=3, prefetch=0, window=2)
     b = input_pipeline.Pipeline(there, 8, seed=3, prefetch=2, window=2)
     for _ in range(steps):
@@ -259,7 +224,7 @@ def test_pretraining_from_a_bucket_four_times_the_cache_equals_local_data(corpus
     c.data.cache_limit = str(total // 4)
     c.train.num_steps = 12  # more than an epoch's worth of windows
     monkeypatch.setenv("BERTJAX_CACHE", str(tmp_path / f"cache-{name}"))
-    with DiskWatch(tmp_path / f"cache-{name}") as watch:
+    with helpers.DiskWatch(tmp_path / f"cache-{name}") as watch:
       runs[name] = train.train_and_evaluate(c, str(tmp_path / name))
     if name == "bucket":
       assert watch.seen and watch.most_all <= total // 4

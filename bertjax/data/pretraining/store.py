@@ -100,7 +100,7 @@ class ShardWriter:
       if remote:
         files.copy(local, target)
       else:
-        os.replace(local, target)
+        files.rename(local, target)
     finally:
       if os.path.exists(local):
         os.remove(local)
