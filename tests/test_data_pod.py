@@ -73,7 +73,7 @@ def test_an_interrupted_build_is_continued_and_only_the_missing_shards_are_made(
   with pytest.raises(errors.DataPathError, match="shards written so far are kept"):
     dataset.create([d / "corpus.txt"], vocab, out, OPTS, heldout_every=8)
   assert not files.exists(f"{out}/creation.json") and not files.exists(f"{store.version_dir(out)}/dataset_info.json")
-  with pytest.raises(FileNotFoundError, match="no creation.json"):
+  with pytest.raises(FileNotFoundError, match="build did not finish; rerun the same dataset command"):
     dataset.load_source(out, "train")
   first = list(written)
   written.clear()
@@ -207,6 +207,8 @@ def test_a_bucket_read_through_the_cache_equals_local_data_and_stays_under_its_l
     input_pipeline.Pipeline(there, 8, seed=3, window=len(there.paths) - 1)
   with pytest.raises(cache_lib.CacheError, match="larger than the local cache limit"):
     input_pipeline.Pipeline(there, 8, seed=3, window=0)
+  with pytest.raises(errors.ConfigError, match=r"data.shuffle_window=-1: .* >= 0"):
+    input_pipeline.Pipeline(here, 8, seed=3, window=-1)
 
 
 @pytest.mark.slow

@@ -205,6 +205,8 @@ def _build_local(creation: dict, out_dir: str, splits, opts, reader) -> None:
     docs = corpus_lib.read_documents(c["input"], stats=stats, opts=reader, tfds_data_dir=c.get("tfds_data_dir"))
     docs = generation.split_documents(docs, c["heldout_every"], heldout)
     done = set(store.built_records(out_dir).get(split, {}))
+    if done and PROGRESS["print"]:
+      print(f"{split}: {len(done)} shards an earlier run finished are kept", flush=True)
     start = last = time.time()
     n = 0
     for b, record in generation.write_shards(docs, tokenizer, opts, data_dir=out_dir, split=split,
@@ -295,6 +297,9 @@ def read_creation(data_dir: str) -> dict:
     files.reach(data_dir)  # a remote store that does not answer: one line within BERTJAX_REMOTE_TIMEOUT_S
     text = files.read_bytes(path)
   except FileNotFoundError:
+    if files.exists(files.join(store.version_dir(data_dir), store.BUILT, "build.json")):
+      raise FileNotFoundError(f"{data_dir}: no creation.json: its build did not finish; rerun the same dataset "
+                              "command to make the missing shards") from None
     raise FileNotFoundError(f"{data_dir}: no creation.json; build the data with python -m bertjax dataset") from None
   except (errors.Error, OSError) as e:
     raise DataPathError(f"{data_dir}: cannot be read ({errors.one_line(e)[:300]}). Check the path, the network "

@@ -15,11 +15,15 @@ import grain
 import numpy as np
 from grain.experimental import index_shuffle
 
+from bertjax import errors
 from bertjax.core import cache as cache_lib
 
 
 def shuffled(source, seed: int, window: int = 0):
   """`source` read in the seed's order (indexable by any stream position g >= 0; see the module docstring)."""
+  if not isinstance(window, int) or isinstance(window, bool) or window < 0:
+    raise errors.ConfigError(f"data.shuffle_window={window!r}: shards shuffled across at once, >= 0 (0: the whole "
+                             "split)")
   lengths = getattr(source, "shard_lengths", None)
   cache = getattr(source, "cache", None)
   if window and lengths is None:
@@ -53,8 +57,8 @@ class WindowShuffled:
         raise cache_lib.CacheError(
             f"data.shuffle_window={self.window} needs up to {cache_lib.human(need)} of local cache (this window's "
             f"shards and the next's, {cache_lib.human(max(source.shard_bytes))} at most each); the limit is "
-            f"{cache_lib.human(cache.limit)} ({cache_lib.ENV} or data.cache_limit): lower the window or raise "
-            "the limit")
+            f"{cache_lib.human(cache.limit)} ({cache_lib.ENV} or data.cache_limit): "
+            + ("lower the window or raise the limit" if self.window > 1 else "raise the limit"))
     self._epochs: dict[int, tuple] = {}
     self._current: tuple[int, int] | None = None
 
