@@ -402,6 +402,15 @@ def test_demo_fine_tuning_from_random_weights_builds_the_pretrained_architecture
     assert getattr(fresh, field) == getattr(pre, field), field
 
 
+def test_package_docstrings_come_from_the_installed_packages_only():
+  """The demo corpus' packages source: docstring prose of each named package, under its own name, tests left out;
+  a package that is not installed gives nothing instead of failing the demo."""
+  docs = list(demo_corpus._package_docstrings(("absl", "no_such_package_here")))
+  assert docs and all(name.startswith("absl" + os.sep) and paragraphs for name, paragraphs in docs)
+  assert not any(os.sep + "testing" + os.sep in name for name, _ in docs)
+  assert "packages" in demo_corpus.SOURCES
+
+
 def test_man_page_prose_keeps_descriptions_and_the_corpus_keeps_each_paragraph_once(tmp_path, monkeypatch):
   page = ("LS(1)        User Commands        LS(1)\n\nNAME\n       ls - list directory contents\n\nSYNOPSIS\n"
           "       ls [OPTION]... [FILE]...\n\nDESCRIPTION\n       List information about the FILEs. Sort entries "

@@ -150,3 +150,62 @@ def test_profile_summary_reads_the_host_when_a_device_process_is_empty(tmp_path)
                        capture_output=True, text=True, check=True).stdout
   assert "processes: /host:CPU" in out and "kernel time per step: 0.90 ms" in out, out
   assert "matmul                    0.60 ms" in out and "elementwise fusion        0.30 ms" in out, out
+
+
+def _demo_launcher():
+  import importlib.util
+  spec = importlib.util.spec_from_file_location("demo_launcher", os.path.join(ROOT, "launch", "demo.py"))
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+def test_demo_fills_blanks_from_heldout_documents_and_reports_heldout_shares(data_dir, capsys):
+  """The demo's fill-mask and held-out report on a tiny model: every blank is a sentence of a held-out document
+  (never of a training one) with the word taken out beside it; the top-answer share over the held-out blanks is
+  the share whose argmax is the true token, the top-five share is at least that; the printed lines carry both,
+  and an NSP accuracy below the target prints why."""
+  import jax
+  import numpy as np
+
+  from bertjax import model as model_lib
+  from bertjax.data import tokenizer
+  from bertjax.data.pretraining import corpus, dataset, demo_corpus, generation
+  from bertjax.data.pretraining import pipeline as input_pipeline
+  creation = dataset.read_creation(data_dir)
+  tok = tokenizer.load(dataset.tokenizer_of(data_dir, creation)[0])
+  docs = list(corpus.read_documents(creation["input"], opts=dataset.reader_options(creation)))
+  held = {s.lower() for d in generation.split_documents(docs, creation["heldout_every"], True) for s in d}
+  trained = {s.lower() for d in generation.split_documents(docs, creation["heldout_every"], False) for s in d}
+  blanks = demo_corpus.heldout_blanks(data_dir, tok, 4, seed=0)
+  assert len(blanks) == 4 and blanks == demo_corpus.heldout_blanks(data_dir, tok, 4, seed=0)
+  assert blanks != demo_corpus.heldout_blanks(data_dir, tok, 4, seed=1)
+  for sentence, word in blanks:
+    whole = sentence.replace("[MASK]", word).lower()
+    assert sentence.count("[MASK]") == 1 and whole in held and whole not in trained, (sentence, word)
+    assert len(tok.encode(word)) == 1
+
+  cfg = model_lib.BertConfig.from_variant("tiny", vocab_size=creation["vocab_size"], hidden_size=64, num_heads=4,
+                                          intermediate_size=128, max_position_embeddings=64)
+  module = model_lib.BertForPreTraining(cfg)
+  source = dataset.load_source(data_dir, "validation")
+  (batch,) = list(input_pipeline.eval_batches(source, len(source)))
+  params = module.init(jax.random.key(0), batch)["params"]
+  demo = _demo_launcher()
+  got = demo.heldout_top_k(module, params, data_dir, 16)
+  w = np.asarray(batch["masked_lm_weights"]) > 0
+  argmax = np.asarray(module.apply({"params": params}, batch)["mlm_logits"]).argmax(-1)
+  assert got["blanks"] == w.sum()
+  assert got["top1"] == pytest.approx((argmax == np.asarray(batch["masked_lm_ids"]))[w].mean())
+  assert got["top1"] <= got["top5"] <= 1
+
+  summary = {"initial_eval": {"mlm_accuracy": 0.0, "mlm_loss": 9.0}, "train": {"nsp_accuracy": 0.9},
+             "eval": {"mlm_accuracy": got["top1"], "mlm_loss": 4.0, "nsp_accuracy": 0.55}}
+  demo.report_heldout(summary, data_dir, module, params, 16)
+  out = capsys.readouterr().out
+  assert f"the true token is the top answer for {got['top1']:.1%} and in the top five for {got['top5']:.1%}" in out
+  assert "held-out accuracy 0.550 (chance 0.500), on the last training batches 0.900" in out
+  assert f"below {demo.NSP_GENERALISES}: " in out
+  summary["eval"]["nsp_accuracy"] = 0.7
+  demo.report_heldout(summary, data_dir, module, params, 16)
+  assert "below" not in capsys.readouterr().out

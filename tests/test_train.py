@@ -767,7 +767,8 @@ def test_model_defaults_are_stated_once():
   defaults = {f.name: f.default for f in dataclasses.fields(model_lib.BertConfig)}
   scanned = {"scan_layers": True}
   deltas = {
-      "pretrain": scanned, "demo": {**scanned, "max_position_embeddings": 128, "vocab_size": 8000},
+      "pretrain": scanned, "demo": {**scanned, "attention_dropout_rate": 0.0, "dropout_rate": 0.0,
+                                   "max_position_embeddings": 128, "vocab_size": 8000},
       # the fresh head drawn as HF draws it; the dropout rates the init's own; attention by row length
       "finetune": {"initializer": "normal", "dropout_rate": -1.0, "attention_dropout_rate": -1.0,
                    "attention_impl": "by_length"},

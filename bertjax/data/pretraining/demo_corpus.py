@@ -11,6 +11,7 @@ import ast
 import concurrent.futures
 import glob
 import hashlib
+import importlib.util
 import logging
 import os
 import re
@@ -26,13 +27,32 @@ from bertjax.data.pretraining.corpus import CorpusError, CorpusStats, split_sent
 def _stdlib_docstrings() -> Iterator[tuple[str, list[str]]]:
   """(module name, paragraphs) from the standard library's source, parsed (never imported)."""
   root = sysconfig.get_paths()["stdlib"]
-  skip = {"test", "tests", "idlelib", "lib2to3", "site-packages", "dist-packages", "turtledemo", "ensurepip",
-          "__pycache__", "tkinter"}
-  files = []
+  yield from _docstrings(root, {"test", "tests", "idlelib", "lib2to3", "site-packages", "dist-packages",
+                                "turtledemo", "ensurepip", "__pycache__", "tkinter"})
+
+
+# Packages of requirements.lock with the most prose in their docstrings (about 10 MB together), in this order.
+PACKAGES = ("numpy", "scipy", "sklearn", "pandas", "matplotlib")
+
+
+def _package_docstrings(packages=PACKAGES) -> Iterator[tuple[str, list[str]]]:
+  """(module path, paragraphs) from the installed `packages`' source, parsed (never imported), tests and vendored
+  code left out; a package that is not installed gives nothing."""
+  for name in packages:
+    spec = importlib.util.find_spec(name)
+    for root in (spec.submodule_search_locations or []) if spec else []:
+      for path, paragraphs in _docstrings(root, {"tests", "testing", "__pycache__", "_vendor", "externals"}):
+        yield os.path.join(name, path), paragraphs
+
+
+def _docstrings(root: str, skip: set[str]) -> Iterator[tuple[str, list[str]]]:
+  """(path under `root`, paragraphs) of every .py file under `root` with prose in its docstrings, in sorted order;
+  folders named in `skip`, or starting with test or config-, are left out."""
+  paths = []
   for dirpath, dirnames, filenames in os.walk(root):
     dirnames[:] = sorted(d for d in dirnames if d not in skip and not d.startswith(("test", "config-")))
-    files += [os.path.join(dirpath, f) for f in sorted(filenames) if f.endswith(".py")]
-  for path in sorted(files):
+    paths += [os.path.join(dirpath, f) for f in sorted(filenames) if f.endswith(".py")]
+  for path in sorted(paths):
     try:
       with open(path, encoding="utf-8") as f:
         tree = ast.parse(f.read())
@@ -124,7 +144,8 @@ def build_demo_corpus(out_path: str, min_sentences: int = 2) -> CorpusStats:
   return build_offline_corpus(out_path, ("python",), min_sentences)
 
 
-SOURCES = {"python": lambda: (d for s in (_stdlib_docstrings(), _pydoc_topics()) for d in s), "man": _man_pages}
+SOURCES = {"python": lambda: (d for s in (_stdlib_docstrings(), _pydoc_topics()) for d in s),
+           "packages": _package_docstrings, "man": _man_pages}
 
 
 def build_offline_corpus(out_path: str, sources=("python",), min_sentences: int = 2,
@@ -203,3 +224,29 @@ def write_topic_task(out_dir: str, classes: int = 6, dev_every: int = 5) -> dict
       sizes[split] = len(rows)
   majority = max(sum(1 for i in range(len(by_package[k])) if i % dev_every == dev_every - 1) for k in labels)
   return {"labels": labels, **sizes, "majority": majority / sizes["dev"]}
+
+
+def heldout_blanks(data_dir: str, tok, n: int, seed: int = 0) -> list[tuple[str, str]]:
+  """`n` blanks to fill from the held-out documents of the pre-training data in `data_dir` (the documents
+  `dataset.create` held out, read from its input as it read them): sentences of 8-30 words of plain prose (no
+  inline code or markup: ``, ::, _, =, <, >, {, }, |, \\) drawn at random with `seed`, each with one of its words
+  (one vocabulary piece, picked at random) replaced by [MASK]; returns (sentence with the blank, the word taken
+  out) pairs."""
+  import random
+
+  from bertjax.data.pretraining import corpus, dataset, generation
+  creation = dataset.read_creation(data_dir)
+  docs = corpus.read_documents(creation["input"], opts=dataset.reader_options(creation))
+  sentences = [s for d in generation.split_documents(docs, creation["heldout_every"], True) for s in d
+               if 8 <= len(s.split()) <= 30 and not re.search(r"``|::|[_=<>{}|\\]", s)]
+  rng = random.Random(seed)
+  out = []
+  for s in rng.sample(sentences, len(sentences)):
+    words = [m for m in re.finditer(r"(?<![\w.])[A-Za-z]+(?![\w(])", s) if len(tok.encode(m.group())) == 1]
+    if words:
+      m = rng.choice(words)
+      out.append((s[:m.start()] + "[MASK]" + s[m.end():], m.group().lower() if creation["do_lower_case"] else
+                  m.group()))
+    if len(out) == n:
+      break
+  return out
