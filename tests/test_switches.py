@@ -214,3 +214,30 @@ def test_mlm_only_module_has_no_pooler_or_nsp():
 def test_bad_combinations_are_named_config_errors(fields, match):
   with pytest.raises(errors.ConfigError, match=match):
     model.BertConfig(**{**BASE, **fields})
+
+
+# Which backend adds which score terms, written out from the kernels' own code paths (xla adds any bias and
+# banded mask; blockwise makes windows and DeBERTa's terms block by block, one of them per layer; splash takes a
+# window as its kernel mask; pallas and jax.nn.dot_product_attention take a plain mask only).
+RUNS = {"xla": {(), ("alibi",), ("disentangled",), ("window",), ("alibi", "window"), ("disentangled", "window")},
+        "blockwise": {(), ("disentangled",), ("window",)}, "splash": {(), ("window",)}, "pallas": {()},
+        "cudnn": {()}, "auto": {()}}
+TERMS = {"alibi": dict(position_embedding="alibi"), "disentangled": dict(position_embedding="disentangled"),
+         "window": dict(local_attention=8)}
+
+
+@pytest.mark.parametrize("impl", sorted(RUNS))
+def test_each_backend_takes_exactly_the_score_terms_it_runs(impl):
+  """The config accepts a family's score terms on a backend exactly where that backend runs them, and "by_length"
+  takes every family, running blockwise only where blockwise runs its terms."""
+  for terms in [(), ("alibi",), ("disentangled",), ("window",), ("alibi", "window"), ("disentangled", "window")]:
+    fields = {**BASE, "attention_impl": impl}
+    for t in terms:
+      fields.update(TERMS[t])
+    if terms in RUNS[impl]:
+      assert model.BertConfig(**fields).score_terms == frozenset(terms)
+    else:
+      with pytest.raises(errors.ConfigError, match=f"runs on attention_impl='xla'.*not '{impl}'"):
+        model.BertConfig(**fields)
+    by_length = model.BertConfig(**{**fields, "attention_impl": "by_length"}).attention_at(4096, "cpu")
+    assert by_length == ("blockwise" if terms in RUNS["blockwise"] else "xla")

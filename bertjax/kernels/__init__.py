@@ -5,12 +5,15 @@ attention (`attention`), cuDNN through `jax.nn.dot_product_attention`, and hash 
 Every backend takes q, k, v [B, L, H, D], the masks the encoder made once per batch (`ctx`, see
 `bertjax.model.context`), the model config's attention fields, whether this layer is local (a Python bool, or
 traced under a scanned stack), the query rows of a pruned last layer (or None), and the dropout key (None: no
-dropout); each returns [B, Q|L, H, D]. A backend that cannot run a case (dropout in a fused kernel, a few query
-rows in a square-block kernel) runs the XLA path instead.
+dropout); each returns [B, Q|L, H, D]. Each backend's record (`Backend`) says which score terms, dropout and query
+rows it runs; `BertConfig` refuses a family a backend cannot run, and a case it does not run itself (dropout in a
+fused kernel, a few query rows in a square-block kernel) runs the XLA path instead.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
+from typing import Callable
 
 import jax
 import jax.numpy as jnp
@@ -42,9 +45,8 @@ def _xla(q, k, v, ctx, cfg, *, local, queries, dropout_rng, partition, mask=None
 
 
 def _fused(q, k, v, ctx, cfg, *, local, queries, dropout_rng, partition, implementation=None):
-  """jax.nn.dot_product_attention (cuDNN, or JAX's choice), which runs without dropout."""
-  if dropout_rng is not None:
-    return _xla(q, k, v, ctx, cfg, local=local, queries=queries, dropout_rng=dropout_rng, partition=partition)
+  """jax.nn.dot_product_attention (cuDNN, or JAX's choice)."""
+  del dropout_rng, partition
   mask, _ = _masks(ctx, cfg, local)
   if queries is not None:
     mask = mask_rows(mask, queries)
@@ -55,31 +57,29 @@ def _fused(q, k, v, ctx, cfg, *, local, queries, dropout_rng, partition, impleme
 
 def _pallas(q, k, v, ctx, cfg, *, local, queries, dropout_rng, partition):
   """bertjax's Pallas kernel (square blocks, hash dropout fused)."""
-  if queries is not None:
-    return _xla(q, k, v, ctx, cfg, local=local, queries=queries, dropout_rng=dropout_rng, partition=partition)
+  del queries
   mask, _ = _masks(ctx, cfg, local)
   seed = None if dropout_rng is None else jax.random.bits(dropout_rng, (), jnp.uint32)
   return attention_lib.fused_attention(q, k, v, mask, dropout_rate=cfg.attention_dropout_rate, seed=seed,
                                        partition=partition)
 
 
-def _splash_as_boolean(ids, cfg, local):
-  """The [B, 1, L, L] mask the XLA path takes in place of the splash kernel's segment ids."""
-  dense = attention_mask(ids > 0, ids)
-  if not cfg.local_attention:
-    return dense
-  return select(local, dense & band_mask(ids.shape[1], cfg.local_attention), dense)
+def _splash_on_xla(q, k, v, ctx, cfg, *, local, queries, dropout_rng, partition):
+  """The XLA path given splash's context, whose mask is segment ids: the [B, 1, L, L] mask they stand for."""
+  ids = ctx["mask"]
+  mask = attention_mask(ids > 0, ids)
+  if cfg.local_attention:
+    mask = select(local, mask & band_mask(ids.shape[1], cfg.local_attention), mask)
+  mask = mask if queries is None else mask_rows(mask, queries)
+  return _xla(q, k, v, ctx, cfg, local=local, queries=queries, dropout_rng=dropout_rng, partition=partition,
+              mask=mask)
 
 
 def _splash(q, k, v, ctx, cfg, *, local, queries, dropout_rng, partition):
   """TPU splash attention over segment ids (`ctx["mask"]` holds them), a local layer's kernel skipping the blocks
-  outside its band; without dropout only."""
+  outside its band."""
+  del queries, dropout_rng
   ids = ctx["mask"]
-  if queries is not None or dropout_rng is not None:
-    mask = _splash_as_boolean(ids, cfg, local)
-    mask = mask if queries is None else mask_rows(mask, queries)
-    return _xla(q, k, v, ctx, cfg, local=local, queries=queries, dropout_rng=dropout_rng, partition=partition,
-                mask=mask)
 
   def kernel(window):
     return lambda q, k, v: attention_lib.splash_attention(q, k, v, ids, window=window, partition=partition)
@@ -102,15 +102,55 @@ def _blockwise(q, k, v, ctx, cfg, *, local, queries, dropout_rng, partition):
                              per_head=jax.default_backend() == "cpu", rel=ctx.get("rel_terms"))
 
 
-BACKENDS = {"xla": _xla, "cudnn": functools.partial(_fused, implementation="cudnn"), "auto": _fused,
-            "pallas": _pallas, "splash": _splash, "blockwise": _blockwise}
+# The terms a family adds to the scores, each of which a backend runs or does not.
+SCORE_TERMS = ("alibi", "disentangled", "window")
+
+
+@dataclasses.dataclass(frozen=True)
+class Backend:
+  """An attention backend and what it runs: the score terms it adds itself (ALiBi's bias, DeBERTa's
+  disentangled terms, a sliding window), whether it takes more than one of them in the same layer, whether it
+  applies attention dropout and runs a pruned last layer's few query rows itself, and the form of the mask the
+  encoder's `context` makes for it. A case it does not run itself runs on `fallback` (the XLA path, given the
+  same context)."""
+  run: Callable
+  terms: frozenset = frozenset()
+  together: bool = False
+  dropout: bool = True
+  queries: bool = True
+  mask: str = "boolean"  # boolean: [B, 1, L, L] | segments: splash's segment ids | blocks: made block by block
+  fallback: Callable = _xla
+
+  def runs(self, terms) -> bool:
+    """Whether this backend adds the score terms `terms` (a set of SCORE_TERMS) itself."""
+    terms = frozenset(terms)
+    return terms <= self.terms and (self.together or len(terms) <= 1)
+
+
+BACKENDS = {
+    "xla": Backend(_xla, terms=frozenset(SCORE_TERMS), together=True),
+    "blockwise": Backend(_blockwise, terms=frozenset({"window", "disentangled"}), mask="blocks"),
+    "splash": Backend(_splash, terms=frozenset({"window"}), dropout=False, queries=False, mask="segments",
+                      fallback=_splash_on_xla),
+    "pallas": Backend(_pallas, queries=False),
+    "cudnn": Backend(functools.partial(_fused, implementation="cudnn"), dropout=False),
+    "auto": Backend(_fused, dropout=False),
+}
+
+
+def runs_on(terms) -> list[str]:
+  """The backends that add the score terms `terms` themselves, the XLA path first."""
+  return [name for name, backend in BACKENDS.items() if backend.runs(terms)]
 
 
 def attend(impl: str, q, k, v, ctx, cfg, *, local, queries=None, dropout_rng=None, partition=None):
-  """Self-attention by the backend `impl` (a key of BACKENDS; `BertConfig.attention_at` picks it)."""
-  return BACKENDS[impl](q, k, v, ctx, cfg, local=local, queries=queries, dropout_rng=dropout_rng,
-                        partition=partition)
+  """Self-attention by the backend `impl` (a key of BACKENDS; `BertConfig.attention_at` picks it), or by its
+  fallback for dropout or query rows it does not run itself."""
+  backend = BACKENDS[impl]
+  own = (dropout_rng is None or backend.dropout) and (queries is None or backend.queries)
+  return (backend.run if own else backend.fallback)(q, k, v, ctx, cfg, local=local, queries=queries,
+                                                    dropout_rng=dropout_rng, partition=partition)
 
 
-__all__ = ["BACKENDS", "attend", "attention_mask", "band_mask", "dot_product_attention", "mask_rows", "rows_of",
-           "select"]
+__all__ = ["BACKENDS", "Backend", "SCORE_TERMS", "attend", "attention_mask", "band_mask", "dot_product_attention",
+           "mask_rows", "rows_of", "runs_on", "select"]

@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bertjax import errors
+from bertjax import errors, kernels
 
 # (layers, hidden, heads, ffn) by name.
 VARIANTS = {
@@ -212,19 +212,13 @@ class BertConfig:
     if self.position_embedding == "disentangled" and not 1 < self.position_buckets < self.max_relative_positions:
       raise bad(f"BertConfig.position_buckets {self.position_buckets} must be in (1, max_relative_positions "
                 f"{self.max_relative_positions})")
-    needs_bias = [what for what, on in (("position_embedding='alibi'", self.position_embedding == "alibi"),
-                                        ("position_embedding='disentangled'",
-                                         self.position_embedding == "disentangled"),
-                                        ("local_attention", self.local_attention > 0)) if on]
-    if needs_bias == ["local_attention"] and self.attention_impl in ("blockwise", "splash"):
-      needs_bias = []
-    if needs_bias == ["position_embedding='disentangled'"] and self.attention_impl == "blockwise":
-      needs_bias = []
-    if needs_bias and self.attention_impl not in ("xla", "by_length"):
-      also = {("local_attention",): ", 'blockwise' or 'splash'",
-              ("position_embedding='disentangled'",): " or 'blockwise'"}.get(tuple(needs_bias), "")
-      raise bad(f"BertConfig: {' with '.join(needs_bias)} runs on attention_impl='xla'{also} (a bias or banded "
-                f"mask on the scores), not {self.attention_impl!r}")
+    if self.attention_impl != "by_length" and not kernels.BACKENDS[self.attention_impl].runs(self.score_terms):
+      names = {"alibi": "position_embedding='alibi'", "disentangled": "position_embedding='disentangled'",
+               "window": "local_attention"}
+      on = [repr(name) for name in kernels.runs_on(self.score_terms)]
+      on = on[0] if len(on) == 1 else ", ".join(on[:-1]) + " or " + on[-1]
+      raise bad(f"BertConfig: {' with '.join(names[t] for t in kernels.SCORE_TERMS if t in self.score_terms)} "
+                f"runs on attention_impl={on} (a bias or banded mask on the scores), not {self.attention_impl!r}")
     if self.position_offset + 1 > self.max_position_embeddings:
       raise bad(f"BertConfig.position_offset {self.position_offset} leaves no room in max_position_embeddings "
                 f"{self.max_position_embeddings}")
@@ -232,14 +226,21 @@ class BertConfig:
   def attention_at(self, length: int, platform: str | None = None) -> str:
     """The attention implementation that runs rows of `length` tokens on `platform` (default: JAX's backend):
     `attention_impl`, or for "by_length" xla below `BLOCKWISE_FROM`'s length and blockwise from it (xla for
-    ALiBi, whose bias only the xla path adds, and for DeBERTa's terms beside a sliding window)."""
+    score terms blockwise does not run: ALiBi, DeBERTa's terms beside a sliding window)."""
     if self.attention_impl != "by_length":
       return self.attention_impl
-    if self.position_embedding == "alibi" or (self.position_embedding == "disentangled" and self.local_attention):
+    if not kernels.BACKENDS["blockwise"].runs(self.score_terms):
       return "xla"
     platform = platform or jax.default_backend()
     table = BLOCKWISE_FROM_DISENTANGLED if self.position_embedding == "disentangled" else BLOCKWISE_FROM
     return "blockwise" if length >= table.get(platform, table["other"]) else "xla"
+
+  @property
+  def score_terms(self) -> frozenset:
+    """The terms this model adds to the attention scores (`kernels.SCORE_TERMS`), which its backend must run."""
+    return frozenset(t for t, on in (("alibi", self.position_embedding == "alibi"),
+                                     ("disentangled", self.position_embedding == "disentangled"),
+                                     ("window", self.local_attention > 0)) if on)
 
   def layer_is_local(self, i: int) -> bool:
     """Whether layer i attends within the sliding window (ModernBERT: every layer but 0, N, 2N, ...)."""

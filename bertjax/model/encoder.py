@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from bertjax import kernels
 from bertjax.kernels import attention as attention_lib
 from bertjax.kernels.xla import attention_mask, band_mask
 from bertjax.model.config import BertConfig
@@ -111,18 +112,18 @@ def context(cfg: BertConfig, batch):
   """What every layer reads, made once per batch: the attention mask in the form the attention implementation
   takes, and as the switches ask, the sliding-window mask, rotary tables (global and local θ) and ALiBi bias."""
   length = batch["input_ids"].shape[1]
-  impl = cfg.attention_at(length)
-  if impl == "blockwise":  # masks made block by block from the key mask and segment ids
+  form = kernels.BACKENDS[cfg.attention_at(length)].mask
+  if form == "blocks":  # masks made block by block from the key mask and segment ids
     ctx = {"valid": batch["input_mask"].astype(bool)}
     if batch.get("attention_segment_ids") is not None:
       ctx["segments"] = batch["attention_segment_ids"]
   else:
-    if impl == "splash":  # the kernel masks by segment ids, not a boolean [L, L] mask
+    if form == "segments":  # the kernel masks by segment ids, not a boolean [L, L] mask
       mask = attention_lib.splash_segments(batch["input_mask"], batch.get("attention_segment_ids"))
     else:
       mask = attention_mask(batch["input_mask"], batch.get("attention_segment_ids"))
     ctx = {"mask": mask}
-    if cfg.local_attention and impl != "splash":  # splash takes the window as a kernel mask
+    if cfg.local_attention and form == "boolean":  # splash takes the window as a kernel mask
       ctx["local_mask"] = mask & band_mask(length, cfg.local_attention)
   positions = batch.get("position_ids")
   positions = jnp.arange(length, dtype=jnp.int32)[None] if positions is None else positions

@@ -176,38 +176,51 @@ def disentangled_terms(q, k, pos_q, pos_k, index):
           "p": jnp.einsum("bkhd,rhd->bkhr", k, pos_q, preferred_element_type=f32) * scale, "index": index}
 
 
+def disentangled_scores(ctx, query, key, x, q, k, queries, impl):
+  """DeBERTa: the relative-position terms as the layer's score bias (or, blockwise, the terms it adds block by
+  block: no [L, L] bias), and the content query scaled so that content scores come at 1/sqrt(3·D)."""
+  rel_q, rel_k, index = query(ctx["rel"]), key(ctx["rel"]), ctx["rel_index"]
+  if impl == "blockwise":
+    rows = index if queries is None else take_rows(index, queries)
+    ctx = {**ctx, "rel_terms": disentangled_terms(q, k, rel_q, rel_k, rows)}
+  else:
+    ctx = {**ctx, "bias": disentangled_bias(query(x) if queries is not None else q, k, rel_q, rel_k, index)}
+  return ctx, q / jnp.sqrt(3.0).astype(q.dtype)
+
+
+def rotate(ctx, q, k, local, queries):
+  """Rotary positions on queries and keys, with the local layers' own θ where the stack has one."""
+  cos, sin = select(local, ctx["rope_local"], ctx["rope"]) if "rope_local" in ctx else ctx["rope"]
+  k = apply_rotary(k, cos, sin)
+  if queries is not None:
+    cos, sin = (take_rows(jnp.broadcast_to(t, (k.shape[0],) + t.shape[1:]), queries) for t in (cos, sin))
+  return apply_rotary(q, cos, sin), k
+
+
 class SelfAttention(nn.Module):
   cfg: BertConfig
 
   @nn.compact
   def __call__(self, x, ctx, deterministic: bool, queries=None, index=0):
-    """Self-attention of x [B, L, d]; with `queries` [B, Q] only those positions' outputs ([B, Q, d]), every
-    position still a key and value. `ctx` is what every layer shares (see `context`); `index` the layer's number
-    (a Python int, or traced under nn.scan), which picks local or global attention."""
+    """softmax(QKᵀ/√d_k + bias + mask)·V over heads, then the output projection: self-attention of x [B, L, d];
+    with `queries` [B, Q] only those positions' outputs ([B, Q, d]), every position still a key and value. `ctx`
+    is what every layer shares (see `context`); `index` the layer's number (a Python int, or traced under
+    nn.scan), which picks local or global attention. The families' terms are `disentangled_scores` (DeBERTa),
+    `rotate` (RoPE), ALiBi's bias and the sliding window (in `ctx`, applied by the backend)."""
     cfg = self.cfg
-    shape = (cfg.num_heads, cfg.head_dim)
-    dense = functools.partial(Dense, shape, ("embed", "heads", "kv"), cfg, use_bias=cfg.use_bias)
+    dense = functools.partial(Dense, (cfg.num_heads, cfg.head_dim), ("embed", "heads", "kv"), cfg,
+                              use_bias=cfg.use_bias)
     query, key = dense(name="query"), dense(name="key")
     q = query(x if queries is None else take_rows(x, queries))
     k = key(x)
     v = dense(name="value")(x)
     impl = cfg.attention_at(k.shape[1])
-    if "rel" in ctx:  # DeBERTa: the relative terms as the layer's score bias, content scores at 1/sqrt(3·D)
-      rel_q, rel_k, index = query(ctx["rel"]), key(ctx["rel"]), ctx["rel_index"]
-      if impl == "blockwise":  # added block by block: no [L, L] bias
-        ctx = {**ctx, "rel_terms": disentangled_terms(q, k, rel_q, rel_k,
-                                                      index if queries is None else take_rows(index, queries))}
-      else:
-        ctx = {**ctx, "bias": disentangled_bias(query(x) if queries is not None else q, k, rel_q, rel_k, index)}
-      q = q / jnp.sqrt(3.0).astype(q.dtype)
-    names = ("activation_batch", "activation_length", "activation_heads", "activation_kv")
     local = (index % cfg.global_every != 0) if cfg.local_attention else False
+    if "rel" in ctx:
+      ctx, q = disentangled_scores(ctx, query, key, x, q, k, queries, impl)
     if "rope" in ctx:
-      cos, sin = select(local, ctx["rope_local"], ctx["rope"]) if "rope_local" in ctx else ctx["rope"]
-      k = apply_rotary(k, cos, sin)
-      if queries is not None:
-        cos, sin = (take_rows(jnp.broadcast_to(t, (x.shape[0],) + t.shape[1:]), queries) for t in (cos, sin))
-      q = apply_rotary(q, cos, sin)
+      q, k = rotate(ctx, q, k, local, queries)
+    names = ("activation_batch", "activation_length", "activation_heads", "activation_kv")
     q, k, v = (_constrain(t, names) for t in (q, k, v))
     # One key per layer, drawn where dropout applies, whatever the backend (the same stream for every one).
     no_dropout = deterministic or cfg.attention_dropout_rate == 0.0
