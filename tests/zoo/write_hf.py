@@ -18,7 +18,7 @@ LABELS = {0: "neg", 1: "neutral", 2: "pos"}
 
 
 def _config(family: str, vocab: int, pad: int, head: str):
-  common = dict(vocab_size=vocab, pad_token_id=pad, **zc.SIZES)
+  common = dict(vocab_size=vocab, pad_token_id=pad, initializer_range=zc.INIT, **zc.SIZES)
   if head in ("ForSequenceClassification", "ForTokenClassification"):
     common.update(num_labels=3, id2label=LABELS, label2id={v: k for k, v in LABELS.items()})
   if family == "bert":
@@ -95,6 +95,19 @@ def _outputs(m, batch) -> dict:
   return {f"out_{k}": getattr(out, k).numpy() for k in keys if getattr(out, k, None) is not None}
 
 
+def _mean_pooled(m, tok) -> dict:
+  """The fixed texts' mean-pooled embeddings as torch gives them: the masked mean of the encoder's
+  last_hidden_state (the head's base model) over each text's real tokens ([CLS] text [SEP], cut at the 32
+  positions every zoo config has), and the same scaled to unit length."""
+  enc = tok(zc.TEXTS, padding=True, truncation=True, max_length=32, return_tensors="pt")
+  with torch.no_grad():
+    h = m.base_model(input_ids=enc["input_ids"], attention_mask=enc["attention_mask"]).last_hidden_state
+    mask = enc["attention_mask"].unsqueeze(-1).to(h.dtype)
+    mean = (h * mask).sum(1) / mask.sum(1)
+    unit = torch.nn.functional.normalize(mean, dim=-1)
+  return {"embed_mean": mean.numpy(), "embed_mean_normalized": unit.numpy()}
+
+
 def _refusals(family: str, head: str, names: list) -> dict:
   """What bertjax refuses of this folder, by the substring of its one-line message."""
   out = {}
@@ -105,8 +118,8 @@ def _refusals(family: str, head: str, names: list) -> dict:
   if head in ("ForSequenceClassification", "ForTokenClassification", "ForQuestionAnswering"):
     out["merge"] = out["extend_vocab"] = "refused: is a fine-tuned task head"
   if "model.safetensors" not in names and "model.safetensors.index.json" not in names:
-    out.update(convert="refused: refusing to load a pickle", merge="refused: refusing to load a pickle",
-               extend_vocab="refused: refusing to load a pickle")
+    out.update({tool: "refused: refusing to load a pickle" for tool in ("convert", "embeddings", "merge",
+                                                                         "extend_vocab")})
   return out
 
 
@@ -124,7 +137,7 @@ def write(root: str, name: str, family: str, head: str, tmp: str, save: dict | N
   m.save_pretrained(out, **(save or {}))
   tok.save_pretrained(out)
   batch = _ids(tok)
-  arrays = {**batch, **_outputs(m, batch)}
+  arrays = {**batch, **_outputs(m, batch), **_mean_pooled(m, tok)}
   for i, text in enumerate(zc.TEXTS):
     arrays[f"tok_{i}"] = np.asarray(tok(text)["input_ids"], np.int64)
   kind = "hf-" + head

@@ -28,6 +28,7 @@ def write_all(root: str, tmp: str) -> None:
     out = zc.fresh(os.path.join(root, name))
     torch.manual_seed(4)
     model = models.ColBERT(model_name_or_path=base, embedding_size=16, device="cpu", **kw)
+    zc.widen(model[1], 4)  # PyLate's Dense projection
     model.save(out)
     model = models.ColBERT(model_name_or_path=out, device="cpu")
     q = {f"q_{i}": np.asarray(v, np.float32) for i, v in enumerate(model.encode(zc.TEXTS, is_query=True))}

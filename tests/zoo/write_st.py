@@ -57,6 +57,7 @@ def dense(root: str, tmp: str, name: str, pooling: str, family: str = "bert", de
   stack = [tr, m.Pooling(32, pooling_mode=pooling)]
   if dense_act is not None:
     stack.append(m.Dense(32, 24, activation_function=dense_act))
+    zc.widen(stack[-1], 1)
   if normalize:
     stack.append(m.Normalize())
   kw = {"prompts": prompts, "default_prompt_name": default} if prompts else {}
@@ -135,15 +136,17 @@ def multivector(root: str, tmp: str, name: str) -> None:
     tok = transformers.BertTokenizerFast(zc.wordpiece_vocab(base + "-v"), do_lower_case=True)
     tok.add_tokens(["[Q]", "[D]"])
     torch.manual_seed(0)
-    transformers.BertModel(transformers.BertConfig(vocab_size=len(tok), max_position_embeddings=32, **zc.SIZES),
+    transformers.BertModel(transformers.BertConfig(vocab_size=len(tok), max_position_embeddings=32,
+                                                   initializer_range=zc.INIT, **zc.SIZES),
                            add_pooling_layer=False).save_pretrained(base)
     tok.save_pretrained(base)
   out = zc.fresh(os.path.join(root, name))
   tr = Transformer(base, max_seq_length=24, query_length=12, document_length=20,
                    query_expansion={"strategy": "fixed", "length": 12, "attend": False})
   torch.manual_seed(3)
-  MultiVectorEncoder(modules=[tr, Dense(32, 16, bias=False, activation_function=torch.nn.Identity(),
-                                        module_input_name="token_embeddings"),
+  proj = Dense(32, 16, bias=False, activation_function=torch.nn.Identity(), module_input_name="token_embeddings")
+  zc.widen(proj, 3)
+  MultiVectorEncoder(modules=[tr, proj,
                               MultiVectorMask(skiplist_words=list(string.punctuation)),
                               Normalize(module_input_name="token_embeddings")],
                      prompts={"query": "[Q] ", "document": "[D] "}, device="cpu").save(out)

@@ -13,6 +13,11 @@ import shutil
 import numpy as np
 
 SIZES = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=37)
+# Every model's initial weights (HF's config.initializer_range, so the heads the libraries add on load too: a
+# cross-encoder's classifier, a classification or NSP head): at the libraries' default 0.02 a tiny model's head
+# output barely depends on its input (a cross-encoder's scores varied by 6e-6 over the fixed texts), and a reader
+# returning a constant would pass the tests' 1e-5; at 0.3 every stored output varies by far more than that.
+INIT = 0.3
 SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 
 
@@ -100,10 +105,27 @@ def perturb(m, seed: int = 0) -> None:
         p.add_(torch.randn(p.shape, generator=g) * 0.1)
 
 
+def widen(module, seed: int, std: float = INIT) -> None:
+  """Every torch Linear inside `module` (a sentence-transformers or PyLate Dense) re-drawn from a seeded normal of
+  `std` (bias 0.1): torch's default init leaves a pooled vector's projection nearly the same for every text."""
+  import torch
+  g = torch.Generator().manual_seed(seed)
+  with torch.no_grad():
+    for lin in [x for x in module.modules() if isinstance(x, torch.nn.Linear)]:
+      lin.weight.copy_(torch.randn(lin.weight.shape, generator=g) * std)
+      if lin.bias is not None:
+        lin.bias.copy_(torch.randn(lin.bias.shape, generator=g) * 0.1)
+
+
+KEY_PACKAGES = ("torch", "transformers", "sentence-transformers", "tokenizers", "huggingface_hub", "safetensors",
+                "sentencepiece", "numpy", "pylate")
+
+
 def versions() -> dict:
+  """The writing environment's exact versions of the packages that decide a folder and its outputs."""
   import importlib.metadata as md
   out = {}
-  for name in ("torch", "transformers", "sentence-transformers", "tokenizers", "huggingface_hub", "pylate"):
+  for name in KEY_PACKAGES:
     try:
       out[name] = md.version(name)
     except md.PackageNotFoundError:
