@@ -6,8 +6,9 @@ A score folder (`teacher.write_scores`, the `teacher` command) holds, for each (
 training file, the teacher's score of the query with each of its 1 + n documents: `teacher.json` (the teacher,
 the training file's path and SHA-256, its columns, the rows and block size) and one `scores_NNNNN.npy` [rows, 1 + n]
 per block of rows, each written whole before the next, so that a rerun after a kill scores only the blocks that
-are missing. `read_scores` gives the [rows, 1 + n] matrix to a training run and refuses, in one line, a folder of
-another file or of another number of documents per row.
+are missing. `ScoreBlocks` checks a folder block by block and reads rows back through a cache bounded by the row
+buffer (`read_scores`: the whole [rows, 1 + n] matrix); it refuses, in one line, a folder of another file or of
+another number of documents per row.
 
 The losses take a student's scores [B, 1 + n] of each query with its positive and negatives (dot products for
 dense and sparse students, MaxSim for multi-vector ones) and the teacher's:
@@ -22,6 +23,7 @@ dense and sparse students, MaxSim for multi-vector ones) and the teacher's:
 """
 from __future__ import annotations
 
+import collections
 import hashlib
 import io
 import math
@@ -32,6 +34,7 @@ import numpy as np
 
 from bertjax import errors
 from bertjax.core import files
+from bertjax.data.tasks import batching, rowfile
 
 LOSSES = ("mnrl", "margin_mse", "distill_kl")  # mnrl: the kind's own contrastive loss, no teacher
 RECORD = "teacher.json"
@@ -81,8 +84,11 @@ def pairwise_dot(queries, docs):
 
 
 def fingerprint(path: str) -> str:
-  """The SHA-256 of the file's bytes."""
-  return hashlib.sha256(files.read_bytes(path)).hexdigest()
+  """The SHA-256 of the file's bytes, read a block at a time."""
+  h, size, step = hashlib.sha256(), files.size(path), rowfile.MAX_BLOCK
+  for start in range(0, size, step):
+    h.update(files.read_range(path, start, min(size, start + step)))
+  return h.hexdigest()
 
 
 def block_file(out: str, i: int) -> str:
@@ -93,32 +99,67 @@ def _load_npy(path: str) -> np.ndarray:
   return np.load(io.BytesIO(files.read_bytes(path)), allow_pickle=False)
 
 
+class ScoreBlocks:
+  """The [rows, docs] teacher scores of a score folder, checked block by block when opened and read back by row
+  index (`scores[idx]`) through a cache of blocks that holds at most the row buffer ($BERTJAX_ROW_BUFFER)."""
+
+  def __init__(self, path: str, train_file: str, rows: int, docs: int):
+    where = f"data.teacher_scores {path}"
+    name = files.join(path, RECORD)
+    if not files.isfile(name):
+      raise errors.TaskDataError(f"{where}: not a teacher score folder (no {RECORD}); python -m bertjax teacher "
+                                 "writes one")
+    record = files.json_object(files.read_text(name), name, errors.TaskDataError)
+    if record.get("fingerprint") != fingerprint(train_file):
+      raise errors.TaskDataError(f"{where}: scores of another training file ({record.get('pairs')}, fingerprint "
+                                 f"{str(record.get('fingerprint'))[:12]}), not of data.train_file {train_file}")
+    if record.get("rows") != rows:
+      raise errors.TaskDataError(f"{where}: {record.get('rows')} rows scored, data.train_file has {rows}")
+    self.path, self.rows, self.block = path, rows, int(record["block"])
+    n_blocks = -(-rows // self.block)
+    missing = [i for i in range(n_blocks) if not files.isfile(block_file(path, i))]
+    if missing:
+      raise errors.TaskDataError(f"{where}: unfinished ({len(missing)} of {n_blocks} blocks missing); rerun the "
+                                 "teacher command to finish it")
+    self.budget = rowfile.buffer_size()
+    self._cache: collections.OrderedDict[int, np.ndarray] = collections.OrderedDict()
+    for i in range(n_blocks):
+      scores = self._read(i)
+      want = (min(self.block, rows - i * self.block), docs)
+      if scores.ndim != 2 or scores.shape[1] != docs:
+        raise errors.TaskDataError(f"{where}: {scores.shape[-1]} scores per row (columns {record.get('columns')[1:]}), "
+                                   f"the training rows have {docs} documents (a positive and {docs - 1} negatives)")
+      if scores.shape != want:
+        raise errors.TaskDataError(f"{where}: {block_file(path, i)} holds {len(scores)} rows, not {want[0]}; rerun "
+                                   "the teacher command into a new folder")
+      if not np.all(np.isfinite(scores)):
+        raise errors.TaskDataError(f"{where}: scores that are not finite numbers")
+
+  def _read(self, i: int) -> np.ndarray:
+    scores = self._cache.pop(i, None)
+    if scores is None:
+      scores = _load_npy(block_file(self.path, i)).astype(np.float32)
+    self._cache[i] = scores
+    while len(self._cache) > 1 and sum(v.nbytes for v in self._cache.values()) > self.budget:
+      self._cache.popitem(last=False)
+    return scores
+
+  def __len__(self) -> int:
+    return self.rows
+
+  def __getitem__(self, idx) -> np.ndarray:
+    idx = np.asarray(idx, np.int64)
+    return np.stack([self._read(int(i) // self.block)[int(i) % self.block] for i in idx]) if len(idx) else \
+        np.zeros((0, self._read(0).shape[1]), np.float32)
+
+  def all(self) -> np.ndarray:
+    return np.concatenate([self._read(i) for i in range(-(-self.rows // self.block))])
+
+
 def read_scores(path: str, train_file: str, rows: int, docs: int) -> np.ndarray:
   """[rows, docs] teacher scores of `train_file` from the score folder `path` (data.teacher_scores), each check a
   one-line error: not a score folder, another file's (fingerprint), unfinished, another number of documents."""
-  where = f"data.teacher_scores {path}"
-  name = files.join(path, RECORD)
-  if not files.isfile(name):
-    raise errors.TaskDataError(f"{where}: not a teacher score folder (no {RECORD}); python -m bertjax teacher "
-                               "writes one")
-  record = files.json_object(files.read_text(name), name, errors.TaskDataError)
-  if record.get("fingerprint") != fingerprint(train_file):
-    raise errors.TaskDataError(f"{where}: scores of another training file ({record.get('pairs')}, fingerprint "
-                               f"{str(record.get('fingerprint'))[:12]}), not of data.train_file {train_file}")
-  if record.get("rows") != rows:
-    raise errors.TaskDataError(f"{where}: {record.get('rows')} rows scored, data.train_file has {rows}")
-  n_blocks = -(-rows // int(record["block"]))
-  missing = [i for i in range(n_blocks) if not files.isfile(block_file(path, i))]
-  if missing:
-    raise errors.TaskDataError(f"{where}: unfinished ({len(missing)} of {n_blocks} blocks missing); rerun the "
-                               "teacher command to finish it")
-  scores = np.concatenate([_load_npy(block_file(path, i)) for i in range(n_blocks)])
-  if scores.shape != (rows, docs):
-    raise errors.TaskDataError(f"{where}: {scores.shape[1]} scores per row (columns {record.get('columns')[1:]}), "
-                               f"the training rows have {docs} documents (a positive and {docs - 1} negatives)")
-  if not np.all(np.isfinite(scores)):
-    raise errors.TaskDataError(f"{where}: scores that are not finite numbers")
-  return scores.astype(np.float32)
+  return ScoreBlocks(path, train_file, rows, docs).all()
 
 
 def options(section: str, loss_name: str, temperature: float) -> tuple:
@@ -133,9 +174,11 @@ def attach(feats: dict, name: str, section: str, data) -> dict:
   if not data.teacher_scores:
     raise errors.ConfigError(f"{section}.loss {name} learns from a teacher's scores: set data.teacher_scores (python "
                              "-m bertjax teacher writes them)")
-  k = feats["doc_input_ids"].shape[1]
+  k = batching.take(feats, np.arange(1))["doc_input_ids"].shape[1]  # a file larger than the buffer: `rows.Streamed`
   if k < 2:
     raise errors.ConfigError(f"{section}.loss {name} compares each positive with its hard negatives: set "
                              "embedding.negative_columns")
-  scores = read_scores(data.teacher_scores, data.train_file, len(feats["input_ids"]), k)
-  return {**feats, "teacher_scores": scores}
+  if isinstance(feats, dict):
+    return {**feats, "teacher_scores": read_scores(data.teacher_scores, data.train_file, len(feats["input_ids"]), k)}
+  feats.extra["teacher_scores"] = ScoreBlocks(data.teacher_scores, data.train_file, len(feats), k)
+  return feats

@@ -119,30 +119,31 @@ class Converter:
     return {"text_a": str(row[text_a]), "text_b": str(row[text_b]) if text_b else "", "label": y}
 
 
-class StreamedPairs:
-  """The featurised sentence (pair) examples of a task file larger than the row buffer, made batch by batch:
-  one pass checks every row (the errors `local_examples` gives) and keeps its offset; `take(idx)` reads and
-  encodes the rows a batch needs. Features of row i equal `encode_pairs(local_examples(path, ...))[k][i]`."""
+class Streamed:
+  """The training features of a row file larger than the row buffer, made batch by batch: `scan` checks every
+  row once (`convert(line, row)`, the errors a whole read gives) and keeps its offset; `take(idx)` reads the rows
+  a batch needs, converts and featurises them (`featurize(rows)` -> a dict of arrays), and joins the per-row
+  `extra` arrays (anything indexed by an index array, such as a teacher's scores) at `idx`. The host holds the
+  buffer's blocks and 8 bytes a row; a batch's features are a function of its row indices alone, so a resumed
+  run reads the same rows for the same step."""
 
-  def __init__(self, path: str, task, columns: tuple, tok, max_seq_length: int, regression: bool):
-    self.path, self.tok, self.seq, self.regression = path, tok, max_seq_length, regression
+  def __init__(self, path: str, convert, featurize):
+    self.path, self.convert, self.featurize = path, convert, featurize
     self.file = rowfile.RowFile(path)
-    self.convert = Converter(path, task, *columns)
-    seen = set()  # up to two distinct labels: enough to know whether a model can learn from them
+    self.extra: dict = {}
+
+  def scan(self):
+    """Every row converted, in file order; afterwards the file has its offsets (`len`)."""
     for line, row in self.file.scan():
-      y = self.convert(line, row)["label"]
-      if len(seen) < 2:
-        seen.add(y)
-    if not len(self.file):
-      raise TaskDataError(f"{path}: no rows")
-    self.labels = np.array(sorted(seen), np.float32 if regression else np.int32)
+      yield self.convert(line, row)
 
   def __len__(self) -> int:
     return len(self.file)
 
   def take(self, idx) -> dict[str, np.ndarray]:
-    examples = [self.convert(None, row) for row in self.file.rows(idx)]
-    return encode_pairs(examples, self.tok, self.seq, self.regression)
+    idx = np.asarray(idx)
+    out = self.featurize([self.convert(None, row) for row in self.file.rows(idx)])
+    return {**out, **{k: v[idx] for k, v in self.extra.items()}}
 
   def lengths(self, chunk: int = 1024) -> np.ndarray:
     """Every row's token count ([CLS] and [SEP]s included), encoded in file order a chunk at a time."""
@@ -151,13 +152,34 @@ class StreamedPairs:
                            for s in range(0, n, chunk)]) if n else np.zeros(0, np.int64)
 
 
+class StreamedPairs(Streamed):
+  """The featurised sentence (pair) examples of a task file larger than the row buffer (`Streamed`). Features of
+  row i equal `encode_pairs(local_examples(path, ...))[k][i]`."""
+
+  def __init__(self, path: str, task, columns: tuple, tok, max_seq_length: int, regression: bool):
+    super().__init__(path, Converter(path, task, *columns),
+                     lambda examples: encode_pairs(examples, tok, max_seq_length, regression))
+    seen = set()  # up to two distinct labels: enough to know whether a model can learn from them
+    for example in self.scan():
+      if len(seen) < 2:
+        seen.add(example["label"])
+    if not len(self.file):
+      raise TaskDataError(f"{path}: no rows")
+    self.labels = np.array(sorted(seen), np.float32 if regression else np.int32)
+
+
 def pair_features(path: str, task, columns: tuple, tok, max_seq_length: int, regression: bool = False):
   """The training features of a sentence (pair) task file: encoded whole (a dict of arrays) when the file fits the
   row buffer ($BERTJAX_ROW_BUFFER), else a `StreamedPairs` that reads and encodes each batch's rows."""
   path = _found(path)
-  if files.size(path) <= rowfile.buffer_size():
+  if fits_buffer(path):
     return encode_pairs(local_examples(path, task, *columns), tok, max_seq_length, regression)
   return StreamedPairs(path, task, columns, tok, max_seq_length, regression)
+
+
+def fits_buffer(path: str) -> bool:
+  """Whether a task file is read whole: at most the row buffer ($BERTJAX_ROW_BUFFER); larger files are `Streamed`."""
+  return files.size(path) <= rowfile.buffer_size()
 
 
 def read_rows(path: str):

@@ -6,7 +6,9 @@ similarity and gold score.
 """
 from __future__ import annotations
 
+import array
 import dataclasses
+import hashlib
 import math
 import zlib
 
@@ -73,21 +75,24 @@ def _encode(texts, tok, seq):
   return f["input_ids"], f["input_mask"]
 
 
-def read_pairs(path: str, text_a: str, text_b: str, negatives=(), score: str = "") -> list[dict]:
-  """Rows {"anchor", "docs": [positive, negatives...], "score"} of a .csv / .tsv / .jsonl file."""
-  if not path:
-    raise task_data.TaskDataError("task pairs needs config.data.train_file (columns: anchor, positive[, negatives])")
-  rows = list(task_data.read_rows(path))
-  if not rows:
-    raise task_data.TaskDataError(f"{path}: no rows")
-  needed = [c for c in (text_a, text_b, *negatives, score) if c]
-  missing = [c for c in needed if c not in rows[0][1]]
-  if missing:
-    raise task_data.TaskDataError(f"{path}: missing column(s) {missing}; the file has {sorted(rows[0][1])}")
-  out = []
-  for line, row in rows:
-    texts = [str(row.get(c) or "") for c in (text_a, text_b, *negatives)]
-    empty = [c for c, t in zip((text_a, text_b, *negatives), texts) if not t.strip()]
+class PairRow:
+  """One row of a pairs file as {"anchor", "docs": [positive, negatives...], "score"}, checked: the first row must
+  hold every named column; each row non-empty texts and, for scored pairs, a finite score."""
+
+  def __init__(self, path: str, text_a: str, text_b: str, negatives=(), score: str = ""):
+    self.path, self.columns, self.score = path, (text_a, text_b, *negatives), score
+    self.needed = [c for c in (*self.columns, score) if c]
+    self.first = True
+
+  def __call__(self, line, row: dict) -> dict:
+    path, score = self.path, self.score
+    if self.first:
+      missing = [c for c in self.needed if c not in row]
+      if missing:
+        raise task_data.TaskDataError(f"{path}: missing column(s) {missing}; the file has {sorted(row)}")
+      self.first = False
+    texts = [str(row.get(c) or "") for c in self.columns]
+    empty = [c for c, t in zip(self.columns, texts) if not t.strip()]
     if empty:
       raise task_data.TaskDataError(f"{path}:{line}: empty text in column(s) {empty}; remove the row or fill it in")
     try:
@@ -96,8 +101,57 @@ def read_pairs(path: str, text_a: str, text_b: str, negatives=(), score: str = "
       raise task_data.TaskDataError(f"{path}:{line}: score {row[score]!r} is not a number") from None
     if not math.isfinite(value):
       raise task_data.TaskDataError(f"{path}:{line}: score {row[score]!r} is not a finite number")
-    out.append({"anchor": texts[0], "docs": texts[1:], "score": value})
+    return {"anchor": texts[0], "docs": texts[1:], "score": value}
+
+
+def _needs_file(path: str) -> None:
+  if not path:
+    raise task_data.TaskDataError("task pairs needs config.data.train_file (columns: anchor, positive[, negatives])")
+
+
+def iter_pairs(path: str, text_a: str, text_b: str, negatives=(), score: str = ""):
+  """The rows {"anchor", "docs": [positive, negatives...], "score"} of a .csv / .tsv / .jsonl file, streamed."""
+  _needs_file(path)
+  convert = PairRow(path, text_a, text_b, negatives, score)
+  for line, row in task_data.read_rows(path):
+    yield convert(line, row)
+
+
+def read_pairs(path: str, text_a: str, text_b: str, negatives=(), score: str = "") -> list[dict]:
+  """The rows of `iter_pairs`, read whole."""
+  out = list(iter_pairs(path, text_a, text_b, negatives, score))
+  if not out:
+    raise task_data.TaskDataError(f"{path}: no rows")
   return out
+
+
+class Survey:
+  """What the training checks need of every row, in memory independent of the texts: up to two distinct scores
+  and an 8-byte digest of each row's positive."""
+
+  def __init__(self, rows):
+    self.scores, digests = set(), array.array("Q")
+    for r in rows:
+      if len(self.scores) < 2:
+        self.scores.add(r["score"])
+      digests.append(int.from_bytes(hashlib.blake2b(r["docs"][0].encode("utf-8"), digest_size=8).digest(), "little"))
+    self.rows = len(digests)
+    self.distinct_positives = len(np.unique(np.frombuffer(digests, np.uint64))) if digests else 0
+
+
+def train_pairs(path: str, text_a: str, text_b: str, negatives, score: str, featurize_rows, featurize_batch=None):
+  """(features, `Survey`) of a training pairs file: featurised whole (`featurize_rows(rows)`) when the file fits the
+  row buffer ($BERTJAX_ROW_BUFFER), else a `rows.Streamed` that reads and featurises each batch's rows
+  (`featurize_batch`, by default `featurize_rows`)."""
+  _needs_file(path)
+  if task_data.fits_buffer(path):
+    rows = read_pairs(path, text_a, text_b, negatives, score)
+    return featurize_rows(rows), Survey(rows)
+  feats = task_data.Streamed(path, PairRow(path, text_a, text_b, negatives, score), featurize_batch or featurize_rows)
+  survey = Survey(feats.scan())
+  if not survey.rows:
+    raise task_data.TaskDataError(f"{path}: no rows")
+  return feats, survey
 
 
 def featurize(rows: list[dict], tok, seq: int) -> dict:
@@ -166,17 +220,15 @@ class Contrastive(Kind):
     d, seq = config.data, config.data.max_seq_length
     negatives = tuple(c for c in config.embedding.negative_columns if c)
     score = d.label_column if task.option("scored") else ""
-
-    def read(p):
-      return read_pairs(p, d.text_a_column, d.text_b_column, () if score else negatives, score)
-    train_rows = read(d.train_file)
+    columns = (d.text_a_column, d.text_b_column, () if score else negatives, score)
+    feats, survey = train_pairs(d.train_file, *columns, lambda rows: featurize(rows, tok, seq))
     evals = []
     if d.eval_file:
-      rows = read(d.eval_file)
+      rows = read_pairs(d.eval_file, *columns)
       corpus = sorted({t for r in rows for t in r["docs"]})
       evals.append(EvalSet("validation", featurize(rows, tok, seq), {"rows": rows, "corpus": corpus}))
     stats = {"hard negatives per row": len(negatives)}
-    if score and len({r["score"] for r in train_rows}) < 2:
+    if score and len(survey.scores) < 2:
       raise task_data.TaskDataError(f"{d.train_file}: every row has the same score; CoSENT learns from pairs whose "
                                     "scores differ (its loss is 0 here)")
     if not score and not negatives and config.train.global_batch_size < 2:
@@ -184,14 +236,11 @@ class Contrastive(Kind):
                                     "negative for any anchor (every loss is 0); use a batch of 2 or more, or "
                                     "embedding.negative_columns")
     if not score:
-      positives = [r["docs"][0] for r in train_rows]
-      distinct = len(set(positives))
-      if distinct < 2:
+      if survey.distinct_positives < 2:
         raise task_data.TaskDataError(f"{d.train_file}: every row has the same positive; in-batch negatives need at "
                                       "least two distinct positives")
       # Rows sharing a positive are each other's false negatives: masked in the loss (`ranking_loss` doc_keys).
-      stats["rows whose positive another row shares"] = len(positives) - distinct
-    feats = featurize(train_rows, tok, seq)
+      stats["rows whose positive another row shares"] = survey.rows - survey.distinct_positives
     if task.option("loss"):
       feats = distill.attach(feats, task.option("loss"), SECTIONS[task.name], d)
     return feats, evals, stats

@@ -169,15 +169,22 @@ def skip_ids(tok: tokenizer_lib.Tokenizer, settings: Settings) -> frozenset:
   return out
 
 
+def side_length(s: Settings, task: str) -> int:
+  """The most tokens `text_rows` gives a text of `task` ("query" | "document"), a query's expansion included."""
+  exp = s.expansion if task == "query" else None
+  limit = (s.query_length if task == "query" else s.document_length) or s.max_seq_length
+  if exp is not None:
+    limit = exp[3] if exp[0] == "fixed" else max(limit, exp[3])
+  return limit
+
+
 def text_rows(tok: tokenizer_lib.Tokenizer, s: Settings, texts: Sequence[str], task: str
               ) -> list[tuple[list[int], int, int]]:
   """Each text's (token ids, tokens the encoder attends to, positions that give vectors before the skiplist) for
   `task` ("query" | "document"): the task's prompt, its length, a query's expansion."""
   exp = s.expansion if task == "query" else None
   prompt = s.query_prompt if task == "query" else s.document_prompt
-  limit = (s.query_length if task == "query" else s.document_length) or s.max_seq_length
-  if exp is not None:
-    limit = exp[3] if exp[0] == "fixed" else max(limit, exp[3])
+  limit = side_length(s, task)
   out = []
   head = [tok.cls_id]
   if s.prefix_tokens and prompt:  # PyLate: the prefix token's id after [CLS], the text cut one shorter

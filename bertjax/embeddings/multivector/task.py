@@ -22,7 +22,7 @@ from bertjax.convert.table import host_params
 from bertjax.core import files
 from bertjax.data import packing
 from bertjax.embeddings import distill, losses
-from bertjax.embeddings.dense.task import Contrastive, read_pairs, retrieval
+from bertjax.embeddings.dense.task import Contrastive, read_pairs, retrieval, train_pairs
 from bertjax.embeddings.model import normalize
 from bertjax.embeddings.multivector import encoder as multivector
 from bertjax.model.config import BertConfig
@@ -136,14 +136,15 @@ def pairwise_maxsim(q, q_score, docs, d_score):
   return jnp.sum(jnp.where(q_score[:, None, :] > 0, best, 0.0), axis=-1)
 
 
-def featurize(rows: list[dict], tok, settings: multivector.Settings) -> dict:
+def featurize(rows: list[dict], tok, settings: multivector.Settings, full: bool = False) -> dict:
   """Queries and documents as the encoder reads them: ids, attention masks, and the positions MaxSim scores
-  (`*score_mask`: real and expansion tokens, less the skiplist's on its tasks)."""
+  (`*score_mask`: real and expansion tokens, less the skiplist's on its tasks). Texts are padded to the widest of
+  `rows`, or with `full` to the most a text of its side can have (one shape for every batch of a streamed file)."""
   skip = multivector.skip_ids(tok, settings)
 
   def encode(texts, side):
     got = multivector.text_rows(tok, settings, texts, side)
-    width = max(len(r[0]) for r in got)
+    width = multivector.side_length(settings, side) if full else max(len(r[0]) for r in got)
     ids = np.full((len(got), width), tok.pad_id, np.int32)
     length, attend, score = np.zeros_like(ids), np.zeros_like(ids), np.zeros_like(ids)
     for i, (row, attended, kept) in enumerate(got):
@@ -220,12 +221,12 @@ class MultiVector(Contrastive):
     d = config.data
     negatives = tuple(c for c in config.embedding.negative_columns if c)
     s = _settings(task)
-    train_rows = read_pairs(d.train_file, d.text_a_column, d.text_b_column, negatives)
+    feats, _ = train_pairs(d.train_file, d.text_a_column, d.text_b_column, negatives, "",
+                           lambda rows: featurize(rows, tok, s), lambda rows: featurize(rows, tok, s, full=True))
     evals = []
     if d.eval_file:
       rows = read_pairs(d.eval_file, d.text_a_column, d.text_b_column, negatives)
       evals.append(EvalSet("validation", featurize(rows, tok, s), {"rows": rows}))
-    feats = featurize(train_rows, tok, s)
     if task.option("loss"):
       feats = distill.attach(feats, task.option("loss"), "multivector", d)
     return feats, evals, {"hard negatives per row": len(negatives)}

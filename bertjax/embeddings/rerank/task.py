@@ -46,17 +46,56 @@ def task(name, labels, regression, config) -> Task | None:
   return Task(name, "rerank", ("text_a", "text_b"), (), METRICS, "ndcg@10", options=options)
 
 
+class RerankRow:
+  """One (query, document, label) row as {"text_a", "text_b", "label"}, checked as `rows.local_examples` checks a
+  regression row, and its label a relevance in [0, 1]."""
+
+  def __init__(self, path: str, config):
+    d = config.data
+    if not d.text_b_column:
+      raise errors.ConfigError("task rerank reads (query, document, label) rows: set data.text_b_column")
+    self.path, self.seen = path, 0
+    self.convert = task_data.Converter(path, Task("rerank", "regression"), d.text_a_column, d.text_b_column,
+                                       d.label_column)
+
+  def __call__(self, line, row: dict) -> dict:
+    example = self.convert(line, row)
+    if line is not None:  # the checking pass (a batch's rows were checked in it)
+      self.seen += 1
+      if not 0.0 <= example["label"] <= 1.0:
+        raise task_data.TaskDataError(f"{self.path}: row {self.seen} has label {example['label']!r}; task rerank "
+                                      "takes relevance in [0, 1] (binary cross-entropy)")
+    return example
+
+
 def read(path: str, config) -> list[dict]:
-  d = config.data
-  if not d.text_b_column:
-    raise errors.ConfigError("task rerank reads (query, document, label) rows: set data.text_b_column")
-  as_scores = Task("rerank", "regression")
-  rows = task_data.local_examples(path, as_scores, d.text_a_column, d.text_b_column, d.label_column)
-  bad = next((i for i, r in enumerate(rows) if not 0.0 <= r["label"] <= 1.0), None)
-  if bad is not None:
-    raise task_data.TaskDataError(f"{path}: row {bad + 1} has label {rows[bad]['label']!r}; task rerank takes "
-                                  "relevance in [0, 1] (binary cross-entropy)")
+  """The rows of a rerank file, read whole."""
+  convert = RerankRow(path, config)
+  path = task_data._found(path)
+  rows = [convert(line, row) for line, row in task_data.read_rows(path)]
+  if not rows:
+    raise task_data.TaskDataError(f"{path}: no rows")
   return rows
+
+
+def train_features(path: str, config, tok, seq: int):
+  """(features, up to two distinct labels in file order) of a pointwise training file: featurised whole when it fits
+  the row buffer ($BERTJAX_ROW_BUFFER), else a `rows.Streamed` that reads and featurises each batch's rows."""
+  convert = RerankRow(path, config)
+  path = task_data._found(path)
+  if task_data.fits_buffer(path):
+    rows = read(path, config)
+    feats, labels = featurize(rows, tok, seq), (r["label"] for r in rows)
+  else:
+    feats = task_data.Streamed(path, convert, lambda rows: featurize(rows, tok, seq))
+    labels = (r["label"] for r in feats.scan())
+  seen = []
+  for y in labels:
+    if y not in seen and len(seen) < 2:
+      seen.append(y)
+  if not seen:
+    raise task_data.TaskDataError(f"{path}: no rows")
+  return feats, seen
 
 
 def featurize(rows: list[dict], tok, seq: int) -> dict:
@@ -118,19 +157,24 @@ class Rerank(Kind):
 
   def load(self, task, config, tok):
     seq = config.data.max_seq_length
-    train_rows = read(config.data.train_file, config)
-    if len({r["label"] for r in train_rows}) < 2:
-      raise task_data.TaskDataError(f"{config.data.train_file}: every row has the label {train_rows[0]['label']!r}; "
+    listwise = task.option("loss") == "listnet"  # a query's documents together: the file read whole
+    if listwise:
+      train_rows = read(config.data.train_file, config)
+      labels = list(dict.fromkeys(r["label"] for r in train_rows))
+    else:
+      train, labels = train_features(config.data.train_file, config, tok, seq)
+    if len(labels) < 2:
+      raise task_data.TaskDataError(f"{config.data.train_file}: every row has the label {labels[0]!r}; "
                                     "a reranker learns from relevant and non-relevant pairs")
     evals = []
     if config.data.eval_file:
       rows = read(config.data.eval_file, config)
       evals.append(EvalSet("validation", featurize(rows, tok, seq), {"rows": rows}))
-    if task.option("loss") == "listnet":
+    if listwise:
       train = featurize_lists(train_rows, tok, seq)
       return train, evals, {"queries": len(train["input_ids"]),
                             "documents per query (at most)": train["list_weights"].shape[1]}
-    return featurize(train_rows, tok, seq), evals, {}
+    return train, evals, {}
 
   def loss(self, task, out, batch):
     return example_mean(bce_with_logits(out["logits"][..., 0], batch["labels"], task.option("pos_weight", 1.0)),

@@ -8,6 +8,7 @@ per document; exported as a sentence-transformers SparseEncoder folder.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 
 import jax
@@ -19,7 +20,7 @@ from bertjax.convert import weights as weights_lib
 from bertjax.data import tokenizer as tokenizer_lib
 from bertjax.data.tasks import rows as task_data
 from bertjax.embeddings import distill
-from bertjax.embeddings.dense.task import Contrastive, corpus_vectors, read_pairs, retrieval
+from bertjax.embeddings.dense.task import Contrastive, corpus_vectors, iter_pairs, retrieval
 from bertjax.embeddings.sparse import encoder as sparse
 from bertjax.tasks.base import Task
 
@@ -185,11 +186,16 @@ def idf(tok, source) -> np.ndarray:
   training file `source` = JSON [file, anchor column, positive column, negative columns]: a term in every
   document weighs 0, one in none log(N + 1)."""
   path, a, b, negatives = json.loads(source)
-  docs = sorted({d for r in read_pairs(path, a, b, tuple(negatives)) for d in r["docs"]})
-  df = np.zeros(tok.vocab_size, np.float64)
-  for text in docs:
-    df[np.unique(np.asarray(tok.encode(text), np.int64))] += 1
-  return np.log((len(docs) + 1) / (df + 1)).astype(np.float32)
+  seen, df = set(), np.zeros(tok.vocab_size, np.float64)  # documents by a 16-byte digest: not their texts
+  for r in iter_pairs(path, a, b, tuple(negatives)):
+    for text in r["docs"]:
+      key = hashlib.blake2b(text.encode("utf-8"), digest_size=16).digest()
+      if key not in seen:
+        seen.add(key)
+        df[np.unique(np.asarray(tok.encode(text), np.int64))] += 1
+  if not seen:
+    raise task_data.TaskDataError(f"{path}: no rows")
+  return np.log((len(seen) + 1) / (df + 1)).astype(np.float32)
 
 
 KINDS = {"sparse": Sparse()}
