@@ -222,6 +222,51 @@ def test_dataset_command_prints_plain_progress_and_caps_workers(tmp_path, capfd)
   assert "Downloading and preparing" not in out + err and "downloaded and prepared" not in out + err
 
 
+def test_ctrl_c_during_a_two_worker_dataset_build_is_one_line_and_stops_the_workers(tmp_path, monkeypatch, capfd):
+  """Ctrl-C while the worker pool makes shards: one line saying how many shards are kept and to rerun, exit 130
+  (the shell's Ctrl-C status), no worker process left; the same command then finishes the build."""
+  import multiprocessing as mp
+
+  from bertjax.data import tokenizer
+  from bertjax.data.pretraining import dataset as dataset_lib
+  from bertjax.data.pretraining import store
+  text = "\n\n".join("\n".join(f"sentence {i} of document {d} reads a few words." for i in range(4))
+                     for d in range(60))
+  (tmp_path / "c.txt").write_text(text)
+  vocab = tokenizer.train([tmp_path / "c.txt"], tmp_path / "tok", vocab_size=80)
+  argv = ["--input", str(tmp_path / "c.txt"), "--tokenizer", vocab, "--out", str(tmp_path / "d"), "--workers", "2",
+          "--max_seq_length", "32", "--max_predictions_per_seq", "5", "--buffer_documents", "10"]
+
+  class CtrlC(dict):  # the loop over finished shards reads PROGRESS["print"] once a shard: Ctrl-C at the second
+    seen = 0
+
+    def __getitem__(self, key):
+      if key == "print":
+        CtrlC.seen += 1
+        if CtrlC.seen == 2:
+          assert len(mp.active_children()) == 2  # the pool's workers, busy with the next shards
+          raise KeyboardInterrupt
+      return super().__getitem__(key)
+  monkeypatch.setattr(dataset_lib, "PROGRESS", CtrlC(dataset_lib.PROGRESS))
+  workers_when_counted = []  # the command counts the kept shards once the build has stopped its workers
+  built = store.built_records
+  monkeypatch.setattr(store, "built_records", lambda d: workers_when_counted.append(len(mp.active_children()))
+                      or built(d))
+  with pytest.raises(SystemExit) as e:
+    dataset_cli.main(argv)
+  assert e.value.code == 130
+  assert workers_when_counted[-1] == 0 and mp.active_children() == []
+  monkeypatch.setattr(store, "built_records", built)
+  out, err = capfd.readouterr()
+  kept = sum(len(v) for v in store.built_records(str(tmp_path / "d")).values())
+  assert kept >= 1 and err == (f"error: interrupted: {kept} shard(s) finished and kept in {tmp_path / 'd'}; rerun "
+                               "the same command to finish\n"), err
+  monkeypatch.setattr(dataset_lib, "PROGRESS", {"print": False, "every_s": 10.0})
+  dataset_cli.main(argv)
+  out, err = capfd.readouterr()
+  assert f"train: {kept} shards an earlier run finished are kept" in out and "wrote " in out, out
+
+
 def test_dataset_creation_on_a_full_disk_is_one_line(tmp_path, monkeypatch, capsys):
   import errno
 

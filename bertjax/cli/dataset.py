@@ -9,6 +9,7 @@ import argparse
 import dataclasses
 import os
 import shlex
+import sys
 
 import tensorflow_datasets as tfds
 
@@ -16,8 +17,10 @@ from bertjax import errors
 from bertjax.cli import common
 from bertjax.core import files
 from bertjax.data.pretraining import corpus as corpus_lib
-from bertjax.data.pretraining import dataset
+from bertjax.data.pretraining import dataset, store
 from bertjax.data.pretraining import examples as pretraining
+
+INTERRUPTED = 130  # the shell's status for a command ended by Ctrl-C (128 + SIGINT)
 
 
 def boolean(text: str) -> bool:
@@ -81,10 +84,18 @@ def main(argv=None):
                                         for f in dataclasses.fields(pretraining.CreationOptions)})
   reader = corpus_lib.ReadOptions(format=args.format, text_field=args.text_field, splitter=args.splitter,
                                   language=args.language, skip_bad_records=args.skip_bad_records)
-  rec = dataset.create(args.input, args.tokenizer, args.out, opts, do_lower_case=not args.cased,
-               heldout_every=args.heldout_every, workers=args.workers, overwrite=args.overwrite, reader=reader,
-               tfds_data_dir=args.tfds_data_dir, beam_runner=args.beam_runner,
-               beam_options=beam_options)
+  try:
+    rec = dataset.create(args.input, args.tokenizer, args.out, opts, do_lower_case=not args.cased,
+                         heldout_every=args.heldout_every, workers=args.workers, overwrite=args.overwrite,
+                         reader=reader, tfds_data_dir=args.tfds_data_dir, beam_runner=args.beam_runner,
+                         beam_options=beam_options)
+  except KeyboardInterrupt:  # Ctrl-C: the worker processes are stopped on the way out (their pool's exit)
+    rec = None
+  if rec is None:
+    done = sum(len(s) for s in store.built_records(args.out).values())
+    print(f"error: interrupted: {done} shard(s) finished and kept in {args.out}; rerun the same command to finish",
+          file=sys.stderr, flush=True)
+    sys.exit(INTERRUPTED)
   for split, r in rec["report"].items():
     print(f"{split}: {r['examples']} examples (corpus: {r['documents']} documents)" +
           "".join(f"; warning: {w}" for w in r["warnings"]))
