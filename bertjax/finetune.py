@@ -21,6 +21,7 @@ import jax
 import ml_collections
 import numpy as np
 
+from bertjax import errors
 from bertjax import model as model_lib
 from bertjax import run as run_lib
 from bertjax import tasks as tasks_lib
@@ -47,6 +48,9 @@ def validate(config) -> None:
   problems = run_lib.run_errors(config)
   if config.data.length_buckets < 0:
     problems.append(f"data.length_buckets must be >= 0, got {config.data.length_buckets}")
+  accum = config.train.grad_accum_steps
+  if not isinstance(accum, int) or isinstance(accum, bool) or accum < 1:
+    problems.append(f"train.grad_accum_steps must be a positive integer, got {accum!r}")
   run_lib.raise_if(problems)
 
 
@@ -87,7 +91,7 @@ def model_config(config, **overrides) -> model_lib.BertConfig:
 
 def pack_train(train: dict, task: tasks_lib.Task, config, dp: int) -> tuple[dict, int, str]:
   """Packs the training features (`data.packing`) and picks the rows per step that carry, on average, the
-  recipe's `global_batch_size` examples (a multiple of the data-parallel size). Evaluation packs its examples
+  recipe's `global_batch_size` examples (a multiple of the data-parallel size times `train.grad_accum_steps`). Evaluation packs its examples
   alike (`batching.predict_packed`)."""
   kind = tasks_lib.kind(task)
   if not kind.can_pack(task):
@@ -103,7 +107,8 @@ def pack_train(train: dict, task: tasks_lib.Task, config, dp: int) -> tuple[dict
     del packed["example_slot_weights"]  # a per-token loss: label_weights already mark the real tokens
   n, r = len(train["input_ids"]), len(rows)
   per_row = n / r
-  rows_per_step = max(dp, int(round(gbs / per_row / dp)) * dp)
+  unit = dp * config.train.grad_accum_steps  # each micro-batch's rows split evenly over the devices
+  rows_per_step = max(unit, int(round(gbs / per_row / unit)) * unit)
   lengths = kind.text_lengths(train)
   row_length = packed["input_ids"].shape[1]
   note = (f"packing: {n} examples in {r} rows of {row_length} (at most {k}, on average {per_row:.2f} per row, "
@@ -148,8 +153,10 @@ def prepare_data(config, task: tasks_lib.Task, tok, dp: int) -> TrainData:
   kind = tasks_lib.kind(task)
   train, evals, stats = kind.load(task, config, tok)
   n_train, gbs = batching.num_rows(train), config.train.global_batch_size
-  if gbs % dp:
-    raise TaskDataError(f"global_batch_size {gbs} is not divisible by the data-parallel size {dp}")
+  accum = config.train.grad_accum_steps
+  if gbs % (dp * accum):
+    raise TaskDataError(f"global_batch_size {gbs} is not divisible by the data-parallel size {dp}"
+                        + (f" times train.grad_accum_steps {accum}" if accum > 1 else ""))
   rows_per_step, note = gbs, ""
   packed = use_packing(config, task, train)
   if packed:
@@ -176,20 +183,20 @@ def unit_optimizer(train_config):
   return optim.make(unit)
 
 
-def make_steps(module, task, tx, lr_fn, prng_impl="threefry2x32", total_steps=None):
+def make_steps(module, task, tx, lr_fn, prng_impl="threefry2x32", total_steps=None, accum=1):
   """(train_step(state, batch, seed, learning_rate), predict_step(params, batch)); build them with
   `trainer.build(..., train_scalars=2)`. `tx` and `lr_fn` are the recipe's with a peak learning rate of 1
   (`unit_optimizer`); the step scales the update by the peak it is given. The seed and the peak are arguments,
   not constants of the program, so that a sweep over seeds and learning rates compiles (or loads from the
   persistent cache) each program once. `total_steps`: the run's length, for kinds whose loss follows the step
-  (`Kind.value_and_grad`)."""
+  (`Kind.value_and_grad`). `accum`: micro-batches per step (`train.grad_accum_steps`)."""
   kind = tasks_lib.kind(task)
 
   def train_step(state, batch, seed, learning_rate):
     key = jax.random.fold_in(jax.random.key(seed, impl=prng_impl), 2)
     loss, grads = kind.value_and_grad(task, module, state.params, batch,
                                       {"dropout": jax.random.fold_in(key, state.step)},
-                                      step=state.step, total_steps=total_steps)
+                                      step=state.step, total_steps=total_steps, accum=accum)
     new, grad_norm = trainer.apply_gradients(state, grads, tx, scale=learning_rate)
     return new, {"loss": loss, "grad_norm": grad_norm, "learning_rate": learning_rate * lr_fn(state.step)}
 
@@ -198,6 +205,17 @@ def make_steps(module, task, tx, lr_fn, prng_impl="threefry2x32", total_steps=No
     return {k: out[k] for k in kind.outputs}
 
   return train_step, predict_step
+
+
+def accum(config, task: tasks_lib.Task) -> int:
+  """The micro-batches per step (`train.grad_accum_steps`), refused for a kind whose loss compares rows across
+  the batch."""
+  steps = config.train.grad_accum_steps
+  if steps > 1 and not tasks_lib.kind(task).accumulates(task):
+    raise errors.ConfigError(f"train.grad_accum_steps {steps}: this task's loss compares rows across the whole "
+                             "batch (in-batch negatives, ListNet lists), so micro-batches would change it; "
+                             "embedding.cache_chunk bounds a contrastive step's memory instead")
+  return steps
 
 
 def build(config, task: tasks_lib.Task, mcfg, data: TrainData, mesh) -> trainer.Trainer:
@@ -209,7 +227,7 @@ def build(config, task: tasks_lib.Task, mcfg, data: TrainData, mesh) -> trainer.
   dummy = make_batch(data.train, np.arange(min(data.rows_per_step, batching.num_rows(data.train))),
                      data.rows_per_step)
   return trainer.build(config, module, tx, lr_fn, dummy, *make_steps(module, task, tx, lr_fn, config.train.prng_impl,
-                                                                  data.plan.total_steps),
+                                                                  data.plan.total_steps, accum(config, task)),
                        mesh=mesh, train_scalars=2)
 
 
@@ -236,6 +254,7 @@ def finetune(config, workdir: str, devices=None, started: float | None = None) -
 def _finetune(config, workdir: str, devices, started: float) -> dict:
   validate(config)
   task = tasks_lib.get(config.task, tuple(config.data.labels), config.data.regression, config)
+  accum(config, task)
   tok, mcfg, init_params, tok_path, lower = load_init(config, task)
   if config.data.max_seq_length > mcfg.max_position_embeddings:
     raise TaskDataError(f"data.max_seq_length {config.data.max_seq_length} exceeds the model's "

@@ -161,6 +161,7 @@ def get_config(arg=None):
   c.train.adam_bias_correction = True
   c.train.grad_clip_norm = 1.0
   c.train.fused_update = True  # clipping + AdamW in one pass per parameter (False: optax chain, same maths and state)
+  c.train.grad_accum_steps = 1  # micro-batches per step, their gradients summed (the memory of one micro-batch)
   c.train.eval_batch_size = 0  # rows per evaluation batch (0 = global_batch_size)
   c.train.stop_after_steps = 0  # stop (with a checkpoint) after this many steps in this run; 0 = run to the end
   c.train.prng_impl = "threefry2x32"  # dropout bits: threefry2x32 (portable) | rbg | unsafe_rbg (faster on GPU/TPU)

@@ -6,11 +6,12 @@ import subprocess
 import sys
 
 import helpers
+import jax
 import numpy as np
 import pytest
 from helpers import ROOT, assert_one_line_error, run_cmd
 
-from bertjax import finetune, predict
+from bertjax import errors, finetune, predict
 from bertjax import tasks as tasks_lib
 from bertjax.cli import predict as predict_cli
 from bertjax.core import scores
@@ -936,3 +937,38 @@ def test_the_suite_runs_every_task_once_and_tabulates_the_best_rate(tmp_path, vo
   again = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, env=env, timeout=300)
   assert again.returncode == 1 and again.stdout.count("finished before, kept") == 8
   assert {p: p.stat().st_mtime for p in root.glob("*/*/report.json")} == reports
+
+
+@pytest.mark.parametrize("packed", [False, pytest.param(True, marks=pytest.mark.slow)])
+def test_accumulated_finetuning_equals_the_whole_batch_step(tmp_path, vocab, packed):
+  """train.grad_accum_steps=4 runs each step as four micro-batches whose weighted gradients sum to the whole
+  batch's: the losses and the parameters equal a run of whole-batch steps (dropout off) within float tolerance."""
+  helpers.write_sentiment(tmp_path / "train.csv", 112, 0)
+  out = {}
+  for accum in (1, 4):
+    c = tiny_config("local", vocab, train_file=str(tmp_path / "train.csv"), text_a_column="sentence",
+                    label_column="sentiment", labels=("neg", "pos"), auto_packing=packed)
+    c.model.dropout_rate = c.model.attention_dropout_rate = c.model.classifier_dropout = 0.0
+    c.train.num_epochs, c.log_every, c.train.grad_accum_steps = 1, 1, accum
+    # Unpacked: four micro-batches of one row per fake device. Packed, on one device: 2.8 examples per row make
+    # 44 examples 16 rows per step with or without micro-batches (rows per step round to a multiple of them).
+    c.train.global_batch_size = 44 if packed else 32
+    finetune.finetune(c, str(tmp_path / f"a{accum}"), devices=jax.devices()[:1] if packed else None)
+    rows = [json.loads(x) for x in (tmp_path / f"a{accum}" / "metrics.jsonl").read_text().splitlines()]
+    _, _, _, params, _ = predict.load_finetuned(str(tmp_path / f"a{accum}"))
+    out[accum] = ([r["loss"] for r in rows if r["split"] == "train"], params)
+  assert len(out[1][0]) >= 3
+  np.testing.assert_allclose(out[4][0], out[1][0], rtol=1e-5)
+  for a, b in zip(jax.tree_util.tree_leaves(out[4][1]), jax.tree_util.tree_leaves(out[1][1]), strict=True):
+    np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+
+
+def test_accumulation_is_refused_for_losses_across_the_batch():
+  from configs import embedding as embedding_config
+  c = embedding_config.get_config("variant=tiny")
+  c.train.grad_accum_steps = 2
+  task = tasks_lib.get(c.task, tuple(c.data.labels), c.data.regression, c)
+  with pytest.raises(errors.ConfigError, match="grad_accum_steps 2: this task's loss compares rows"):
+    finetune.accum(c, task)
+  c.task, c.data.labels = "local", ("a", "b")
+  assert finetune.accum(c, tasks_lib.get(c.task, tuple(c.data.labels), c.data.regression, c)) == 2

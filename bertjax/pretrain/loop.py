@@ -92,6 +92,13 @@ def train_and_evaluate(config, workdir: str, started: float | None = None) -> di
     return _train_and_evaluate(config, workdir, started)
 
 
+def _warn_if_no_peak(config, say) -> None:
+  if not phases_lib.names(config) and config.train.warmup_steps >= config.train.num_steps:
+    say(f"warning: train.warmup_steps {config.train.warmup_steps} is not below train.num_steps "
+        f"{config.train.num_steps}: the learning rate never reaches its peak "
+        f"(--config.train.warmup_steps=N sets the warmup)")
+
+
 def _train_and_evaluate(config, workdir: str, started: float) -> dict:
   # The data and the checks, before anything compiles.
   creations, (tok_path, tok_lower) = _data(config)
@@ -102,10 +109,7 @@ def _train_and_evaluate(config, workdir: str, started: float) -> dict:
   tok_path, tok_lower = run_lib.keep_tokenizer(workdir, tok_path, tok_lower)
   tok = lambda: tokenizer_lib.load(tok_path, do_lower_case=tok_lower)  # noqa: E731  (read when needed)
   say = print if jax.process_index() == 0 else (lambda _: None)
-  if not phases_lib.names(config) and config.train.warmup_steps >= config.train.num_steps:
-    say(f"warning: train.warmup_steps {config.train.warmup_steps} is not below train.num_steps "
-        f"{config.train.num_steps}: the learning rate never reaches its peak "
-        f"(--config.train.warmup_steps=N sets the warmup)")
+  _warn_if_no_peak(config, say)
 
   # The plan: the phases (a run of its own settings is one), one learning rate over the global step.
   gran = checks.granularity(config, jax.device_count())

@@ -20,6 +20,7 @@ from bertjax import convert
 from bertjax import model as model_lib
 from bertjax.convert import export as export_lib
 from bertjax.convert import weights as weights_lib
+from bertjax.core import trainer
 from bertjax.data import packing
 
 
@@ -101,13 +102,37 @@ class Kind:
     """The token count of every text of the features (what packing lays end to end)."""
     return np.sum(feats["input_mask"], axis=1)
 
-  def value_and_grad(self, task: Task, module, params, batch: dict, rngs: dict, step=None, total_steps=None):
+  def loss_weights(self, task: Task, batch: dict):
+    """The weights `loss` takes its mean over (the batch's real examples), by which micro-batches are summed."""
+    del task
+    return batch["example_weights"]
+
+  def accumulates(self, task: Task) -> bool:
+    """Whether the loss is a mean over `loss_weights`, so that micro-batches sum to the whole batch's gradient
+    (`train.grad_accum_steps`); a loss comparing rows across the batch (in-batch negatives) is not."""
+    del task
+    return True
+
+  def value_and_grad(self, task: Task, module, params, batch: dict, rngs: dict, step=None, total_steps=None,
+                     accum: int = 1):
     """(loss, gradient w.r.t. params) of one training batch, dropout from `rngs`; `step` (traced) and
-    `total_steps` for a loss that follows the run's progress (the sparse kind's regulariser ramp)."""
+    `total_steps` for a loss that follows the run's progress (the sparse kind's regulariser ramp). With `accum`
+    > 1 the batch runs as that many micro-batches (`trainer.accumulate`), each micro-batch's mean weighted by
+    its share of `loss_weights`, so they sum to the whole batch's mean; micro-batch i draws dropout from
+    `rngs` folded with i."""
     del step, total_steps
-    def loss_fn(p):
-      return self.loss(task, module.apply({"params": p}, batch, deterministic=False, rngs=rngs), batch)
-    return jax.value_and_grad(loss_fn)(params)
+    total = jnp.maximum(jnp.sum(self.loss_weights(task, batch)), 1e-5)
+
+    def grad_fn(p, mb, i):
+      def loss_fn(p):
+        keys = rngs if accum == 1 else {name: jax.random.fold_in(key, i) for name, key in rngs.items()}
+        loss = self.loss(task, module.apply({"params": p}, mb, deterministic=False, rngs=keys), mb)
+        if accum > 1:
+          loss = loss * jnp.sum(self.loss_weights(task, mb)) / total
+        return loss, loss
+      return jax.value_and_grad(loss_fn, has_aux=True)(p)
+    grads, loss = trainer.accumulate(grad_fn, params, batch, accum)
+    return loss, grads
 
   def score(self, task: Task, ev: EvalSet, preds: dict, config) -> dict[str, float]:
     """The task's metrics from the predictions for every row of `ev.feats`, in order."""

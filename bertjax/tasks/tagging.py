@@ -48,8 +48,11 @@ class Tagging(Kind):
     return train, evals, stats
 
   def loss(self, task, out, batch):
-    return example_mean(losses.cross_entropy(out["logits"], batch["labels"]),
-                         batch["label_weights"] * batch["example_weights"][:, None])
+    return example_mean(losses.cross_entropy(out["logits"], batch["labels"]), self.loss_weights(task, batch))
+
+  def loss_weights(self, task, batch):
+    del task
+    return batch["label_weights"] * batch["example_weights"][:, None]
 
   def score(self, task, ev, preds, config):
     sentences = ev.meta["sentences"]

@@ -274,7 +274,11 @@ class Contrastive(Kind):
       raise errors.ConfigError(f"embedding.matryoshka_dims {list(dims)}: the embeddings have {q.shape[-1]} features")
     return losses.matryoshka_loss(loss_fn, (q, d), dims)
 
-  def value_and_grad(self, task, module, params, batch, rngs, step=None, total_steps=None):
+  def accumulates(self, task):
+    del task
+    return False  # in-batch negatives: a micro-batch's rows would see fewer negatives (embedding.cache_chunk)
+
+  def value_and_grad(self, task, module, params, batch, rngs, step=None, total_steps=None, accum=1):
     """With the `cache_chunk` option, gradient caching: anchors and documents embedded `cache_chunk` rows at a
     time (`contrastive.cached_value_and_grad`), each chunk's dropout drawn from its first row's index so that the
     embedding pass and the backward pass see the same masks."""

@@ -180,11 +180,14 @@ class Rerank(Kind):
     return example_mean(bce_with_logits(out["logits"][..., 0], batch["labels"], task.option("pos_weight", 1.0)),
                         batch["example_weights"])
 
-  def value_and_grad(self, task, module, params, batch, rngs, step=None, total_steps=None):
+  def accumulates(self, task):
+    return task.option("loss") != "listnet"
+
+  def value_and_grad(self, task, module, params, batch, rngs, step=None, total_steps=None, accum=1):
     """ListNet: every (query, document) pair of the batch's queries scored in one pass, the loss over each
     query's list; BCE: the kind's `loss` on the batch's pairs."""
     if task.option("loss") != "listnet":
-      return super().value_and_grad(task, module, params, batch, rngs, step, total_steps)
+      return super().value_and_grad(task, module, params, batch, rngs, step, total_steps, accum)
     q, k, length = batch["list_input_ids"].shape
     flat = {n: batch[f"list_{n}"].reshape(q * k, length) for n in ("input_ids", "input_mask", "segment_ids")}
 

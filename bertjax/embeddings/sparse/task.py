@@ -138,7 +138,8 @@ class Sparse(Contrastive):
                                weights=w)
     return parts["loss"]
 
-  def value_and_grad(self, task, module, params, batch, rngs, step=None, total_steps=None):
+  def value_and_grad(self, task, module, params, batch, rngs, step=None, total_steps=None, accum=1):
+    del accum  # refused above 1 (`accumulates`)
     def loss_fn(p):
       out = module.apply({"params": p}, batch, deterministic=False, rngs=rngs)
       return self.loss(task, out, batch, step, total_steps)
