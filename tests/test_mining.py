@@ -40,6 +40,7 @@ class CachedEncoder:
   """The encoder with its embeddings kept per (texts, prompt): the option combinations embed once."""
   def __init__(self, enc):
     self.enc, self.prompts, self.fingerprint, self.memo, self.calls = enc, enc.prompts, enc.fingerprint, {}, 0
+    self.lengths = enc.lengths
 
   def _get(self, side, texts, batch_size, prompt):
     key = (side, tuple(texts), prompt)
@@ -171,7 +172,7 @@ class Killed(Exception):
 class Counting:
   """The encoder, counting its document blocks; `kill_after`: a kill once that many blocks were embedded."""
   def __init__(self, enc, kill_after=None):
-    self.enc, self.prompts, self.fingerprint = enc, enc.prompts, enc.fingerprint
+    self.enc, self.prompts, self.fingerprint, self.lengths = enc, enc.prompts, enc.fingerprint, enc.lengths
     self.blocks, self.kill_after = 0, kill_after
 
   def encode_query(self, *a, **k):

@@ -83,8 +83,7 @@ def top_candidates(encoder, queries: Sequence[str], corpus: Sequence[str], k: in
   kept = {}
 
   def embed(texts):
-    if hasattr(encoder, "lengths"):  # each block padded as a fresh run pads it: a resumed run mines the same
-      encoder.lengths.reset()
+    encoder.lengths.reset()  # each block padded as a fresh run pads it: a resumed run mines the same
     return scores_lib.unit_rows(encoder.encode_document(list(texts), batch_size, prompt=corpus_prompt))
 
   def blocks():
