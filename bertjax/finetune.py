@@ -91,8 +91,8 @@ def model_config(config, **overrides) -> model_lib.BertConfig:
 
 def pack_train(train: dict, task: tasks_lib.Task, config, dp: int) -> tuple[dict, int, str]:
   """Packs the training features (`data.packing`) and picks the rows per step that carry, on average, the
-  recipe's `global_batch_size` examples (a multiple of the data-parallel size times `train.grad_accum_steps`). Evaluation packs its examples
-  alike (`batching.predict_packed`)."""
+  recipe's `global_batch_size` examples (a multiple of the data-parallel size times `train.grad_accum_steps`).
+  Evaluation packs its examples alike (`batching.predict_packed`)."""
   kind = tasks_lib.kind(task)
   if not kind.can_pack(task):
     raise TaskDataError("data.packing is for classification, regression, tagging and embedding pairs without "
