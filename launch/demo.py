@@ -170,7 +170,7 @@ def finetune_both(w: str, vocab_size: int) -> None:
   print("held-out accuracy by epoch:", flush=True)
   for name, acc in accuracy.items():
     print(f"  {name:15s} " + "  ".join(f"{a:.3f}" for a in acc), flush=True)
-  print(f"  always the most frequent package: {task['majority']:.3f}\n  (one seed; ten paired seeds: python "
+  print(f"  always the most frequent package: {task['majority']:.3f}\n  (one seed; over paired seeds: python "
         "benchmarks/demo_transfer.py, docs/training.md#what-the-demos-model-is-worth-downstream)", flush=True)
 
 
