@@ -25,8 +25,12 @@ def main(argv=None) -> int:
           file=sys.stderr, flush=True)
     return 2
   # Compiled programs persist across runs (read when jax is first imported): ~/.cache/bertjax-xla unless
-  # JAX_COMPILATION_CACHE_DIR names another folder (an empty value turns it off).
+  # JAX_COMPILATION_CACHE_DIR names another folder (an empty value turns it off). Every program is kept, not only
+  # those that took jax's default 1 s to compile: an inference command's programs (a small encoder at a few padded
+  # lengths) compile in about that time each on a 2-core CPU (less on a faster one), and those under it would be
+  # compiled again by every command.
   os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", bertjax.COMPILE_CACHE)
+  os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
   if hostmem.cpu_only_with_libtpu():  # no TPU here: libtpu's start-up errors would precede every command's output
     os.environ["JAX_PLATFORMS"] = "cpu"
   sys.argv = [f"{os.path.basename(sys.executable)} -m bertjax {name}", *rest]
