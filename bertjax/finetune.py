@@ -99,15 +99,16 @@ def pack_train(train: dict, task: tasks_lib.Task, config, dp: int) -> tuple[dict
                         "embedding.cache_chunk; SQuAD windows are already full (doc_stride), so there is nothing "
                         "to pack")
   seq, gbs = config.data.max_seq_length, config.train.global_batch_size
-  # A step holds a multiple of `dp` rows: more than global_batch_size / dp examples per row would make the
-  # step's batch larger than the recipe's, so the row's capacity is capped there.
-  k = min(config.data.pack_max_per_row, max(1, gbs // dp))
+  # A step holds a multiple of `unit` rows (each micro-batch a row or more per device): more than
+  # global_batch_size / unit examples per row would make the step's batch larger than the recipe's, so the row's
+  # capacity is capped there.
+  unit = dp * config.train.grad_accum_steps
+  k = min(config.data.pack_max_per_row, max(1, gbs // unit))
   packed, rows = kind.pack(train, seq, k)
   if "example_keys" in kind.pack_keys:
     del packed["example_slot_weights"]  # a per-token loss: label_weights already mark the real tokens
   n, r = len(train["input_ids"]), len(rows)
   per_row = n / r
-  unit = dp * config.train.grad_accum_steps  # each micro-batch's rows split evenly over the devices
   rows_per_step = max(unit, int(round(gbs / per_row / unit)) * unit)
   lengths = kind.text_lengths(train)
   row_length = packed["input_ids"].shape[1]

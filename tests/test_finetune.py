@@ -972,3 +972,22 @@ def test_accumulation_is_refused_for_losses_across_the_batch():
     finetune.accum(c, task)
   c.task, c.data.labels = "local", ("a", "b")
   assert finetune.accum(c, tasks_lib.get(c.task, tuple(c.data.labels), c.data.regression, c)) == 2
+
+
+@pytest.mark.parametrize("accum", [1, 4])
+def test_packed_steps_with_micro_batches_carry_the_recipes_batch(accum):
+  """Packed rows hold at most global_batch_size / (devices x micro-batches) examples, so a step of whole
+  micro-batches (a row per device in each) carries global_batch_size examples on average, not more."""
+  n, seq = 400, 64
+  lengths = np.random.default_rng(0).integers(3, 9, n)
+  train = {"input_ids": np.ones((n, seq), np.int32), "segment_ids": np.zeros((n, seq), np.int32),
+           "input_mask": (np.arange(seq)[None] < lengths[:, None]).astype(np.int32),
+           "labels": np.zeros(n, np.int32), "example_weights": np.ones(n, np.float32)}
+  c = finetune_config.get_config("task=local,variant=tiny,batch=8,seq=64")
+  c.train.grad_accum_steps = accum
+  task = tasks_lib.Task(name="t", kind="classification", labels=("a", "b"))
+  packed, rows_per_step, _ = finetune.pack_train(train, task, c, dp=1)
+  per_row = n / batching.num_rows(packed)
+  assert rows_per_step % accum == 0
+  assert per_row <= 8 // accum
+  assert abs(rows_per_step * per_row - 8) <= per_row / 2 + 1e-9
