@@ -26,7 +26,7 @@ from finetune_real import paired  # noqa: E402
 
 from bertjax.cli import common  # noqa: E402
 
-# (key, what it is, the target as (words, test) or None)
+# (key, what it is, the demo's target as (words, test) or None)
 TARGETS = (("mlm_accuracy", "held-out MLM accuracy", (">= 0.25", lambda x: x >= 0.25)),
            ("top5", "held-out blanks, true token in the top five", None),
            ("nsp_accuracy", "held-out NSP accuracy", (">= 0.65", lambda x: x >= 0.65)),
