@@ -198,6 +198,20 @@ def test_the_mlm_loss_a_researcher_edits_is_the_one_training_runs(monkeypatch):
   assert abs(float(doubled["grad_norm"]) - float(base["grad_norm"])) > 0.1 * float(base["grad_norm"])
 
 
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_accuracy_counts_what_numpy_argmax_counts_ties_included(dtype):
+  """The MLM accuracy's `is_argmax` equals NumPy's argmax == label, the first maximum winning a tie, on logits
+  made of a few integers (ties in most rows, as bfloat16 logits of a large vocabulary have)."""
+  from bertjax.core import losses
+  rng = np.random.default_rng(0)
+  logits = rng.integers(-2, 3, (64, 5, 9)).astype(np.float32)
+  labels = rng.integers(0, 9, (64, 5))
+  want = np.argmax(logits, -1) == labels
+  got = np.asarray(losses.is_argmax(jax.numpy.asarray(logits, dtype), jax.numpy.asarray(labels)))
+  assert 0.05 < want.mean() < 0.5 and (logits == logits.max(-1, keepdims=True)).sum(-1).max() > 1
+  np.testing.assert_array_equal(got, want)
+
 def test_a_new_objective_is_one_module_and_a_registry_line(monkeypatch):
   """docs/architecture.md's worked objective (masked-LM without NSP, accumulating in the core) registered by one
   line trains what the MLM objective with train.use_nsp=False trains, with and without micro-batches."""

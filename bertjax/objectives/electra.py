@@ -30,7 +30,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from bertjax.core import accounting, trainer
+from bertjax.core import accounting, losses, trainer
 from bertjax.model.config import ACTIVATIONS, BertConfig
 from bertjax.model.encoder import BertModel
 from bertjax.model.heads import BertForPreTraining
@@ -185,8 +185,7 @@ def electra_sums(out, batch):
   """Sums from which the losses and accuracies are ratios: generator MLM (as BERT's, at the in-graph masks),
   sampled-token accuracy, and the discriminator's sigmoid cross-entropy and accuracy over every real token."""
   w = out["masked_lm_weights"]
-  logp = jax.nn.log_softmax(out["mlm_logits"], axis=-1)
-  ce = -jnp.take_along_axis(logp, out["masked_lm_ids"][..., None], axis=-1)[..., 0]
+  ce = losses.cross_entropy(out["mlm_logits"], out["masked_lm_ids"])
   tok = batch["input_mask"].astype(jnp.float32)
   z, y = out["disc_logits"], out["disc_labels"]
   bce = jnp.maximum(z, 0.0) - z * y + jnp.log1p(jnp.exp(-jnp.abs(z)))
@@ -198,7 +197,7 @@ def electra_sums(out, batch):
   neg_hist = jnp.zeros(AUC_THRESHOLDS).at[bins].add(((1 - y) * tok).ravel())
   return {"disc_pos_hist": pos_hist, "disc_neg_hist": neg_hist, "mlm_loss_sum": jnp.sum(ce * w),
           "mlm_weight": jnp.sum(w),
-          "mlm_correct": jnp.sum((jnp.argmax(out["mlm_logits"], -1) == out["masked_lm_ids"]) * w),
+          "mlm_correct": jnp.sum(losses.is_argmax(out["mlm_logits"], out["masked_lm_ids"]) * w),
           "sampled_correct": jnp.sum((out["sampled_ids"] == out["masked_lm_ids"]) * w),
           "disc_loss_sum": jnp.sum(bce * tok), "disc_weight": jnp.sum(tok),
           "disc_correct": jnp.sum((pred == y) * tok), "replaced": jnp.sum(y * tok),

@@ -48,7 +48,7 @@ def pretraining_sums(out, batch):
   w = batch["masked_lm_weights"].astype(jnp.float32)
   ids = batch["masked_lm_ids"]
   sums = {"mlm_loss_sum": jnp.sum(mlm_losses(out["mlm_logits"], ids) * w),
-          "mlm_correct": jnp.sum((jnp.argmax(out["mlm_logits"], -1) == ids) * w),
+          "mlm_correct": jnp.sum(losses.is_argmax(out["mlm_logits"], ids) * w),
           "mlm_weight": jnp.sum(w)}
   if "next_sentence_labels" in batch and "nsp_logits" in out:  # an MLM-only model has no NSP head
     labels = batch["next_sentence_labels"]
