@@ -1,4 +1,4 @@
-"""The README demo: a tiny BERT (the seeds' post-LN BERT, MLM + NSP) on an offline corpus, about 6.5 minutes on 2 CPU
+"""The README demo: a tiny BERT (the seeds' post-LN BERT, MLM + NSP) on an offline corpus, about 5 minutes on 2 CPU
 cores. docs/training.md#the-demos-recipe has the measurements behind each setting."""
 from configs import pretrain
 

@@ -90,16 +90,17 @@ def main(argv=None) -> int:
   for sentence, word in demo_corpus.heldout_blanks(data_dir, tok, BLANKS):
     (_, cands), = predict.fill_mask(module, params, tok, sentence, 5, config.model.max_position_embeddings)
     mark = "top answer" if cands[0][0] == word else "in the top five" if word in [t for t, _ in cands] else "missed"
-    print(f"  {sentence}\n     true: {word} ({mark}) | model: " + ", ".join(f"{t} ({p:.2f})" for t, p in cands),
+    print(f"  {sentence}\n     true: {word} ({mark}) | model: " + ", ".join(f'"{t}" {p:.2f}' for t, p in cands),
           flush=True)
   finetune_both(w, tok.vocab_size)
   print(f"\ndone in {time.time() - t0:.0f}s. Outputs in {w}:\n"
         f"  TensorBoard logs  {run_dir}/tensorboard   (tensorboard --logdir {run_dir}/tensorboard)\n"
         f"  checkpoints       {run_dir}/checkpoints\n"
         f"  curves (PNG)      {run_dir}/loss.png, mlm_accuracy.png, nsp_accuracy.png"
-        f"   (redraw: python -m bertjax plot {run_dir})\n"
-        f"  predict           python -m bertjax predict --workdir {run_dir} \"text with a [MASK] .\"\n"
-        f"  fine-tuned        python -m bertjax predict --workdir {w}/finetune/pretrained \"a docstring paragraph\"",
+        f"   (redraw: .venv/bin/python -m bertjax plot {run_dir})\n"
+        f"  predict           .venv/bin/python -m bertjax predict --workdir {run_dir} \"text with a [MASK] .\"\n"
+        f"  fine-tuned        .venv/bin/python -m bertjax predict --workdir {w}/finetune/pretrained "
+        "\"a docstring paragraph\"",
         flush=True)
   return 0
 
@@ -164,6 +165,7 @@ def finetune_both(w: str, vocab_size: int) -> None:
         "3 epochs, from the pre-trained model and from random weights (the same seed)", flush=True)
   accuracy = {}
   for name, pretrained in (("pre-trained", True), ("random weights", False)):
+    print(f"-- from {'the pre-trained model' if pretrained else 'random weights'}:", flush=True)
     report = finetune.report_of(demo.finetune_config(w, labels, vocab_size, pretrained),
                                 files.join(w, "finetune", "pretrained" if pretrained else "random"))
     accuracy[name] = [e["validation"]["accuracy"] for e in report["epochs"]]
@@ -176,7 +178,7 @@ def finetune_both(w: str, vocab_size: int) -> None:
     print("  random weights caught up by the last epoch: which package a paragraph describes is told by its words,\n"
           "  which a 2-layer model also learns from the labelled paragraphs; the pre-trained start's lead is one of\n"
           "  speed (the first epoch)", flush=True)
-  print(f"  always the most frequent package: {task['majority']:.3f}\n  (one seed; over paired seeds: python "
+  print(f"  always the most frequent package: {task['majority']:.3f}\n  (one seed; over paired seeds: .venv/bin/python "
         "benchmarks/demo_transfer.py, docs/training.md#what-the-demos-model-is-worth-downstream)", flush=True)
 
 

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Creates ./.venv (when absent) and installs bertjax with the versions in requirements.lock.
-#   bash launch/setup.sh          # the package (demo, training)
+#   bash launch/setup.sh          # the package (training)
+#   bash launch/setup.sh demo     # plus the packages whose docstrings the demo's corpus reads
 #   bash launch/setup.sh test     # plus the test extra (PyTorch CPU build, transformers, pytest)
 set -euo pipefail
 cd "$(dirname "$0")/.."
