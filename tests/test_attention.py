@@ -43,6 +43,53 @@ def test_fused_equals_softmax_attention_and_its_gradients(kind, rate):
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5)
 
 
+def textbook(q, k, v, mask, bias, keep, rate):
+  """softmax(QKᵀ/√d + bias) with masked keys at float32's minimum, dropout on the probabilities, then ·V."""
+  s = jnp.einsum("bqhd,bkhd->bhqk", q, k) / np.sqrt(q.shape[-1]) + bias
+  p = jax.nn.softmax(jnp.where(mask, s, jnp.finfo(jnp.float32).min), axis=-1)
+  if keep is not None:
+    p = jnp.where(keep, p / (1.0 - rate), 0.0)
+  return jnp.einsum("bhqk,bkhd->bqhd", p, v)
+
+
+@pytest.mark.parametrize("kind", ["padded", "packed"])
+@pytest.mark.parametrize("dropout", ["none", "rng", "hash"])
+def test_xla_attention_and_its_backward_equal_the_textbook_formula(kind, dropout):
+  """The XLA path's fused softmax and hand-written backward against autodiff of softmax-then-product: outputs and
+  the gradients of q, k, v and of a score bias (DeBERTa's terms take it), with either dropout's mask, on rows
+  with a fully padded example (uniform over its keys) and for a few query rows (a pruned last layer)."""
+  from bertjax.kernels import dropout as dropout_lib
+  q, k, v = qkv(b=3)
+  mask = jnp.concatenate([masks()[kind], jnp.zeros((1,) + masks()[kind].shape[1:], bool)])
+  bias = jnp.asarray(np.random.default_rng(2).normal(size=(3, 2, 32, 32)), jnp.float32)
+  w = jnp.asarray(np.random.default_rng(1).normal(size=q.shape), jnp.float32)
+  rate, rng = (0.0, None) if dropout == "none" else (0.2, jax.random.PRNGKey(7))
+  keep = None
+  if dropout == "rng":
+    keep = jax.random.bernoulli(rng, 1.0 - rate, (3, 2, 32, 32))
+  elif dropout == "hash":
+    keep = dropout_lib.keep_mask(jax.random.bits(rng, (), jnp.uint32), (3, 2, 32, 32), rate)
+  for rows in (None, jnp.asarray([[0, 5, 31]] * 3)):
+    m, b, pick = mask, bias, (lambda x: x)
+    if rows is not None:
+      m, b = model.mask_rows(mask, rows), jnp.take_along_axis(bias, rows[:, None, :, None], axis=2)
+      pick = lambda x: jnp.take_along_axis(x, rows[:, :, None, None], axis=1)  # noqa: E731
+    kp = None if keep is None else (keep if rows is None else jnp.take_along_axis(keep, rows[:, None, :, None], 2))
+    if kp is not None and rows is not None:
+      continue  # the dropout mask is drawn over the rows attended, so a few rows draw another
+    ours = lambda q, k, v, b: model.dot_product_attention(  # noqa: E731
+        pick(q), k, v, m, bias=b, dropout_rate=rate, dropout_rng=rng, deterministic=rng is None,
+        dropout_impl=dropout if dropout != "none" else "rng")
+    ref = lambda q, k, v, b: textbook(pick(q), k, v, m, b, kp, rate)  # noqa: E731
+    np.testing.assert_allclose(np.asarray(ours(q, k, v, b)), np.asarray(ref(q, k, v, b)), atol=2e-6)
+    grads = [jax.grad(lambda *a: jnp.sum(f(*a) * pick(w)), argnums=(0, 1, 2, 3))(q, k, v, b) for f in (ours, ref)]
+    for a, want in zip(*grads):
+      assert np.all(np.isfinite(np.asarray(a)))
+      np.testing.assert_allclose(np.asarray(a), np.asarray(want), atol=2e-5)
+  padded_row = np.asarray(model.dot_product_attention(q, k, v, mask))[2]
+  np.testing.assert_allclose(padded_row, np.broadcast_to(np.asarray(v)[2].mean(0), padded_row.shape), atol=1e-6)
+
+
 def test_without_dropout_it_is_the_models_attention():
   q, k, v = qkv()
   mask = masks()["packed"]

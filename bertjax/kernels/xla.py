@@ -2,6 +2,8 @@
 path for sliding windows and ALiBi), and the masks every backend is given."""
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -56,16 +58,62 @@ def dot_product_attention(q, k, v, mask, *, dropout_rate=0.0, dropout_rng=None, 
   broadcastable to [B, H, Lq, Lk]. Softmax in float32."""
   # Heads moved next to the batch first: XLA's CPU dot then runs batched [L, D] x [D, L] products.
   q, k, v = (jnp.swapaxes(t, 1, 2) for t in (q, k, v))
-  scores = jnp.einsum("bhqd,bhkd->bhqk", q, k, preferred_element_type=jnp.float32)
-  scores = scores * np.float32(1.0 / np.sqrt(q.shape[-1]))
-  if bias is not None:
-    scores = scores + bias
-  scores = jnp.where(mask, scores, jnp.finfo(jnp.float32).min)
-  probs = jax.nn.softmax(scores, axis=-1)
+  masked = jnp.where(mask, np.float32(0.0), jnp.finfo(jnp.float32).min)
+  bias = masked if bias is None else bias + masked
+  keep = None
   if not deterministic and dropout_rate > 0.0:
+    shape = q.shape[:3] + k.shape[2:3]
     if dropout_impl == "hash":
-      probs = dropout_lib.hash_dropout(probs, jax.random.bits(dropout_rng, (), jnp.uint32), dropout_rate)
+      keep = dropout_lib.keep_mask(jax.random.bits(dropout_rng, (), jnp.uint32), shape, dropout_rate)
     else:
-      keep = jax.random.bernoulli(dropout_rng, 1.0 - dropout_rate, probs.shape)
-      probs = jnp.where(keep, probs / (1.0 - dropout_rate), 0.0)
-  return jnp.swapaxes(jnp.einsum("bhqk,bhkd->bhqd", probs.astype(v.dtype), v), 1, 2)
+      keep = jax.random.bernoulli(dropout_rng, 1.0 - dropout_rate, shape)
+  out = _attend(q, k, v, bias, keep, float(1.0 / np.sqrt(q.shape[-1])), float(dropout_rate))
+  return jnp.swapaxes(out, 1, 2)
+
+
+# The softmax in the form XLA:CPU fuses with the two products: the mask added as a bias (a select breaks the
+# fusion) and the row sums dividing the [Lq, D] context rather than the [Lq, Lk] probabilities, so no [Lq, Lk]
+# tensor is written out between them (docs/performance.md#attention-on-the-cpu). The backward recomputes the
+# probabilities from the saved row maxima and sums, as FlashAttention's does, instead of keeping them.
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6))
+def _attend(q, k, v, bias, keep, scale, rate):
+  return _attend_fwd(q, k, v, bias, keep, scale, rate)[0]
+
+
+def _scores(q, k, bias, scale):
+  return jnp.einsum("bhqd,bhkd->bhqk", q, k, preferred_element_type=jnp.float32) * np.float32(scale) + bias
+
+
+def _dropped(p, keep, rate):
+  return p if keep is None else jnp.where(keep, p * np.float32(1.0 / (1.0 - rate)), np.float32(0.0))
+
+
+def _attend_fwd(q, k, v, bias, keep, scale, rate):
+  s = _scores(q, k, bias, scale)
+  top = jnp.max(s, axis=-1, keepdims=True)
+  e = jnp.exp(s - top)
+  inv = 1.0 / jnp.sum(e, axis=-1, keepdims=True)
+  out = jnp.einsum("bhqk,bhkd->bhqd", _dropped(e, keep, rate).astype(v.dtype), v,
+                   preferred_element_type=jnp.float32)
+  out = (out * inv).astype(v.dtype)
+  return out, (q, k, v, bias, keep, out, top, inv)
+
+
+def _attend_bwd(scale, rate, res, g):
+  q, k, v, bias, keep, out, top, inv = res
+  p = jnp.exp(_scores(q, k, bias, scale) - top) * inv
+  dv = jnp.einsum("bhqk,bhqd->bhkd", _dropped(p, keep, rate).astype(g.dtype), g, preferred_element_type=jnp.float32)
+  dp = _dropped(jnp.einsum("bhqd,bhkd->bhqk", g, v, preferred_element_type=jnp.float32), keep, rate)
+  # d softmax: p * (dp - sum_k p dp), and sum_k p dp = g . out (dropout's mask and scale included in both).
+  ds = p * (dp - jnp.sum(g.astype(jnp.float32) * out.astype(jnp.float32), axis=-1, keepdims=True))
+  # A row with every key masked is a constant (the mean of v), as the select form makes it: no score gradient.
+  ds = jnp.where(top > jnp.finfo(jnp.float32).min, ds, np.float32(0.0))
+  wide = tuple(i for i, n in enumerate(bias.shape) if n == 1 and ds.shape[i] != 1)
+  dbias = jnp.sum(ds, axis=wide, keepdims=True).astype(bias.dtype)
+  ds = ds * np.float32(scale)
+  dq = jnp.einsum("bhqk,bhkd->bhqd", ds.astype(k.dtype), k, preferred_element_type=jnp.float32)
+  dk = jnp.einsum("bhqk,bhqd->bhkd", ds.astype(q.dtype), q, preferred_element_type=jnp.float32)
+  return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), dbias, None
+
+
+_attend.defvjp(_attend_fwd, _attend_bwd)
