@@ -13,9 +13,7 @@ A shape is batch x length x heads x head size; half the rows are padded from the
 import argparse
 import json
 import os
-import statistics
 import sys
-import time
 
 import jax
 import jax.numpy as jnp
@@ -25,6 +23,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.dirname(HERE))
 import machine  # noqa: E402
+from profile_vs_torch import median_time  # noqa: E402
 
 from bertjax.kernels import xla  # noqa: E402
 
@@ -41,13 +40,7 @@ FORMS = {"bertjax": xla.dot_product_attention, "textbook": textbook,
 
 
 def median_ms(f, steps: int) -> float:
-  f()
-  times = []
-  for _ in range(steps):
-    t = time.perf_counter()
-    f()
-    times.append(time.perf_counter() - t)
-  return round(1000 * statistics.median(times), 1)
+  return round(1000 * median_time(f, steps), 1)
 
 
 def torch_times(q, k, v, mask, steps: int) -> dict:
