@@ -155,6 +155,50 @@ def test_maxsim_beir_search_equals_ir_measures_on_sentence_transformers_scores(m
     assert float(s) == pytest.approx(float(sims[int(q[1:]), int(d[1:])]), abs=1e-4)
 
 
+# Query vectors 12, document widths up to 48: one query's scores against one document take 4 * 12 * 48 bytes.
+PER_QUERY = 4 * 12 * 48
+
+
+@pytest.mark.parametrize("mve_folder", [False], indirect=True, ids=["expansion"])
+@pytest.mark.parametrize("tile,block", [(1, 23), (4 * PER_QUERY, 23), (12 * PER_QUERY, 23), (12 * PER_QUERY, 7),
+                                        (multivector.TILE_BYTES, 23)],
+                         ids=["1-query-1-doc", "4-queries", "6-queries-2-docs", "blocks-of-7", "default"])
+def test_maxsim_search_in_tiles_equals_sentence_transformers_similarity(mve_folder, tile, block):
+  """`multivector.search` over the 8-device mesh, its scores in tiles of 1 query x 1 document, 4 queries (the 6
+  padded to 8), 6 queries x 2 documents (each device's 3 documents padded to 4), in one block or blocks of 7:
+  the top 10 of every query equal sentence-transformers' MaxSim (`similarity`) of the same texts."""
+  path, theirs = mve_folder
+  rng = np.random.default_rng(5)
+  docs = [" ".join(rng.choice(WORDS + [",", "."], int(n))) for n in rng.integers(2, 30, 23)]
+  queries = [" ".join(rng.choice(WORDS, int(n))) for n in rng.integers(1, 8, 6)]
+  enc = multivector.MultiVectorEncoder.load(path)
+  scores, rows = multivector.search(enc, queries, docs, 10, block=block, batch_size=4, tile_bytes=tile)
+  sims = theirs.similarity(theirs.encode_query(queries), theirs.encode_document(docs)).numpy()
+  want = np.argsort(-sims, axis=1, kind="stable")[:, :10]
+  np.testing.assert_array_equal(rows, want)
+  np.testing.assert_allclose(scores, np.take_along_axis(sims, want, 1), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("mean,chunk", [(False, 1), (False, 3), (True, 2)])
+def test_block_maxsim_takes_each_max_over_a_documents_own_tokens(mean, chunk):
+  """The scoring program on the 8-device mesh against ColBERT's rule written in NumPy: Σ_i max_j q_i·d_j over the
+  query's real vectors i and the document's real tokens j (divided by the query's count for meanmaxsim). Every
+  real product is negative, so a padding token (a zero vector) that entered a max would win it."""
+  import jax
+  from jax.sharding import Mesh
+  rng = np.random.default_rng(6)
+  q = np.abs(rng.normal(size=(3, 5, 4))).astype(np.float32)
+  docs = -np.abs(rng.normal(size=(48, 7, 4))).astype(np.float32)
+  qm, dm = rng.random((3, 5)) < 0.7, np.arange(7)[None] < rng.integers(1, 8, 48)[:, None]
+  qm[:, 0] = True
+  docs[~dm] = 0.0
+  f = multivector._block_maxsim(mean, Mesh(np.array(jax.devices()), ("docs",)), chunk)
+  got = np.asarray(f(q, qm, docs, dm))
+  want = np.array([[sum(max(float(q[a, i] @ docs[b, j]) for j in range(7) if dm[b, j]) for i in range(5) if qm[a, i])
+                    / (qm[a].sum() if mean else 1) for b in range(48)] for a in range(3)])
+  np.testing.assert_allclose(got, want, rtol=1e-5)
+
+
 def _write_pairs(path, n, seed):
   import csv
   import random

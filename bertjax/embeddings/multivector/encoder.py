@@ -331,23 +331,40 @@ def _padded(vectors: Sequence[np.ndarray], length: int | None = None) -> tuple[n
   return out, mask
 
 
+# Bytes of one scoring step's [query vectors, documents, document tokens] scores: a tile reduced to its maxima while
+# it is in cache (a whole block's scores at once run at a third of the speed; docs/performance.md has the table).
+TILE_BYTES = 1 << 23
+
+
 @functools.lru_cache(maxsize=None)
-def _block_maxsim(mean: bool):
-  """jit(q [Q, Lq, d], q_mask, docs [N, Ld, d], d_mask) -> [Q, N] MaxSim; the documents' rows may be sharded
-  over the mesh (each device scores its own)."""
-  def f(q, qm, docs, dm):
-    s = jnp.einsum("qid,njd->qnij", q, docs, preferred_element_type=jnp.float32)
-    best = jnp.max(jnp.where(dm[None, :, None, :], s, -jnp.inf), axis=-1)
-    total = jnp.sum(jnp.where(qm[:, None, :], best, 0.0), axis=-1)
+def _block_maxsim(mean: bool, mesh, chunk: int):
+  """jit(q [Q, Lq, d], q_mask, docs [N, Ld, d], d_mask) -> [Q, N] MaxSim. The documents' rows are split over
+  `mesh`'s devices; each scores its own `chunk` documents at a time, one [Q·Lq, chunk·Ld] product per step."""
+  from jax.sharding import PartitionSpec as P
+
+  def local(q, qm, docs, dm):
+    (n, width, dim), vectors = docs.shape, q.shape[0] * q.shape[1]
+    flat_q = q.reshape(vectors, dim)
+
+    def step(block):
+      d, bias = block  # [chunk, Ld, d], [chunk, Ld]: 0 on a document's tokens, -inf on its padding
+      s = jnp.dot(flat_q, d.reshape(chunk * width, dim).T, preferred_element_type=jnp.float32)
+      return jnp.max(s.reshape(vectors, chunk, width) + bias[None], axis=-1)
+
+    bias = jnp.where(dm, np.float32(0.0), -jnp.inf).reshape(n // chunk, chunk, width)
+    best = jax.lax.map(step, (docs.reshape(n // chunk, chunk, width, dim), bias))  # [n / chunk, Q·Lq, chunk]
+    best = jnp.moveaxis(best, 0, 1).reshape(q.shape[:2] + (n,))
+    total = jnp.sum(jnp.where(qm[:, :, None], best, 0.0), axis=1)
     return total / jnp.maximum(jnp.sum(qm, axis=-1), 1)[:, None] if mean else total
-  return jax.jit(f)
+  return jax.jit(jax.shard_map(local, mesh=mesh, in_specs=(P(), P(), P("docs"), P("docs")),
+                               out_specs=P(None, "docs")))
 
 
 def search(enc: MultiVectorEncoder, queries: Sequence[str], docs: Sequence[str], k: int, block: int = BLOCK,
-           batch_size: int = 32, budget_bytes: int = 1 << 28) -> tuple[np.ndarray, np.ndarray]:
+           batch_size: int = 32, tile_bytes: int = TILE_BYTES) -> tuple[np.ndarray, np.ndarray]:
   """Exact MaxSim top-k of every query over the documents, embedded `block` at a time: (scores, document
-  indices), each [Q, k], best first. Each block's documents are split over the devices; queries go in groups
-  whose [queries, documents, query tokens, document tokens] scores fit `budget_bytes`. Every block has the same
+  indices), each [Q, k], best first. Each block's documents are split over the devices, and each device scores
+  a group of queries against a few documents at a time (a `tile_bytes` tile of scores). Every block has the same
   rows and each is padded to one of a few token counts, so scoring compiles a few programs."""
   from jax.sharding import Mesh, NamedSharding
   from jax.sharding import PartitionSpec as P
@@ -358,9 +375,12 @@ def search(enc: MultiVectorEncoder, queries: Sequence[str], docs: Sequence[str],
   q, qm = _padded(enc.encode(queries, "query", batch_size))
   s_ = enc.settings
   widths = buckets.Lengths(max(n for n in (s_.document_length, s_.max_seq_length) if n))
-  f = _block_maxsim(s_.similarity == "meanmaxsim")
-  rows = -(-min(block, len(docs)) // n_dev) * n_dev
-  group = max(1, min(len(q), budget_bytes // (4 * rows * q.shape[1] * widths.cap)))
+  per_query = 4 * q.shape[1] * widths.cap  # bytes of one query's scores against one document
+  group = max(1, min(len(q), tile_bytes // per_query))
+  per_device = -(-min(block, len(docs)) // n_dev)
+  chunk = max(1, min(per_device, tile_bytes // (group * per_query)))
+  rows = -(-per_device // chunk) * chunk * n_dev
+  f = _block_maxsim(s_.similarity == "meanmaxsim", mesh, chunk)
   pad_q = -(-len(q) // group) * group - len(q)
   q = np.concatenate([q, np.zeros((pad_q,) + q.shape[1:], np.float32)])
   qm = np.concatenate([qm, np.zeros((pad_q, qm.shape[1]), bool)])
