@@ -44,7 +44,11 @@ def timed(cmd: list[str], cwd: str, scratch: str) -> float:
   args = [a.replace("{out}", out) for a in cmd]
   env = {**os.environ, "PYTHONPATH": cwd + os.pathsep + os.environ.get("PYTHONPATH", "")}
   start = time.perf_counter()
-  done = subprocess.run(args, cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+  try:
+    done = subprocess.run(args, cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+  except OSError as e:  # the command runs in the worktree: a relative program path names a file there
+    raise SystemExit(f"error: cannot run {args[0]!r} in {cwd}: {e.strerror} "
+                     "(give the program's absolute path)") from None
   seconds = time.perf_counter() - start
   if done.returncode:
     raise SystemExit(f"error: the command failed in {cwd} (exit {done.returncode}): "
