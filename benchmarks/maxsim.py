@@ -46,10 +46,8 @@ def main():
   dm = np.arange(a.doc_tokens)[None] < rng.integers(a.doc_tokens // 8, a.doc_tokens + 1, a.docs)[:, None]
   docs[~dm] = 0.0
   mesh = jax.sharding.Mesh(np.array(jax.devices()), ("docs",))
-  per_query = 4 * a.query_tokens * a.doc_tokens
-  group = max(1, min(a.queries, multivector.TILE_BYTES // per_query))
-  chunk = max(1, multivector.TILE_BYTES // (group * per_query))
-  while a.docs % chunk:
+  group, chunk = multivector.tiling(a.queries, a.query_tokens, a.doc_tokens, a.docs)
+  while a.docs % chunk:  # the benchmark's documents are not padded to whole steps
     chunk -= 1
   tiled = multivector._block_maxsim(False, mesh, chunk)
   forms = {f"bertjax (tiles: {group} queries x {chunk} documents)":

@@ -26,6 +26,8 @@ from typing import Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from bertjax import convert
 from bertjax import model as model_lib
@@ -336,12 +338,17 @@ def _padded(vectors: Sequence[np.ndarray], length: int | None = None) -> tuple[n
 TILE_BYTES = 1 << 23
 
 
+def tiling(queries: int, query_tokens: int, width: int, documents: int, tile_bytes=TILE_BYTES) -> tuple[int, int]:
+  """(queries per group, documents per step) whose [vectors, documents, tokens] scores fit `tile_bytes`."""
+  per_query = 4 * query_tokens * width  # bytes of one query's scores against one document
+  group = max(1, min(queries, tile_bytes // per_query))
+  return group, max(1, min(documents, tile_bytes // (group * per_query)))
+
+
 @functools.lru_cache(maxsize=None)
 def _block_maxsim(mean: bool, mesh, chunk: int):
   """jit(q [Q, Lq, d], q_mask, docs [N, Ld, d], d_mask) -> [Q, N] MaxSim. The documents' rows are split over
   `mesh`'s devices; each scores its own `chunk` documents at a time, one [Q·Lq, chunk·Ld] product per step."""
-  from jax.sharding import PartitionSpec as P
-
   def local(q, qm, docs, dm):
     (n, width, dim), vectors = docs.shape, q.shape[0] * q.shape[1]
     flat_q = q.reshape(vectors, dim)
@@ -356,8 +363,7 @@ def _block_maxsim(mean: bool, mesh, chunk: int):
     best = jnp.moveaxis(best, 0, 1).reshape(q.shape[:2] + (n,))
     total = jnp.sum(jnp.where(qm[:, :, None], best, 0.0), axis=1)
     return total / jnp.maximum(jnp.sum(qm, axis=-1), 1)[:, None] if mean else total
-  return jax.jit(jax.shard_map(local, mesh=mesh, in_specs=(P(), P(), P("docs"), P("docs")),
-                               out_specs=P(None, "docs")))
+  return jax.jit(jax.shard_map(local, mesh=mesh, in_specs=(P(), P(), P("docs"), P("docs")), out_specs=P(None, "docs")))
 
 
 def search(enc: MultiVectorEncoder, queries: Sequence[str], docs: Sequence[str], k: int, block: int = BLOCK,
@@ -366,33 +372,25 @@ def search(enc: MultiVectorEncoder, queries: Sequence[str], docs: Sequence[str],
   indices), each [Q, k], best first. Each block's documents are split over the devices, and each device scores
   a group of queries against a few documents at a time (a `tile_bytes` tile of scores). Every block has the same
   rows and each is padded to one of a few token counts, so scoring compiles a few programs."""
-  from jax.sharding import Mesh, NamedSharding
-  from jax.sharding import PartitionSpec as P
-
   from bertjax.embeddings.retrieval import _merge
   mesh = Mesh(np.array(jax.devices()), ("docs",))
   n_dev = mesh.devices.size
   q, qm = _padded(enc.encode(queries, "query", batch_size))
   s_ = enc.settings
   widths = buckets.Lengths(max(n for n in (s_.document_length, s_.max_seq_length) if n))
-  per_query = 4 * q.shape[1] * widths.cap  # bytes of one query's scores against one document
-  group = max(1, min(len(q), tile_bytes // per_query))
   per_device = -(-min(block, len(docs)) // n_dev)
-  chunk = max(1, min(per_device, tile_bytes // (group * per_query)))
+  group, chunk = tiling(len(q), q.shape[1], widths.cap, per_device, tile_bytes)
   rows = -(-per_device // chunk) * chunk * n_dev
   f = _block_maxsim(s_.similarity == "meanmaxsim", mesh, chunk)
   pad_q = -(-len(q) // group) * group - len(q)
-  q = np.concatenate([q, np.zeros((pad_q,) + q.shape[1:], np.float32)])
-  qm = np.concatenate([qm, np.zeros((pad_q, qm.shape[1]), bool)])
+  q, qm = (np.pad(x, [(0, pad_q)] + [(0, 0)] * (x.ndim - 1)) for x in (q, qm))
   spec = NamedSharding(mesh, P("docs"))
   best_s = np.full((len(queries), 0), -np.inf, np.float32)
   best_i = np.zeros((len(queries), 0), np.int64)
   for start in range(0, len(docs), block):
     vectors = enc.encode(docs[start:start + block], "document", batch_size)
     d, dm = _padded(vectors, widths.plan([max(1, max(len(v) for v in vectors))], rows)[0])
-    d = np.concatenate([d, np.zeros((rows - len(d),) + d.shape[1:], np.float32)])
-    dm = np.concatenate([dm, np.zeros((rows - len(dm), dm.shape[1]), bool)])
-    d, dm = jax.device_put(d, spec), jax.device_put(dm, spec)
+    d, dm = (jax.device_put(np.pad(x, [(0, rows - len(x))] + [(0, 0)] * (x.ndim - 1)), spec) for x in (d, dm))
     s = np.concatenate([np.asarray(f(q[i:i + group], qm[i:i + group], d, dm)) for i in range(0, len(q), group)])
     s = s[:len(queries), :min(block, len(docs) - start)]
     top = np.argsort(-s, axis=1, kind="stable")[:, :k]
