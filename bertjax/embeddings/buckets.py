@@ -5,12 +5,25 @@ compute. An encoder keeps one `Lengths`: for each call it picks at most `limit` 
 (each batch's longest row rounded up to `multiple`), the choice that spends the fewest padded tokens, counting a
 length not compiled yet as `penalty` tokens more, so the query and the document sides, and later calls, reuse the
 programs compiled before when that costs little padding.
+
+On a CPU a device batch holds at most `CPU_BATCH_TOKENS` padded tokens (a user's batch of 32 rows at 256 tokens
+runs as four batches of 8): the forward's largest activations then stay in the caches and in memory already
+mapped, where a [32 x 256, 1536] product writes 50 MB out afresh each call. MiniLM-L6's forward takes 1.2-1.3 s
+per 32 x 256 rows in batches of 8 rows against 1.7 s in one (docs/performance.md#device-batches-on-the-cpu).
 """
 from __future__ import annotations
 
 from collections.abc import Sequence
 
 import jax
+
+CPU_BATCH_TOKENS = 2048
+
+
+def default_batch_tokens() -> int | None:
+  """Padded tokens a device batch holds at most: `CPU_BATCH_TOKENS` on a CPU, no cap on an accelerator (whose
+  memory and parallel units want the user's whole batch)."""
+  return CPU_BATCH_TOKENS if jax.default_backend() == "cpu" else None
 
 
 def default_penalty() -> int:
@@ -22,11 +35,13 @@ def default_penalty() -> int:
 class Lengths:
   """The padded lengths an encoder has compiled, and the choice of lengths for each call's batches."""
 
-  def __init__(self, cap: int, limit: int = 4, multiple: int = 8, penalty: int | None = None):
+  def __init__(self, cap: int, limit: int = 4, multiple: int = 8, penalty: int | None = None,
+               batch_tokens: int | None = 0):
     if limit < 1 or multiple < 1 or cap < 1:
       raise ValueError(f"Lengths(cap={cap}, limit={limit}, multiple={multiple}): each must be >= 1")
     self.cap, self.limit, self.multiple = cap, limit, multiple
     self.penalty = default_penalty() if penalty is None else penalty
+    self.batch_tokens = default_batch_tokens() if batch_tokens == 0 else batch_tokens
     self.compiled: set[int] = set()
 
   def reset(self) -> None:
@@ -69,3 +84,25 @@ class Lengths:
     chosen.sort()
     self.compiled.update(chosen)
     return [next(c for c in chosen if c >= n) for n in needs]
+
+  def rows(self, width: int, batch_size: int, align: int = 1) -> int:
+    """Rows of a device batch padded to `width`: the user's `batch_size`, or fewer where that would hold more than
+    `batch_tokens` tokens (at least one row); a multiple of `align` (the devices that split the rows) when
+    `batch_size` is one or more of it."""
+    rows = batch_size if self.batch_tokens is None else min(batch_size, max(1, self.batch_tokens // width))
+    return max(align, rows // align * align) if batch_size >= align > 1 else rows
+
+  def batches(self, sizes: Sequence[int], batch_size: int, align: int = 1) -> list[tuple[int, int, int, int]]:
+    """Device batches over rows of `sizes` tokens, given longest first: (start, stop, width, rows), rows
+    [start, stop) padded to `rows` rows of `width` tokens. The widths are those `plan` picks for the user's
+    batches of `batch_size` rows; each device batch takes the least of them that holds its first (longest) row
+    and `rows(width)` rows, so where a CPU batch is cut into smaller ones, each is padded only to its own
+    longest. Without a token cap the batches are the user's."""
+    widths = sorted(set(self.plan(sizes[::batch_size], batch_size)))
+    out, start = [], 0
+    while start < len(sizes):
+      width = next(w for w in widths if w >= self.need(sizes[start]))
+      rows = self.rows(width, batch_size, align)
+      out.append((start, min(start + rows, len(sizes)), width, rows))
+      start = out[-1][1]
+    return out

@@ -209,24 +209,23 @@ class Encoder:
   def encode(self, texts: Sequence[str], batch_size: int = 32, prompt: str | None = None) -> np.ndarray:
     """Embeddings [len(texts), D] in the order given, `prompt` (else the folder's default prompt) put before each
     text. Texts run longest first by token count, in batches of `batch_size` rows, each padded to one of a few
-    lengths (`buckets.Lengths`: at most 4 programs a call, reused by later calls)."""
+    lengths (`buckets.Lengths`: at most 4 programs a call, reused by later calls); on a CPU a batch of long rows
+    runs as a few device batches of at most `buckets.CPU_BATCH_TOKENS` tokens."""
     if not len(texts):
       return np.zeros((0, 0), np.float32)
     prompt = self.prompts.default if prompt is None else prompt
     rows = token_rows(self.tok, [prompt + t for t in texts] if prompt else texts, self.max_seq_length)
     order = np.argsort([-len(r) for r in rows], kind="stable")
-    sharding = self._row_sharding(batch_size)
-    params = self._device_params
-    starts = range(0, len(texts), batch_size)
-    widths = self.lengths.plan([len(rows[order[i]]) for i in starts], batch_size)
+    mesh, params = self._local_mesh, self._device_params
     out = []
-    for i, width in zip(starts, widths):
-      chunk = [rows[j] for j in order[i:i + batch_size]]
-      batch = batch_of(chunk, self.tok.pad_id, width, rows=batch_size, length=width)
+    for start, stop, width, n in self.lengths.batches([len(rows[j]) for j in order], batch_size,
+                                                      mesh.size if mesh else 1):
+      batch = batch_of([rows[j] for j in order[start:stop]], self.tok.pad_id, width, rows=n, length=width)
+      sharding = self._row_sharding(n)
       if sharding is not None:
         batch = jax.device_put(batch, sharding)
       # Results stay on the device until the end, so the host pads the next batch while the device runs this one.
-      out.append((self._apply(params, batch), len(chunk)))
+      out.append((self._apply(params, batch), stop - start))
     out = [np.asarray(v)[:n] for v, n in out]
     vectors = np.concatenate(out)
     result = np.empty_like(vectors)

@@ -301,11 +301,9 @@ class MultiVectorEncoder:
     skip = self._skip_ids if task in self.settings.skiplist_tasks else frozenset()
     out: list[np.ndarray] = [np.zeros((0, 0), np.float32)] * len(rows)
     order = np.argsort([-len(r[0]) for r in rows], kind="stable")
-    starts = range(0, len(rows), batch_size)
-    widths = self.lengths.plan([len(rows[order[i]][0]) for i in starts], batch_size)
-    for i, width in zip(starts, widths):
-      idx = order[i:i + batch_size]
-      ids = np.full((batch_size, width), self.tok.pad_id, np.int32)
+    for start, stop, width, n in self.lengths.batches([len(rows[j][0]) for j in order], batch_size):
+      idx = order[start:stop]
+      ids = np.full((n, width), self.tok.pad_id, np.int32)
       mask = np.zeros_like(ids)
       for r, j in enumerate(idx):
         ids[r, :len(rows[j][0])], mask[r, :rows[j][1]] = rows[j][0], 1

@@ -201,11 +201,9 @@ class CrossEncoder:
     rows = self.rows(pairs)
     out = np.zeros((len(rows), self.num_labels), np.float32)
     order = np.argsort([-len(r) for r, _, _ in rows], kind="stable")
-    starts = range(0, len(rows), batch_size)
-    widths = self.lengths.plan([len(rows[order[i]][0]) for i in starts], batch_size)
-    for i, n in zip(starts, widths):
-      idx = order[i:i + batch_size]
-      ids = np.full((batch_size, n), self.tok.pad_id, np.int32)
+    for start, stop, n, size in self.lengths.batches([len(rows[j][0]) for j in order], batch_size):
+      idx = order[start:stop]
+      ids = np.full((size, n), self.tok.pad_id, np.int32)
       mask, seg = np.zeros_like(ids), np.zeros_like(ids)
       for r, j in enumerate(idx):
         row, start, segments = rows[j]

@@ -310,11 +310,9 @@ class SparseEncoder:
     rows = token_rows(self.tok, [prompt + t for t in texts] if prompt else texts, self.max_seq_length)
     order = np.argsort([-len(r) for r in rows], kind="stable")
     out = np.zeros((len(texts), self.dims), np.float32)
-    starts = range(0, len(texts), batch_size)
-    widths = self.lengths.plan([len(rows[order[i]]) for i in starts], batch_size)
-    for i, width in zip(starts, widths):
-      idx = order[i:i + batch_size]
-      batch = batch_of([rows[j] for j in idx], self.tok.pad_id, width, rows=batch_size, length=width)
+    for start, stop, width, n in self.lengths.batches([len(rows[j]) for j in order], batch_size):
+      idx = order[start:stop]
+      batch = batch_of([rows[j] for j in idx], self.tok.pad_id, width, rows=n, length=width)
       out[idx] = np.asarray(self._apply(self.params, batch))[:len(idx)]
     return top_k(out, max_active_dims or self.max_active_dims)
 
