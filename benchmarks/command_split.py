@@ -1,11 +1,14 @@
 """Where a whole inference command's seconds go, beside sentence-transformers doing the same work: `python -m bertjax
-embeddings beir` (dense and multi-vector), `embeddings rerank` and `mine`, against `SentenceTransformer.encode` +
-`util.semantic_search`, `MultiVectorEncoder` + MaxSim, `CrossEncoder.predict` and `util.mine_hard_negatives` on the
-same texts and weights (benchmarks/inference_vs_st.py's BEIR folder from this Python's documentation and its
-models on all-MiniLM-L6-v2), each run a fresh process with an empty compile cache, the two sides alternating.
+embeddings beir` (dense and multi-vector), `embeddings rerank`, `mine`, `teacher` and `mteb.evaluate` with
+`MtebEncoder`, against `SentenceTransformer.encode` + `util.semantic_search`, `MultiVectorEncoder` + MaxSim,
+`CrossEncoder.predict`, `util.mine_hard_negatives`, `CrossEncoder.predict` over the mined triplets and
+`mteb.evaluate` with `SentenceTransformer`, on the same texts and weights (benchmarks/inference_vs_st.py's BEIR
+folder from this Python's documentation and its models on all-MiniLM-L6-v2; the MTEB tasks are a retrieval task
+and an STS task read from that folder), each run a fresh process with an empty compile cache, the two sides
+alternating.
 
-  python benchmarks/command_split.py [--kinds beir,multivector,rerank,mine] [--repeats 3] [--docs 400]
-      [--out benchmarks/results/command_split_cpu.json]
+  python benchmarks/command_split.py [--kinds beir,multivector,rerank,mine,teacher,mteb] [--repeats 3]
+      [--docs 400] [--out benchmarks/results/command_split_cpu.json]
 
 Each process is split, from its spawn, into:
   start-up   the interpreter and the imports up to the command's first line (bertjax: jax's CPU client too)
@@ -34,8 +37,57 @@ import inference_vs_st  # noqa: E402
 import machine  # noqa: E402
 
 PARTS = ("startup", "tokenize", "compile", "forward", "rest", "process")
+KINDS = ("beir", "multivector", "rerank", "mine", "teacher", "mteb")
 
-BERTJAX_SIDE = r'''
+# MTEB's tasks load from the Hub; these two read the benchmark's BEIR folder instead (both sides run them): a
+# retrieval task of its queries and passages, and an STS task of each query with its own passage (score 1) and
+# the next query's (0).
+MTEB_TASKS = r'''
+def mteb_tasks(beir):
+    import csv, json
+    from datasets import Dataset, DatasetDict
+    from mteb.abstasks.retrieval import AbsTaskRetrieval
+    from mteb.abstasks.sts import AbsTaskSTS
+    from mteb.abstasks.task_metadata import TaskMetadata
+    read = lambda p: [json.loads(l) for l in open(beir + p, encoding="utf-8")]
+    corpus = {d["_id"]: d["text"] for d in read("/corpus.jsonl")}
+    queries = {q["_id"]: q["text"] for q in read("/queries.jsonl")}
+    qrels = {}
+    for r in csv.DictReader(open(beir + "/qrels/test.tsv", encoding="utf-8"), delimiter="\t"):
+        qrels.setdefault(r["query-id"], {})[r["corpus-id"]] = int(r["score"])
+    meta = dict(main_score="ndcg_at_10", description="local", reference="https://docs.python.org/3/",
+                category="t2t", eval_splits=["test"], eval_langs=["eng-Latn"], date=("2024-01-01", "2024-01-01"),
+                dialect=[], domains=[], task_subtypes=[], license="cc-by-4.0", annotations_creators="derived",
+                modalities=["text"], sample_creation="found", bibtex_citation="")
+    class Retrieval(AbsTaskRetrieval):
+        metadata = TaskMetadata(type="Retrieval", name="LocalDocs", dataset={"path": "local/docs", "revision": "1"},
+                                **meta)
+        def load_data(self, num_proc=None, **kwargs):
+            self.dataset = {"default": {"test": {
+                "corpus": Dataset.from_list([{"id": i, "title": "", "text": t} for i, t in corpus.items()]),
+                "queries": Dataset.from_list([{"id": i, "text": t} for i, t in queries.items()]),
+                "relevant_docs": qrels, "top_ranked": None}}}
+            self.data_loaded = True
+    pairs = [(queries[q], corpus[next(iter(d))]) for q, d in qrels.items()]
+    rows = [(a, b, 1.0) for a, b in pairs]
+    rows += [(a, pairs[(i + 1) % len(pairs)][1], 0.0) for i, (a, _) in enumerate(pairs)]
+    class STS(AbsTaskSTS):
+        metadata = TaskMetadata(type="STS", name="LocalPairs", dataset={"path": "local/pairs", "revision": "1"},
+                                **{**meta, "main_score": "cosine_spearman"})
+        min_score, max_score = 0, 1
+        def load_data(self, num_proc=None, **kwargs):
+            self.dataset = DatasetDict({"test": Dataset.from_dict({"sentence1": [r[0] for r in rows],
+                                        "sentence2": [r[1] for r in rows], "score": [r[2] for r in rows]})})
+            self.data_loaded = True
+    return [Retrieval(), STS()]
+def mteb_run(model, beir, out_file):
+    import json, mteb
+    result = mteb.evaluate(model, tasks=mteb_tasks(beir), cache=None, show_progress_bar=False)
+    scores = {r.task_name: r.scores["test"][0]["main_score"] for r in result.task_results}
+    json.dump(scores, open(out_file, "w"))
+'''
+
+BERTJAX_SIDE = MTEB_TASKS + r'''
 import functools, json, sys, time
 spawn, argv = float(sys.argv[1]), sys.argv[2:]
 acc = {"tokenize": 0.0, "forward": 0.0, "compile": 0.0}
@@ -70,7 +122,11 @@ for cls in (dense.Encoder, multivector.MultiVectorEncoder, rerank.CrossEncoder):
     p = timed_apply(cls.__dict__["_apply"].func); p.__set_name__(cls, "_apply"); setattr(cls, "_apply", p)
 from bertjax.__main__ import main
 out = {"startup": time.time() - spawn}
-rc = main(argv)
+if argv[0] == "mteb":  # the Python API under mteb.evaluate, not a command
+    from bertjax.embeddings.mteb_model import MtebEncoder
+    mteb_run(MtebEncoder(argv[1]), argv[2], argv[3]); rc = 0
+else:
+    rc = main(argv)
 out["process"] = time.time() - spawn
 out.update(acc)
 out["rest"] = out["process"] - out["startup"] - acc["tokenize"] - acc["compile"] - out["forward"]
@@ -78,7 +134,7 @@ print("SPLIT " + json.dumps(out))
 sys.exit(rc)
 '''
 
-PEER_SIDE = r'''
+PEER_SIDE = MTEB_TASKS + r'''
 import json, sys, time
 spawn, kind, model_path, beir, out_file, first = float(sys.argv[1]), *sys.argv[2:7]
 import numpy as np, torch
@@ -121,6 +177,14 @@ elif kind == "rerank":
     s = m.predict([(qtext[a], text[b]) for a, b in jobs])
     with open(out_file, "w") as f:
         f.writelines(f"{a} Q0 {b} 0 {float(v)} st\n" for (a, b), v in zip(jobs, s))
+elif kind == "teacher":
+    m = sentence_transformers.CrossEncoder(model_path, device="cpu"); timed(m.model)
+    rows = [json.loads(l) for l in open(first, encoding="utf-8")]
+    negs = sorted(k for k in rows[0] if k.startswith("negative"))
+    s = m.predict([(r["anchor"], r[c]) for r in rows for c in ["positive", *negs]])
+    np.save(out_file + ".npy", np.asarray(s).reshape(len(rows), -1))
+elif kind == "mteb":
+    mteb_run(timed(sentence_transformers.SentenceTransformer(model_path, device="cpu")), beir, out_file)
 else:
     import datasets
     m = timed(sentence_transformers.SentenceTransformer(model_path, device="cpu"))
@@ -139,6 +203,12 @@ def bertjax_argv(kind: str, models: dict, beir: str, out: str, first: str) -> li
   if kind == "mine":
     return ["mine", "--model", models["dense"], "--pairs", os.path.join(beir, "pairs.jsonl"), "--corpus",
             os.path.join(beir, "corpus.jsonl"), "--out", out + ".jsonl", "--num_negatives", "3"]
+  if kind == "teacher":
+    negs = ",".join(f"negative_{i}" for i in range(1, 4))
+    return ["teacher", "--model", models["rerank"], "--pairs", first, "--columns", f"anchor,positive,{negs}",
+            "--out", out]
+  if kind == "mteb":
+    return ["mteb", models["dense"], beir, out]
   if kind == "rerank":
     return ["embeddings", "rerank", beir, first, "--model", models["rerank"], "--depth", "10", "--run", out]
   return ["embeddings", "beir", beir, "--model", models["dense" if kind == "beir" else kind], "--run", out,
@@ -175,27 +245,31 @@ def shrink(beir: str, docs: int) -> None:
 
 def main():
   ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-  ap.add_argument("--kinds", default="beir,multivector,rerank,mine")
+  ap.add_argument("--kinds", default=",".join(KINDS))
   ap.add_argument("--repeats", type=int, default=3)
   ap.add_argument("--docs", type=int, default=400, help="documents of the BEIR folder kept (default: %(default)s)")
   ap.add_argument("--work", default=os.path.join(tempfile.gettempdir(), "bertjax-command-split"))
   ap.add_argument("--out", default="", help="the results JSON (default: none)")
   a = ap.parse_args()
   kinds = a.kinds.split(",")
-  unknown = sorted(set(kinds) - {"beir", "multivector", "rerank", "mine"})
+  unknown = sorted(set(kinds) - set(KINDS))
   if unknown:
-    ap.error(f"--kinds {','.join(unknown)}: not a kind; the kinds are beir, multivector, rerank, mine")
+    ap.error(f"--kinds {','.join(unknown)}: not a kind; the kinds are {', '.join(KINDS)}")
   print(f"machine: {machine.describe()}", flush=True)
   os.makedirs(a.work, exist_ok=True)
   beir = os.path.join(a.work, "beir")
   inference_vs_st.write_beir(beir)
   shrink(beir, a.docs)
   models = inference_vs_st.build_models(a.work)
-  env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": os.path.dirname(HERE), "JAX_COMPILATION_CACHE_DIR": "",
+  env = {**os.environ, "JAX_PLATFORMS": "cpu", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
+          "PYTHONPATH": os.path.dirname(HERE), "JAX_COMPILATION_CACHE_DIR": "",
          "JAX_ENABLE_COMPILATION_CACHE": "false"}
   first = os.path.join(a.work, "first.trec")  # the reranking rows read the dense model's run
   subprocess.run([sys.executable, "-m", "bertjax", *bertjax_argv("beir", models, beir, first, "")], env=env,
                  check=True, capture_output=True)
+  mined = os.path.join(a.work, "mined")  # the teacher rows score the dense model's mined triplets
+  subprocess.run([sys.executable, "-m", "bertjax", *bertjax_argv("mine", models, beir, mined, ""), "--output_format",
+                  "n-tuple"], env=env, check=True, capture_output=True)
   results = {}
   for kind in kinds:
     runs = {"bertjax": [], "sentence-transformers": []}
@@ -204,10 +278,11 @@ def main():
         out = os.path.join(a.work, f"{kind}-{side}-{r}")
         if side == "bertjax":
           cmd = [sys.executable, "-c", BERTJAX_SIDE, repr(time.time()),
-                 *bertjax_argv(kind, models, beir, out, first)]
+                 *bertjax_argv(kind, models, beir, out, mined + ".jsonl" if kind == "teacher" else first)]
         else:
-          model = models["dense" if kind in ("beir", "mine") else kind]
-          cmd = [sys.executable, "-c", PEER_SIDE, repr(time.time()), kind, model, beir, out, first]
+          model = models[{"beir": "dense", "mine": "dense", "mteb": "dense", "teacher": "rerank"}.get(kind, kind)]
+          cmd = [sys.executable, "-c", PEER_SIDE, repr(time.time()), kind, model, beir, out,
+                 mined + ".jsonl" if kind == "teacher" else first]
         runs[side].append(run(cmd, env))
         print(kind, side, json.dumps({k: round(v, 2) for k, v in runs[side][-1].items()}), flush=True)
     results[kind] = runs

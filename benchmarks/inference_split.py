@@ -115,14 +115,13 @@ prompt = enc.prompts.document or enc.prompts.default
 rows = token_rows(enc.tok, [prompt + d for d in docs] if prompt else docs, enc.max_seq_length)
 order = np.argsort([-len(r) for r in rows], kind="stable")
 enc.lengths.reset()
-starts = range(0, len(docs), batch_size)
-widths = enc.lengths.plan([len(rows[order[i]]) for i in starts], batch_size)
+plan = enc.lengths.batches([len(rows[j]) for j in order], batch_size)
 params = enc._device_params
 host = fwd = 0.0
-for i, width in zip(starts, widths):
+for start, stop, width, n in plan:
     t0 = time.perf_counter()
-    chunk = [rows[j] for j in order[i:i + batch_size]]
-    batch = jax.device_put(enc_lib.batch_of(chunk, enc.tok.pad_id, width, rows=batch_size, length=width))
+    chunk = [rows[j] for j in order[start:stop]]
+    batch = jax.device_put(enc_lib.batch_of(chunk, enc.tok.pad_id, width, rows=n, length=width))
     jax.block_until_ready(batch)
     t1 = time.perf_counter()
     v = jax.block_until_ready(enc._apply(params, batch))
@@ -131,7 +130,8 @@ for i, width in zip(starts, widths):
     host += (t1 - t0) + (time.perf_counter() - t2); fwd += t2 - t1
 out["forward"], out["host"] = fwd, host
 out["idle"] = max(out["encode"] - out["tokenize"] - out["compile"] - fwd, 0.0)
-out["widths"] = sorted(set(widths)); out["padded_tokens"] = sum(widths) * batch_size
+out["widths"] = sorted({b[2] for b in plan}); out["padded_tokens"] = sum(b[2] * b[3] for b in plan)
+out["batches"] = len(plan)
 out["real_tokens"] = sum(len(r) for r in rows)
 np.save(sys.argv[5], vectors)
 print("SPLIT " + json.dumps(out))
