@@ -201,9 +201,9 @@ class CrossEncoder:
     rows = self.rows(pairs)
     out = np.zeros((len(rows), self.num_labels), np.float32)
     order = np.argsort([-len(r) for r, _, _ in rows], kind="stable")
-    for start, stop, n, size in self.lengths.batches([len(rows[j][0]) for j in order], batch_size):
-      idx = order[start:stop]
-      ids = np.full((size, n), self.tok.pad_id, np.int32)
+    for first, stop, width, size in self.lengths.batches([len(rows[j][0]) for j in order], batch_size):
+      idx = order[first:stop]
+      ids = np.full((size, width), self.tok.pad_id, np.int32)
       mask, seg = np.zeros_like(ids), np.zeros_like(ids)
       for r, j in enumerate(idx):
         row, start, segments = rows[j]
