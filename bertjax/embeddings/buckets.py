@@ -8,8 +8,8 @@ programs compiled before when that costs little padding.
 
 On a CPU a device batch holds at most `CPU_BATCH_TOKENS` padded tokens (a user's batch of 32 rows at 256 tokens
 runs as four batches of 8): the forward's largest activations then stay in the caches and in memory already
-mapped, where a [32 x 256, 1536] product writes 50 MB out afresh each call. MiniLM-L6's forward takes 1.2-1.3 s
-per 32 x 256 rows in batches of 8 rows against 1.7 s in one (docs/performance.md#device-batches-on-the-cpu).
+mapped, where a [32 x 256, 1536] product writes 50 MB out afresh each call. MiniLM-L6's forward takes 1.16 s
+per 32 x 256 rows in batches of 8 rows against 1.56 s in one (docs/performance.md#device-batches-on-the-cpu).
 """
 from __future__ import annotations
 
