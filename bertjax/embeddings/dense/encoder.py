@@ -218,10 +218,10 @@ class Encoder:
     order = np.argsort([-len(r) for r in rows], kind="stable")
     mesh, params = self._local_mesh, self._device_params
     out = []
-    for start, stop, width, n in self.lengths.batches([len(rows[j]) for j in order], batch_size,
-                                                      mesh.size if mesh else 1):
-      batch = batch_of([rows[j] for j in order[start:stop]], self.tok.pad_id, width, rows=n, length=width)
-      sharding = self._row_sharding(n)
+    for start, stop, width, size in self.lengths.batches([len(rows[j]) for j in order], batch_size,
+                                                         mesh.size if mesh else 1):
+      batch = batch_of([rows[j] for j in order[start:stop]], self.tok.pad_id, width, rows=size, length=width)
+      sharding = self._row_sharding(size)
       if sharding is not None:
         batch = jax.device_put(batch, sharding)
       # Results stay on the device until the end, so the host pads the next batch while the device runs this one.
