@@ -153,14 +153,15 @@ def test_cpu_allocator_setting_is_applied_before_jax_starts():
 def test_a_wide_step_starts_again_with_huge_pages(tmp_path):
   """`tune_for_cpu` for a wide step (one arena) restarts the process once, with the same command line and glibc's
   huge-page tunable added; a 64 MB block from malloc is then in transparent huge pages. A narrow step (freed
-  blocks reused) and a tunable the user gave (here huge pages off) run on without a restart and, where the kernel
-  gives huge pages only on request, without them."""
+  blocks reused), a tunable the user gave (here huge pages off) and a virtual machine whose host takes freed pages
+  back run on without a restart and, where the kernel gives huge pages only on request, without them."""
   if not sys.platform.startswith("linux") or not hostmem.huge_pages_available():
     pytest.skip("glibc and transparent huge pages only")
   script = tmp_path / "entry.py"
   script.write_text(
       "import json, os, sys\n"
       "from bertjax.core import hostmem\n"
+      "hostmem.VIRTIO_DEVICES = sys.argv[3]\n"
       "print(os.getpid(), flush=True)\n"
       "setting = hostmem.tune_for_cpu(int(sys.argv[1]))\n"
       "import ctypes\n"  # malloc as XLA:CPU allocates (NumPy marks its own large arrays for huge pages)
@@ -171,25 +172,55 @@ def test_a_wide_step_starts_again_with_huge_pages(tmp_path):
       "print(json.dumps([setting, os.environ.get('GLIBC_TUNABLES'), sys.argv[1:], huge]))\n")
   on_request = "[madvise]" in open(hostmem.THP_SETTING).read()
 
-  def run(step_values, tunables):
+  bare = tmp_path / "bare"  # a machine without a reporting balloon
+  bare.mkdir()
+  reporting = _virtio_devices(tmp_path / "vm", {"virtio0": ("0x0005", "0110010100000000")})
+
+  def run(step_values, tunables, devices=bare):
     env = {k: v for k, v in os.environ.items() if k != "MALLOC_ARENA_MAX"}
-    proc = subprocess.run([sys.executable, str(script), str(step_values), "--x=1"], capture_output=True, text=True,
-                          check=False, timeout=60, env={**env, "JAX_PLATFORMS": "cpu", "GLIBC_TUNABLES": tunables})
+    proc = subprocess.run([sys.executable, str(script), str(step_values), "--x=1", str(devices)], capture_output=True,
+                          text=True, check=False, timeout=60,
+                          env={**env, "JAX_PLATFORMS": "cpu", "GLIBC_TUNABLES": tunables})
     assert proc.returncode == 0, proc.stderr[-2000:]
     *pids, result = proc.stdout.splitlines()
     return pids, json.loads(result)
   wide, narrow = 16 * 256 * 384, 16 * 128 * 384
   pids, (setting, tunables, argv, huge_kb) = run(wide, "glibc.malloc.tcache_count=7")
   assert len(pids) == 2 and pids[0] == pids[1], pids  # one restart, the same process
-  assert setting == "one arena" and argv == [str(wide), "--x=1"]
+  assert setting == "one arena" and argv == [str(wide), "--x=1", str(bare)]
   assert tunables == "glibc.malloc.tcache_count=7:glibc.malloc.hugetlb=1"
   assert huge_kb >= 32 * 1024  # most of the 64 MB block
-  for step_values, given, expected in ((narrow, "glibc.malloc.tcache_count=7", "reuse"),
-                                       (wide, "glibc.malloc.hugetlb=0", "one arena")):
-    pids, (setting, tunables, argv, huge_kb) = run(step_values, given)
-    assert len(pids) == 1 and setting == expected and tunables == given and argv == [str(step_values), "--x=1"]
+  for step_values, given, devices, expected in ((narrow, "glibc.malloc.tcache_count=7", bare, "reuse"),
+                                                (wide, "glibc.malloc.hugetlb=0", bare, "one arena"),
+                                                (wide, "glibc.malloc.tcache_count=7", reporting, "one arena")):
+    pids, (setting, tunables, argv, huge_kb) = run(step_values, given, devices)
+    assert len(pids) == 1 and setting == expected and tunables == given
+    assert argv == [str(step_values), "--x=1", str(devices)]
     if on_request:
       assert huge_kb == 0
+
+
+def _virtio_devices(root, devices: dict):
+  """A sysfs virtio devices folder: name -> (device id, feature bits as 0/1 from bit 0)."""
+  for name, (device, features) in devices.items():
+    (root / name).mkdir(parents=True)
+    (root / name / "device").write_text(device + "\n")
+    (root / name / "features").write_text(features + "\n")
+  return root
+
+
+def test_host_takes_freed_pages_reads_the_balloons_reporting_bit(tmp_path):
+  """The balloon (device 5) with feature bit 5 (VIRTIO_BALLOON_F_REPORTING) set, as this project's VMs show it;
+  the same bit on another device, the balloon without it, a folder without virtio devices and unreadable files are
+  not reporting."""
+  cases = {"reporting": ({"virtio1": ("0x0002", "0010001001100100"), "virtio0": ("0x0005", "0110010100000000")}, True),
+           "no bit": ({"virtio0": ("0x0005", "0110000100000000")}, False),
+           "other device": ({"virtio2": ("0x0001", "1100010110111011")}, False),
+           "short": ({"virtio0": ("0x0005", "0110")}, False),
+           "garbled": ({"virtio0": ("balloon", "0110010100000000")}, False)}
+  for name, (devices, expected) in cases.items():
+    assert hostmem.host_takes_freed_pages(str(_virtio_devices(tmp_path / name, devices))) is expected, name
+  assert not hostmem.host_takes_freed_pages(str(tmp_path / "missing"))
 
 
 def test_huge_pages_env_respects_the_users_choices(tmp_path):
