@@ -31,7 +31,7 @@ step at 16 x 256 takes ~20% less time (docs/performance.md). Steps that reuse fr
 On a virtual machine whose memory balloon reports free pages to the hypervisor (`host_takes_freed_pages`), the
 huge pages a step unmaps go back to the host, which discards them, and the next step maps them again through a
 fault on the host too: there the restart is skipped. On such a 2-core AMD EPYC (Zen 4) VM, MiniLM-L6's 16 x 256
-classifier steps in the whole fine-tuning command averaged 2.40-2.51 s with huge pages (alternating 1.9 and
+classifier steps in the whole fine-tuning command averaged 2.40-2.46 s with huge pages (alternating 1.9 and
 3.0-3.5 s; 6.5 GiB handed to the host in two minutes) against 2.24-2.35 s with 4 KiB pages (docs/performance.md).
 """
 from __future__ import annotations
