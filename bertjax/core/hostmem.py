@@ -119,7 +119,8 @@ def host_takes_freed_pages(devices: str | None = None) -> bool:
         features = f.read().strip()
     except (OSError, ValueError):
       continue
-    if device == VIRTIO_ID_BALLOON and features[VIRTIO_BALLOON_F_REPORTING:][:1] == "1":
+    bit = VIRTIO_BALLOON_F_REPORTING
+    if device == VIRTIO_ID_BALLOON and len(features) > bit and features[bit] == "1":
       return True
   return False
 
