@@ -1,14 +1,16 @@
-"""A regression guard: one command timed at two commits, alternating on the same machine, and the ratio.
+r"""A regression guard: one command timed at two commits, alternating on the same machine, and the ratio.
 
-    python benchmarks/compare_commits.py --base 03cfc96 --head HEAD --repeats 3 -- \
-        python -m bertjax embeddings --model M --beir B --out {out}
+    python benchmarks/compare_commits.py --base 53c3733 --head HEAD --repeats 3 --out guard.json -- \
+        /abs/path/python -m bertjax embeddings corpus /abs/path/corpus.jsonl --model M --out {out}
 
 Each commit is checked out in its own git worktree (in a temporary folder; the working tree is not touched) and
 the command runs there (the worktree's code first on the path; `{out}` in the command becomes a fresh folder per
 run), base and head alternating so that drift in the machine's speed falls on both sides. Prints each run's wall
 time, the median per side, and the ratio base/head (above 1: head is faster) with its range over the pairs; with
 `--out`, writes the same as JSON stamped with the machine. These VMs vary by up to 30% between runs of one command:
-take three repeats or more and read the range, not one pair.
+take three repeats or more and read the range, not one pair; `--base X --head X` (the same commit on both sides)
+shows the spread the machine alone gives. The command runs inside each worktree: give its program and data files
+as absolute paths.
 """
 from __future__ import annotations
 
@@ -28,13 +30,16 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import machine  # noqa: E402
 
 
-def worktree(rev: str, where: str) -> str:
+def commit(rev: str) -> str:
   sha = subprocess.run(["git", "rev-parse", "--verify", f"{rev}^{{commit}}"], cwd=ROOT, capture_output=True,
                        text=True)
   if sha.returncode:
     raise SystemExit(f"error: {rev!r} is not a commit of this repository")
-  path = os.path.join(where, sha.stdout.strip()[:12])
-  subprocess.run(["git", "worktree", "add", "--detach", "-q", path, sha.stdout.strip()], cwd=ROOT, check=True)
+  return sha.stdout.strip()
+
+
+def worktree(sha: str, path: str) -> str:
+  subprocess.run(["git", "worktree", "add", "--detach", "-q", path, sha], cwd=ROOT, check=True)
   return path
 
 
@@ -70,24 +75,30 @@ def main(argv=None) -> int:
     p.error("give the command to time after --")
   if args.repeats < 1:
     p.error("--repeats must be >= 1")
+  if args.out and os.path.exists(args.out):
+    p.error(f"--out {args.out} exists; give a new path")
+  if args.out and not os.path.isdir(os.path.dirname(os.path.abspath(args.out))):
+    p.error(f"--out {args.out}: its folder does not exist")
+  shas = {"base": commit(args.base), "head": commit(args.head)}
   where = tempfile.mkdtemp(prefix="bertjax-compare-")
   trees = {}
   try:
-    trees = {"base": worktree(args.base, where), "head": worktree(args.head, where)}
+    for side, sha in shas.items():  # one worktree a side, the same commit on both for an A/A run
+      trees[side] = worktree(sha, os.path.join(where, side))
     runs: dict[str, list[float]] = {"base": [], "head": []}
     for i in range(args.repeats):
       for side in (("base", "head") if i % 2 == 0 else ("head", "base")):
         runs[side].append(timed(cmd, trees[side], where))
-        print(f"run {i + 1}/{args.repeats} {side}: {runs[side][-1]:.1f} s", flush=True)
+        print(f"run {i + 1}/{args.repeats} {side}: {runs[side][-1]:.2f} s", flush=True)
   finally:
     for path in trees.values():
       subprocess.run(["git", "worktree", "remove", "--force", path], cwd=ROOT, capture_output=True)
     shutil.rmtree(where, ignore_errors=True)
   ratios = [b / h for b, h in zip(runs["base"], runs["head"], strict=True)]
-  result = {"command": cmd, "base": args.base, "head": args.head, "seconds": runs,
+  result = {"command": cmd, "base": args.base, "head": args.head, "commits": shas, "seconds": runs,
             "median_s": {k: statistics.median(v) for k, v in runs.items()},
             "ratio_base_over_head": statistics.median(ratios), "ratio_range": [min(ratios), max(ratios)]}
-  print(f"base {result['median_s']['base']:.1f} s, head {result['median_s']['head']:.1f} s (medians): head is "
+  print(f"base {result['median_s']['base']:.2f} s, head {result['median_s']['head']:.2f} s (medians): head is "
         f"{result['ratio_base_over_head']:.2f}x base's speed (pairs: {min(ratios):.2f}-{max(ratios):.2f})")
   if args.out:
     with open(args.out, "w", encoding="utf-8") as f:
