@@ -1,5 +1,5 @@
-"""The AOT table of docs/scaling.md: base and large, sequence 128 and 512, presets dp / fsdp / fsdp_tp, on v4-8, v5e-16,
-v5p-8 and v6e-8, each with the largest per-chip batch that compiles within HBM (bertjax.aot.fit_batch).
+r"""The AOT table of docs/scaling.md: base and large, sequence 128 and 512, presets dp / fsdp / fsdp_tp, on v4-8,
+v5e-16, v5p-8 and v6e-8, each with the largest per-chip batch that compiles within HBM (bertjax.aot.fit_batch).
 
   python benchmarks/aot_table.py --out benchmarks/results/aot_table.json   # then prints a markdown table
   # ModernBERT at long context (blockwise attention: local layers in chunks, global ones in key blocks)

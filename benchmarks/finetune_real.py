@@ -1,4 +1,4 @@
-"""Fine-tuning on real short text, bertjax's command beside an HF transformers PyTorch loop: quality and wall time.
+r"""Fine-tuning on real short text, bertjax's command beside an HF transformers PyTorch loop: quality and wall time.
 
   python benchmarks/finetune_real.py --tasks ner,sentiment --seeds 0,1,2 --out benchmarks/results/finetune_real.json
 

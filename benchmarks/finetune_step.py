@@ -25,15 +25,22 @@ def _cpu_seconds() -> float:
 
 
 def main():
-  ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  ap.add_argument("--length", type=int, default=48)
-  ap.add_argument("--batch", type=int, default=16)
-  ap.add_argument("--steps", type=int, default=20)
-  ap.add_argument("--set", action="append", default=[], help="FIELD=VALUE of the model config")
-  ap.add_argument("--head", choices=("tagger", "classifier"), default="tagger")
-  ap.add_argument("--alloc", choices=("entry", "default", "reuse", "one-arena"), default="entry")
-  ap.add_argument("--profile", default="")
+  ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  ap.add_argument("--length", type=int, default=48, help="tokens a row (default: %(default)s)")
+  ap.add_argument("--batch", type=int, default=16, help="rows a step (default: %(default)s)")
+  ap.add_argument("--steps", type=int, default=20, help="steps timed after two (default: %(default)s)")
+  ap.add_argument("--set", action="append", default=[], help="FIELD=VALUE of the model config (repeatable)")
+  ap.add_argument("--head", choices=("tagger", "classifier"), default="tagger", help="(default: %(default)s)")
+  ap.add_argument("--alloc", choices=("entry", "default", "reuse", "one-arena"), default="entry",
+                  help="glibc's allocator setting (default: %(default)s)")
+  ap.add_argument("--profile", default="", help="trace three train steps into this folder")
   a = ap.parse_args()
+  for name in ("length", "batch", "steps"):
+    if getattr(a, name) < 1:
+      ap.error(f"--{name} must be >= 1")
+  for kv in a.set:
+    if "=" not in kv:
+      ap.error(f"--set {kv}: give FIELD=VALUE")
   from bertjax.core import hostmem
   if a.alloc == "entry":
     hostmem.tune_for_cpu(a.batch * a.length * 384)  # as `python -m bertjax train` sets it; MiniLM-L6 is 384 wide
@@ -55,6 +62,8 @@ def main():
   c.data.labels = ("O", "B-PER", "I-PER", "B-LOC", "I-LOC") if a.head == "tagger" else ("democrat", "republican")
   for kv in a.set:
     field, _, value = kv.partition("=")
+    if field not in c.model:
+      ap.error(f"--set {kv}: the model config has no field {field!r}")
     c.model[field] = type(c.model[field])(value) if not isinstance(c.model[field], bool) else value == "True"
   task = tasks_lib.get(name, c.data.labels)
   _, mcfg, init, _, _ = finetune.load_init(c, task)

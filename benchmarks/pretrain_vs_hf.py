@@ -1,4 +1,4 @@
-"""Time to quality: bertjax's pre-training against HF transformers' `run_mlm.py` recipe on the same real text, the
+r"""Time to quality: bertjax's pre-training against HF transformers' `run_mlm.py` recipe on the same real text, the
 same tokenizer, the same model shape, objective and wall-clock budget, both final and intermediate models scored
 by one evaluator on the same held-out masked positions.
 

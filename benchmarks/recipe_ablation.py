@@ -1,4 +1,4 @@
-"""What the recipe tools buy: each against the plain recipe on the bake-off's text, tokenizer and model shape
+r"""What the recipe tools buy: each against the plain recipe on the bake-off's text, tokenizer and model shape
 (benchmarks/pretrain_vs_hf.py: manual pages + Python docs, WordPiece 8192, BERT 2 x 128, batch 32 x 128, peak lr
 1e-3, 10% warmup, MLM only on full-sentence rows with dynamic masking), over paired pre-training seeds.
 

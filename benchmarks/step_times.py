@@ -1,4 +1,4 @@
-"""Every train step of a real `python -m bertjax train` run, timed: the command runs as it is given, with its train
+r"""Every train step of a real `python -m bertjax train` run, timed: the command runs as it is given, with its train
 step waited on after each call, and each step's batch shape, seconds and resident memory printed and written to
 --out. A run's goodput record gives its steps' total; this shows how they spread (a step that alternates between
 two times, the first step of each new batch width, a step after an evaluation).
@@ -31,7 +31,7 @@ def _resident_gib() -> float:
 def main() -> int:
   argv = sys.argv[1:]
   split = argv.index("--") if "--" in argv else len(argv)
-  ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   ap.add_argument("--out", default="", help="the results JSON (every step, and the run's command)")
   a = ap.parse_args(argv[:split])
   command = argv[split + 1:]
