@@ -45,7 +45,6 @@ def losses(workdir, split="train"):
 
 
 @pytest.mark.slow
-@pytest.mark.ci
 def test_two_processes_equal_one_and_checkpoints_cross_over(tmp_path, data_dir):
   one, two = tmp_path / "one", tmp_path / "two"
   single(one, data_dir, 0)
