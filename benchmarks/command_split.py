@@ -246,14 +246,12 @@ def shrink(beir: str, docs: int) -> None:
 def main():
   ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   ap.add_argument("--kinds", default=",".join(KINDS))
-  ap.add_argument("--repeats", type=int, default=3)
-  ap.add_argument("--docs", type=int, default=400, help="documents of the BEIR folder kept (default: %(default)s)")
+  ap.add_argument("--repeats", type=machine.positive_int, default=3)
+  ap.add_argument("--docs", type=machine.positive_int, default=400,
+                  help="documents of the BEIR folder kept (default: %(default)s)")
   ap.add_argument("--work", default=os.path.join(tempfile.gettempdir(), "bertjax-command-split"))
   ap.add_argument("--out", default="", help="the results JSON (default: none)")
   a = ap.parse_args()
-  for name in ("repeats", "docs"):
-    if getattr(a, name) < 1:
-      ap.error(f"--{name} must be >= 1")
   kinds = a.kinds.split(",")
   unknown = sorted(set(kinds) - set(KINDS))
   if unknown:

@@ -16,6 +16,7 @@ import os
 import resource
 import time
 
+import machine
 import numpy as np
 
 
@@ -26,18 +27,15 @@ def _cpu_seconds() -> float:
 
 def main():
   ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-  ap.add_argument("--length", type=int, default=48, help="tokens a row (default: %(default)s)")
-  ap.add_argument("--batch", type=int, default=16, help="rows a step (default: %(default)s)")
-  ap.add_argument("--steps", type=int, default=20, help="steps timed after two (default: %(default)s)")
+  ap.add_argument("--length", type=machine.positive_int, default=48, help="tokens a row (default: %(default)s)")
+  ap.add_argument("--batch", type=machine.positive_int, default=16, help="rows a step (default: %(default)s)")
+  ap.add_argument("--steps", type=machine.positive_int, default=20, help="steps timed after two (default: %(default)s)")
   ap.add_argument("--set", action="append", default=[], help="FIELD=VALUE of the model config (repeatable)")
   ap.add_argument("--head", choices=("tagger", "classifier"), default="tagger", help="(default: %(default)s)")
   ap.add_argument("--alloc", choices=("entry", "default", "reuse", "one-arena"), default="entry",
                   help="glibc's allocator setting (default: %(default)s)")
   ap.add_argument("--profile", default="", help="trace three train steps into this folder")
   a = ap.parse_args()
-  for name in ("length", "batch", "steps"):
-    if getattr(a, name) < 1:
-      ap.error(f"--{name} must be >= 1")
   for kv in a.set:
     if "=" not in kv:
       ap.error(f"--set {kv}: give FIELD=VALUE")

